@@ -1,0 +1,47 @@
+"""Dependencies as named aliases: a route's signature reads as the list of what it needs."""
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Iterator
+
+from fastapi import Depends, Header, HTTPException, Request
+from sqlalchemy.orm import Session
+
+from app.core.config import Settings
+from app.runtime import Database
+from app.services.answering import AnswerService
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_db(request: Request) -> Database:
+    return request.app.state.db
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.db.sessions() as session:
+        yield session
+
+
+def get_answer_service(request: Request) -> AnswerService:
+    return request.app.state.answers
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+DatabaseDep = Annotated[Database, Depends(get_db)]
+SessionDep = Annotated[Session, Depends(get_session)]
+AnswerServiceDep = Annotated[AnswerService, Depends(get_answer_service)]
+
+
+def require_admin(settings: SettingsDep, x_admin_token: Annotated[str | None, Header()] = None) -> None:
+    if not settings.admin_token:
+        raise HTTPException(403, "admin routes are disabled: set SQA_ADMIN_TOKEN on the server")
+    if not x_admin_token:
+        raise HTTPException(401, "missing X-Admin-Token header")
+    if not secrets.compare_digest(x_admin_token.encode(), settings.admin_token.encode()):
+        raise HTTPException(401, "wrong admin token (X-Admin-Token)")
+
+
+AdminDep = Depends(require_admin)

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fastapi import APIRouter
+
+from app.api.deps import AnswerServiceDep
+from app.api.schemas import AnswerPublic, AnswerRequest, PassagePublic
+from indexer.dates import parse_day
+
+router = APIRouter(prefix="/v1", tags=["answers"])
+
+
+@router.post("/answers", response_model=AnswerPublic)
+def post_answer(body: AnswerRequest, service: AnswerServiceDep) -> AnswerPublic:
+    """Answer a question from the news published on or before `as_of`, citing the passages."""
+    as_of = parse_day(body.as_of, what="as_of") if body.as_of is not None else None
+    result = service.answer(body.question, as_of, body.top_k)
+    passages = [PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
+                for p in result.passages]
+    return AnswerPublic(answer=result.answer, as_of=result.as_of, passages=passages, versions=result.versions,
+                        timings_ms=result.timings_ms, notes=result.notes)

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(request: Request) -> JSONResponse:
+    """Ready only when the models and an index snapshot are loaded."""
+    state = request.app.state
+    answers = getattr(state, "answers", None)
+    snapshot = answers.index_state.current() if answers is not None else None
+    if answers is None:
+        return JSONResponse({"ready": False, "reason": "models are loading"}, status_code=503)
+    if snapshot is None:
+        return JSONResponse({"ready": False, "reason": "no index snapshot yet: run `sqa ingest`"}, status_code=503)
+    return JSONResponse({"ready": True, "snapshot": snapshot.snapshot_id, "vectors": snapshot.index.ntotal,
+                         "newest_day": snapshot.newest_day.isoformat() if snapshot.newest_day else None,
+                         "reader": answers.reader.name, "encoder": snapshot.manifest.encoder})

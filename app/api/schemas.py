@@ -1,0 +1,69 @@
+"""HTTP request and response bodies (`<Thing>Request` / `<Thing>Public`)."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"question": "Which team does Damar Hamlin play for?", "as_of": "2023-01-05", "top_k": 5}]})
+
+    question: str = Field(description="The question, in plain English.")
+    as_of: str | None = Field(default=None, description="YYYY-MM-DD: answer from news published on or before "
+                                                         "this day (default: today, UTC).")
+    top_k: int | None = Field(default=None, description="How many passages to retrieve (default SQA_TOP_K).")
+
+
+class PassagePublic(BaseModel):
+    passage_id: int
+    title: str
+    url: str
+    published: dt.date
+    score: float
+    text: str
+
+
+class AnswerPublic(BaseModel):
+    answer: str
+    as_of: dt.date
+    passages: list[PassagePublic]
+    versions: dict[str, str]
+    timings_ms: dict[str, float]
+    notes: list[str] = []
+
+
+class IngestRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    month: str = Field(description="YYYY-MM: the month of articles to (re-)ingest.")
+
+
+class JobPublic(BaseModel):
+    id: int
+    kind: str
+    state: str
+    params: dict[str, Any]
+    progress: float
+    message: str
+    counts: dict[str, Any]
+    timings: dict[str, Any]
+    error: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class JobStarted(BaseModel):
+    job_id: int
+    state: str
+    status_url: str
+
+
+class SnapshotPublic(BaseModel):
+    snapshot_id: str
+    vectors: int
+    shards: list[str]
+    encoder: str
+    newest_day: dt.date | None

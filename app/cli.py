@@ -1,0 +1,328 @@
+"""`sqa`: the command line. Reads the settings once and passes plain values down."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from app.core.config import Settings, get_settings
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Streaming QA over time-stamped news. All state lives under SQA_HOME (default ./.sqa).")
+db_cli = typer.Typer(no_args_is_help=True, help="Database schema.")
+import_cli = typer.Typer(no_args_is_help=True, help="Import articles and questions.")
+index_cli = typer.Typer(no_args_is_help=True, help="Index snapshots.")
+jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs.")
+cli.add_typer(db_cli, name="db")
+cli.add_typer(import_cli, name="import")
+cli.add_typer(index_cli, name="index")
+cli.add_typer(jobs_cli, name="jobs")
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        return get_settings()
+    except Exception as exc:  # pydantic's ValidationError: say which setting is wrong
+        fail(f"bad settings: {exc}")
+        raise
+
+
+def _day(value: str | None, what: str) -> dt.date | None:
+    from indexer.dates import InvalidDateError, parse_day
+
+    if value is None:
+        return None
+    try:
+        return parse_day(value, what=what)
+    except InvalidDateError as exc:
+        fail(str(exc))
+        raise
+
+
+def _guard(fn):
+    """Turn domain errors into a one-line CLI error with a non-zero exit."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from app.services.errors import ServiceError
+        from indexer.dates import InvalidDateError
+        from indexer.errors import IndexIntegrityError
+
+        try:
+            return fn(*args, **kwargs)
+        except (ServiceError, InvalidDateError, IndexIntegrityError, FileNotFoundError, ValueError) as exc:
+            fail(str(exc))
+
+    return wrapper
+
+
+# ---- db --------------------------------------------------------------------------------------------
+
+@db_cli.command("upgrade")
+@_guard
+def db_upgrade() -> None:
+    """Apply the database migrations (also done automatically on start)."""
+    from app.db.migrate import upgrade
+
+    s = _settings()
+    s.ensure_dirs()
+    upgrade(s.db_url)
+    typer.echo(f"database at {s.db_url.split('@')[-1]} is at the newest schema")
+
+
+# ---- import ----------------------------------------------------------------------------------------
+
+def _store(articles, questions, report) -> None:
+    from app.db.queries import upsert_articles, upsert_questions
+    from app.runtime import open_database
+
+    db = open_database(_settings())
+    try:
+        with db.sessions() as session, session.begin():
+            a = upsert_articles(session, articles)
+            q = upsert_questions(session, questions)
+            from app.services.index_state import latest_snapshot_row
+
+            row = latest_snapshot_row(session)
+            indexed = set(row.shard_keys) if row else set()
+    finally:
+        db.close()
+    typer.echo(f"articles: {len(articles)} read, {a.inserted} new, {a.updated} updated (longer text), "
+               f"{a.unchanged} unchanged")
+    typer.echo(f"questions: {len(questions)} read, {q.inserted} new, {q.updated} updated, {q.unchanged} unchanged")
+    if report.skipped:
+        typer.echo(f"skipped {report.skipped_total} malformed or unusable record(s):")
+        for reason, n in sorted(report.skipped.items(), key=lambda kv: -kv[1]):
+            typer.echo(f"  {n:6d}  {reason}")
+        for example in getattr(report, "examples", [])[:5]:
+            typer.echo(f"          e.g. {example}")
+    stale = sorted(m for m in a.changed_months if m in indexed)
+    if stale:
+        typer.echo("already indexed months with new or longer articles (re-ingest them): "
+                   + " ".join(f"sqa ingest --month {m}" for m in stale))
+
+
+@import_cli.command("realtimeqa")
+@_guard
+def import_realtimeqa(path: Path = typer.Argument(..., help="RealTimeQA repository root or its past/ folder"),
+                      since: Optional[str] = typer.Option(None, help="YYYY-MM-DD: skip questions and articles before"),
+                      until: Optional[str] = typer.Option(None, help="YYYY-MM-DD: skip questions and articles after")) -> None:
+    """Import RealTimeQA questions and their search-result articles (.jsonl or .jsonl.gz)."""
+    from indexer.importers import read_realtimeqa
+
+    if not path.exists():
+        fail(f"{path} does not exist")
+    articles, questions, report = read_realtimeqa(path, since=_day(since, "--since"), until=_day(until, "--until"))
+    _store(articles, questions, report)
+
+
+@import_cli.command("streamingqa")
+@_guard
+def import_streamingqa(questions_path: Path = typer.Argument(..., metavar="QUESTIONS.jsonl[.gz]"),
+                       articles: Optional[Path] = typer.Option(None, "--articles", help="ARTICLES.jsonl[.gz]"),
+                       since: Optional[str] = typer.Option(None), until: Optional[str] = typer.Option(None)) -> None:
+    """Import StreamingQA questions (and a plain article JSONL)."""
+    from indexer.importers import read_streamingqa
+
+    for p in (questions_path, articles):
+        if p is not None and not p.exists():
+            fail(f"{p} does not exist")
+    arts, questions, report = read_streamingqa(questions_path, articles, since=_day(since, "--since"),
+                                               until=_day(until, "--until"))
+    _store(arts, questions, report)
+
+
+@import_cli.command("articles")
+@_guard
+def import_articles(path: Path, since: Optional[str] = typer.Option(None), until: Optional[str] = typer.Option(None),
+                    source: str = typer.Option("jsonl", help="name stored with each article")) -> None:
+    """Import plain article JSONL (id, url, title, text, published)."""
+    from indexer.importers import read_articles_jsonl
+    from indexer.records import ImportReport
+
+    if not path.exists():
+        fail(f"{path} does not exist")
+    report = ImportReport()
+    arts, report = read_articles_jsonl(path, since=_day(since, "--since"), until=_day(until, "--until"),
+                                       report=report, source=source)
+    _store(arts, [], report)
+
+
+# ---- ingest ----------------------------------------------------------------------------------------
+
+def _run_ingest(params: dict) -> None:
+    from app.db.queries import create_job
+    from app.runtime import build_encoder, ingest_config, open_database
+    from workers.ingest import plans_for, run_ingest_job
+    from workers.progress import JobProgress
+
+    s = _settings()
+    db = open_database(s)
+    try:
+        encoder = build_encoder(s)
+        cfg = ingest_config(s)
+        with db.sessions() as session:
+            plans_for(session, params, cfg, encoder)  # validate before a job row exists
+        with db.sessions() as session, session.begin():
+            job_id = create_job(session, "ingest", params).id
+        typer.echo(f"ingest job {job_id}: {json.dumps(params)}", err=True)
+        progress = JobProgress(db.sessions, job_id, bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1",
+                               weights={"chunk": 0.05, "encode": 0.9, "commit": 0.05})
+        try:
+            job = run_ingest_job(db.sessions, encoder, cfg, job_id, progress)
+        finally:
+            progress.close()
+        counts = job.counts or {}
+        for key in counts.get("planned", []):
+            c, t = counts.get(key, {}), (job.timings or {}).get(key, {})
+            typer.echo(f"{key}: {c.get('articles')} articles -> {c.get('passages')} passages "
+                       f"({t.get('passages_per_s')} passages/s), snapshot {c.get('snapshot')}")
+        if counts.get("empty_months"):
+            typer.echo(f"months without articles (skipped): {' '.join(counts['empty_months'])}")
+        if not counts.get("planned"):
+            typer.echo(job.message)
+    finally:
+        db.close()
+
+
+@cli.command("ingest")
+@_guard
+def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest this month"),
+           through: Optional[str] = typer.Option(None, help="YYYY-MM: ingest every month not yet ingested up to this one"),
+           from_: Optional[str] = typer.Option(None, "--from", help="YYYY-MM: with --through, the first month "
+                                               "(older articles form one history backfill on an empty index)"),
+           history_before: Optional[str] = typer.Option(None, help="YYYY-MM: (re)build the history shard of "
+                                                        "everything published before this month")) -> None:
+    """Chunk, encode and index articles; each month becomes a shard and a new snapshot."""
+    from indexer.dates import parse_month
+
+    given = [x for x in (month, through, history_before) if x]
+    if len(given) != 1:
+        fail("give exactly one of --month, --through or --history-before")
+    if from_ and not through:
+        fail("--from goes with --through")
+    for value in (month, through, from_, history_before):
+        if value:
+            parse_month(value)
+    params = {"month": month} if month else {"history_before": history_before} if history_before else \
+        {"through": through, **({"from": from_} if from_ else {})}
+    _run_ingest(params)
+
+
+@index_cli.command("rebuild")
+@_guard
+def index_rebuild() -> None:
+    """Re-encode every shard of the newest snapshot from the database (after corruption or an encoder change)."""
+    _run_ingest({"rebuild": True})
+
+
+@index_cli.command("status")
+@_guard
+def index_status() -> None:
+    """Show the newest snapshot and check its files against the database."""
+    from app.runtime import build_encoder, open_database
+    from app.services.index_state import IndexState
+
+    s = _settings()
+    db = open_database(s)
+    try:
+        state = IndexState(db.sessions, s.index_dir, **_encoder_identity(s))
+        if not state.refresh():
+            fail("no index snapshot yet: run `sqa ingest --through YYYY-MM`", code=1)
+        snap = state.current()
+        typer.echo(f"snapshot {snap.snapshot_id}: {snap.index.ntotal} vectors, encoder {snap.manifest.encoder}, "
+                   f"newest day {snap.newest_day}")
+        for e in snap.manifest.shards:
+            typer.echo(f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}")
+        typer.echo("files and database agree")
+    finally:
+        db.close()
+
+
+def _encoder_identity(s: Settings) -> dict:
+    from app.runtime import build_encoder
+
+    enc = build_encoder(s)
+    return {"encoder": enc.name, "dim": enc.dim}
+
+
+# ---- ask, serve, jobs ------------------------------------------------------------------------------
+
+@cli.command("ask")
+@_guard
+def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-DD (default: today)"),
+        top_k: Optional[int] = typer.Option(None), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Answer one question as of a date and print the cited passages."""
+    from app.runtime import build_answer_service, build_encoder, build_reader, open_database
+
+    s = _settings()
+    day = _day(as_of, "--as-of")
+    db = open_database(s)
+    try:
+        service = build_answer_service(s, db, build_encoder(s), build_reader(s))
+        service.index_state.refresh()
+        result = service.answer(question, day, top_k)
+    finally:
+        db.close()
+    if as_json:
+        from dataclasses import asdict
+
+        typer.echo(json.dumps(asdict(result), default=str, indent=2))
+        return
+    typer.echo(f"Q ({result.as_of}): {question}")
+    typer.echo(f"A: {result.answer or '(no answer)'}")
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    for i, p in enumerate(result.passages, 1):
+        typer.echo(f"  [{i}] {p.published}  {p.score:.3f}  {p.title[:80]}\n      {p.url}\n      {p.text[:200]}…")
+
+
+@cli.command("serve")
+def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
+          log_level: str = typer.Option("info")) -> None:
+    """Run the HTTP API under uvicorn (one process: the models load once)."""
+    import uvicorn
+
+    from app.main import create_app
+
+    s = _settings()
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(s), host=host, port=port, log_level=log_level)
+
+
+@jobs_cli.command("show")
+@_guard
+def jobs_show(job_id: int) -> None:
+    """Show one job as JSON."""
+    from app.db.tables import Job
+    from app.runtime import open_database
+
+    db = open_database(_settings())
+    try:
+        with db.sessions() as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                fail(f"no job with id {job_id}")
+            typer.echo(json.dumps({c.name: getattr(job, c.name) for c in Job.__table__.columns}, default=str, indent=2))
+    finally:
+        db.close()
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The one Settings object. Field names are the environment variables, prefixed SQA_.
+
+Only entry points (app/main.py, app/cli.py, workers/, migrations/env.py) read it; they pass
+plain values down to indexer/, models/ and evaluation/.
+"""
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SQA_", extra="ignore")
+
+    env: Literal["development", "production", "test"] = "development"
+    # All state lives under one directory: database file, index shards, snapshots, job work files.
+    home: Path = Path(".sqa")
+    # Empty means the embedded default, sqlite:///<home>/sqa.db.
+    database_url: str = ""
+    admin_token: str = ""
+
+    # Question and passage encoder: "minilm" (the packaged all-MiniLM-L6-v2), a local
+    # sentence-transformers folder, or "hash" (a deterministic fake for tests; "hash:delay_ms=5"
+    # slows it down so a test can kill an ingest half-way).
+    encoder: str = "minilm"
+    # Reader backend: "smollm2" (the packaged SmolLM2-135M-Instruct GGUF) or "first-entity"
+    # (a deterministic fake that copies a capitalised phrase from the top passage).
+    reader: str = "smollm2"
+    device: str = "cpu"
+    torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
+
+    top_k: int = Field(default=5, ge=1, le=100)
+    max_top_k: int = Field(default=50, ge=1, le=1000)
+    reader_passages: int = Field(default=3, ge=1, le=100)
+    max_question_chars: int = Field(default=1000, ge=10)
+    encode_batch_size: int = Field(default=64, ge=1)
+    # How often the API checks the database for a newer index snapshot (seconds; 0 = never).
+    snapshot_poll_s: float = Field(default=5.0, ge=0)
+
+    @field_validator("home")
+    @classmethod
+    def _home_absolute(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.env == "production" and not self.admin_token:
+            raise ValueError(
+                "SQA_ADMIN_TOKEN must be set when SQA_ENV=production "
+                f"(for example: export SQA_ADMIN_TOKEN={secrets.token_urlsafe(24)})"
+            )
+        if self.top_k > self.max_top_k:
+            raise ValueError(f"SQA_TOP_K={self.top_k} is larger than SQA_MAX_TOP_K={self.max_top_k}")
+        return self
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'sqa.db'}"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.home / "index"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.home / "work"
+
+    def ensure_dirs(self) -> None:
+        for d in (self.home, self.index_dir, self.work_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

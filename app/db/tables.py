@@ -1,0 +1,101 @@
+"""ORM tables. API schemas live in app/api/schemas.py, never here."""
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import JSON, BigInteger, Date, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.db.base import Base, UTCDateTime, utcnow
+
+
+class Article(Base):
+    __tablename__ = "articles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048), unique=True)
+    title: Mapped[str] = mapped_column(Text, default="")
+    text: Mapped[str] = mapped_column(Text)
+    published: Mapped[dt.date] = mapped_column(Date, index=True)
+    source: Mapped[str] = mapped_column(String(64), default="")
+    content_hash: Mapped[str] = mapped_column(String(64))
+    imported_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Passage(Base):
+    """A dated chunk of an article. Its FAISS id is (day_number(published) << 40) | id.
+
+    Passages belong to one shard build (`build_id`); re-ingesting a month writes a new build and
+    the old build's rows are deleted only once no kept snapshot refers to them, so a server still
+    answering from the old snapshot can fetch their text.
+    """
+
+    __tablename__ = "passages"
+    __table_args__ = (
+        UniqueConstraint("build_id", "article_id", "ordinal"),
+        {"sqlite_autoincrement": True},  # never reuse a primary key: it is part of the FAISS id
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    article_id: Mapped[int] = mapped_column(ForeignKey("articles.id", ondelete="CASCADE"), index=True)
+    ordinal: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    published: Mapped[dt.date] = mapped_column(Date)
+    faiss_id: Mapped[int] = mapped_column(BigInteger, unique=True)
+    shard_key: Mapped[str] = mapped_column(String(32), index=True)
+    build_id: Mapped[str] = mapped_column(String(64), index=True)
+
+    article: Mapped[Article] = relationship(lazy="joined")
+
+
+class Question(Base):
+    __tablename__ = "questions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    qid: Mapped[str] = mapped_column(String(128), unique=True)
+    text: Mapped[str] = mapped_column(Text)
+    asked: Mapped[dt.date] = mapped_column(Date, index=True)
+    answers: Mapped[list] = mapped_column(JSON)
+    choices: Mapped[list] = mapped_column(JSON, default=list)
+    subset: Mapped[str] = mapped_column(String(32), index=True)
+    meta: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class IndexSnapshot(Base):
+    """A committed index state: the manifest file and what it holds. The newest row serves."""
+
+    __tablename__ = "index_snapshots"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    snapshot_id: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    manifest_file: Mapped[str] = mapped_column(String(512))  # relative to the index directory
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    encoder: Mapped[str] = mapped_column(String(256))
+    dim: Mapped[int] = mapped_column(Integer)
+    total: Mapped[int] = mapped_column(BigInteger)
+    shard_keys: Mapped[list] = mapped_column(JSON)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
+
+
+class Job(Base):
+    """Long work (ingest, later evaluation and fine-tuning): state, progress, counts, error."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_kind_state", "kind", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict] = mapped_column(JSON, default=dict)
+    # queued -> running -> succeeded | failed | interrupted
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str] = mapped_column(Text, default="")
+    counts: Mapped[dict] = mapped_column(JSON, default=dict)
+    timings: Mapped[dict] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -1,0 +1,88 @@
+"""The FastAPI app factory. Heavy things (database, encoder, reader, index) load in the lifespan."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from app.api.routes import admin, answers, health
+from app.core.config import Settings, get_settings
+from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.services.errors import ServiceError
+from indexer.dates import InvalidDateError
+from indexer.errors import IndexIntegrityError
+
+log = logging.getLogger("app")
+
+
+async def _poll_snapshots(app: FastAPI, every_s: float) -> None:
+    """Swap in snapshots that another process (the CLI, the worker) committed."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await run_in_threadpool(app.state.answers.index_state.refresh)
+        except IndexIntegrityError as exc:
+            log.error("newest index snapshot refused, still serving the previous one: %s", exc)
+        except Exception:  # keep serving; the next poll retries
+            log.exception("snapshot refresh failed")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = await run_in_threadpool(open_database, settings)
+        encoder = await run_in_threadpool(build_encoder, settings)
+        reader = await run_in_threadpool(build_reader, settings)
+        service = build_answer_service(settings, db, encoder, reader)
+        try:
+            await run_in_threadpool(service.index_state.refresh)
+        except IndexIntegrityError as exc:
+            log.error("refusing to serve: %s", exc)
+            db.close()
+            raise
+        app.state.db, app.state.answers, app.state.ingest_config = db, service, ingest_config(settings)
+        poller = asyncio.create_task(_poll_snapshots(app, settings.snapshot_poll_s)) if settings.snapshot_poll_s else None
+        try:
+            yield
+        finally:
+            if poller is not None:
+                poller.cancel()
+            db.close()
+
+    app = FastAPI(title="Streaming QA", version="0.1.0", lifespan=lifespan,
+                  description="Answers dated questions from the news published on or before their date.")
+    app.state.settings = settings
+    app.state.ingest_guard = threading.Lock()
+    app.state.ingest_thread = None
+    app.include_router(health.router)
+    app.include_router(answers.router)
+    app.include_router(admin.router)
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+
+    @app.exception_handler(InvalidDateError)
+    async def _date_error(_: Request, exc: InvalidDateError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": errors},
+                            status_code=422)
+
+    return app

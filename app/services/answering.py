@@ -1,0 +1,140 @@
+"""The answer path as plain Python: dated question -> time-filtered dense retrieval -> reader.
+
+Used by the API, the CLI (`sqa ask`) and evaluation alike. Nothing published after `as_of`
+reaches the reader: the index filters by id range, and the fetched rows are checked again.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.tables import Passage
+from app.services.errors import IndexNotReadyError, InvalidInputError
+from app.services.index_state import IndexState, LoadedSnapshot
+from models.encoders import TextEncoder
+from models.readers import Reader, ReaderPassage, dated_question
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetrievedPassage:
+    passage_id: int
+    faiss_id: int
+    article_id: int
+    title: str
+    url: str
+    published: dt.date
+    score: float
+    text: str
+
+
+@dataclass(frozen=True)
+class AnswerResult:
+    answer: str
+    as_of: dt.date
+    passages: list[RetrievedPassage]
+    versions: dict[str, str]
+    timings_ms: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AnswerLimits:
+    default_top_k: int = 5
+    max_top_k: int = 50
+    reader_passages: int = 3
+    max_question_chars: int = 1000
+
+
+class DenseRetriever:
+    """Encodes the dated question and searches the snapshot's shards up to as_of."""
+
+    def __init__(self, encoder: TextEncoder) -> None:
+        self.encoder = encoder
+
+    def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
+                 top_k: int) -> list[RetrievedPassage]:
+        qvec = self.encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
+        scores, ids = snapshot.index.search(qvec, as_of, top_k)  # (1, k) each, -1 padded
+        hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+        return fetch_passages(session, hits, as_of)
+
+
+def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.date) -> list[RetrievedPassage]:
+    """Rows for (faiss_id, score) hits, in hit order; drops (and logs) anything after as_of."""
+    if not hits:
+        return []
+    rows = session.scalars(select(Passage).where(Passage.faiss_id.in_([h[0] for h in hits]))).all()
+    by_id = {r.faiss_id: r for r in rows}
+    out = []
+    for fid, score in hits:
+        row = by_id.get(fid)
+        if row is None:
+            log.warning("passage with faiss id %d is in the index but not in the database", fid)
+            continue
+        if row.published > as_of:  # cannot happen with a correct index; never let it through
+            log.error("passage %d published %s came back for as_of %s: dropped", row.id, row.published, as_of)
+            continue
+        out.append(RetrievedPassage(row.id, fid, row.article_id, row.article.title, row.article.url,
+                                    row.published, score, row.text))
+    return out
+
+
+class AnswerService:
+    def __init__(self, *, encoder: TextEncoder, reader: Reader, index_state: IndexState,
+                 session_factory: sessionmaker[Session], limits: AnswerLimits) -> None:
+        self.retriever = DenseRetriever(encoder)
+        self.reader = reader
+        self.index_state = index_state
+        self.session_factory = session_factory
+        self.limits = limits
+
+    def validate(self, question: str, top_k: int | None) -> tuple[str, int]:
+        text = (question or "").strip()
+        if not text:
+            raise InvalidInputError("question is empty")
+        if len(text) > self.limits.max_question_chars:
+            raise InvalidInputError(
+                f"question is {len(text)} characters long; the limit is {self.limits.max_question_chars}")
+        k = self.limits.default_top_k if top_k is None else top_k
+        if not 1 <= k <= self.limits.max_top_k:
+            raise InvalidInputError(f"top_k {k} is out of range (1..{self.limits.max_top_k})")
+        return text, k
+
+    def answer(self, question: str, as_of: dt.date | None = None, top_k: int | None = None) -> AnswerResult:
+        t0 = time.perf_counter()
+        text, k = self.validate(question, top_k)
+        as_of = as_of or dt.datetime.now(dt.timezone.utc).date()
+        snapshot = self.index_state.current()  # held for the whole request: swaps don't disturb it
+        if snapshot is None:
+            raise IndexNotReadyError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+        notes = []
+        newest = snapshot.newest_day
+        if newest is not None and as_of > newest:
+            notes.append(f"as_of {as_of} is after the newest indexed article ({newest}); "
+                         "answered from what is indexed")
+        t1 = time.perf_counter()
+        with self.session_factory() as session:
+            passages = self.retriever.retrieve(session, snapshot, text, as_of, k)
+        t2 = time.perf_counter()
+        if not passages:
+            notes.append(f"no indexed passage was published on or before {as_of}")
+            answer_text = ""
+        else:
+            reader_input = [ReaderPassage(p.title, p.text, p.published)
+                            for p in passages[: self.limits.reader_passages]]
+            answer_text = self.reader.generate(text, as_of, reader_input).text
+        t3 = time.perf_counter()
+        versions = {"index_snapshot": snapshot.snapshot_id, "encoder": snapshot.manifest.encoder,
+                    "reader": self.reader.name}
+        timings = {"retrieve": round((t2 - t1) * 1000, 2), "read": round((t3 - t2) * 1000, 2),
+                   "total": round((t3 - t0) * 1000, 2)}
+        return AnswerResult(answer_text, as_of, passages, versions, timings, notes)
+
+

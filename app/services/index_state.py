@@ -1,0 +1,103 @@
+"""Which index snapshot serves, and the atomic swap to a newer one.
+
+The database names the snapshot (the newest `index_snapshots` row); the manifest file names the
+shard files and their checksums. Both must agree, or the index is refused with a rebuild command.
+Readers take `current()` once per request and keep it: a swap never disturbs a request in flight.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.tables import IndexSnapshot
+from indexer.shards import ShardedIndex
+from indexer.snapshot import IndexIntegrityError, Manifest, ShardCache, read_manifest
+
+log = logging.getLogger(__name__)
+
+REBUILD_HINT = "rebuild it with `sqa index rebuild` (re-encodes every ingested month from the database)"
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    row_id: int
+    snapshot_id: str
+    manifest: Manifest
+    index: ShardedIndex
+    loaded_at: dt.datetime
+
+    @property
+    def newest_day(self) -> dt.date | None:
+        return self.index.max_day
+
+
+def latest_snapshot_row(session: Session) -> IndexSnapshot | None:
+    return session.scalars(select(IndexSnapshot).order_by(IndexSnapshot.id.desc()).limit(1)).first()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *, encoder: str,
+                      dim: int) -> LoadedSnapshot:
+    """Check the manifest file against the database row, then open and verify its shards."""
+    path = index_dir / row.manifest_file
+    if not path.exists():
+        raise IndexIntegrityError(
+            f"snapshot {row.snapshot_id}: manifest {path} recorded in the database is missing; {REBUILD_HINT}")
+    actual = sha256_file(path)
+    if actual != row.manifest_sha256:
+        raise IndexIntegrityError(
+            f"snapshot {row.snapshot_id}: manifest {path} has checksum {actual[:12]}…, the database "
+            f"recorded {row.manifest_sha256[:12]}…; {REBUILD_HINT}")
+    manifest = read_manifest(path)
+    if manifest.snapshot_id != row.snapshot_id or manifest.total != row.total:
+        raise IndexIntegrityError(
+            f"snapshot {row.snapshot_id}: manifest says {manifest.snapshot_id} with {manifest.total} vectors, "
+            f"the database says {row.snapshot_id} with {row.total}; {REBUILD_HINT}")
+    index = cache.open_snapshot(index_dir, manifest, expected_encoder=encoder, expected_dim=dim)
+    return LoadedSnapshot(row.id, row.snapshot_id, manifest, index, dt.datetime.now(dt.timezone.utc))
+
+
+class IndexState:
+    """Holds the serving snapshot; `refresh` swaps in a newer one atomically."""
+
+    def __init__(self, session_factory: sessionmaker[Session], index_dir: Path, *, encoder: str, dim: int) -> None:
+        self._session_factory = session_factory
+        self._index_dir = index_dir
+        self._encoder = encoder
+        self._dim = dim
+        self._cache = ShardCache()
+        self._current: LoadedSnapshot | None = None
+        self._lock = threading.Lock()  # serialises refreshes, never held by readers
+
+    def current(self) -> LoadedSnapshot | None:
+        return self._current
+
+    def refresh(self) -> bool:
+        """Load the newest snapshot if it is not the one serving. Returns True if it swapped.
+
+        Raises IndexIntegrityError when the newest snapshot does not match its files.
+        """
+        with self._lock:
+            with self._session_factory() as session:
+                row = latest_snapshot_row(session)
+            if row is None or (self._current is not None and self._current.row_id == row.id):
+                return False
+            loaded = open_snapshot_row(row, self._index_dir, self._cache, encoder=self._encoder, dim=self._dim)
+            self._current = loaded  # a single reference assignment: the swap is atomic
+            log.info("serving index snapshot %s (%d vectors, %d shards)", loaded.snapshot_id,
+                     loaded.index.ntotal, len(loaded.manifest.shards))
+            return True

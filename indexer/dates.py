@@ -1,0 +1,80 @@
+"""Dates as the StreamingQA protocol writes them, and the day numbers the index ids carry."""
+from __future__ import annotations
+
+import datetime as dt
+
+# Day 0 of the index id space. News older than this cannot be indexed (none is expected).
+EPOCH = dt.date(1900, 1, 1)
+
+
+class InvalidDateError(ValueError):
+    """A date string that is not a real calendar date in an accepted format."""
+
+
+def parse_day(value: str, *, what: str = "date") -> dt.date:
+    """Parse 'YYYY-MM-DD' or 'YYYY/MM/DD' (RealTimeQA uses both); anything else is an error.
+
+    A trailing time part ('2023/01/07/05:11', '2023-01-07T05:11:00') is ignored.
+    """
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidDateError(f"{what} is missing (use YYYY-MM-DD)")
+    text = value.strip().replace("/", "-")
+    head = text[:10]
+    try:
+        day = dt.date.fromisoformat(head)
+    except ValueError:
+        raise InvalidDateError(f"{what} {value!r} is not a date (use YYYY-MM-DD)") from None
+    if len(text) > 10 and text[10] not in "T -":
+        raise InvalidDateError(f"{what} {value!r} is not a date (use YYYY-MM-DD)")
+    return day
+
+
+def parse_month(value: str) -> dt.date:
+    """Parse 'YYYY-MM' into the first day of that month."""
+    try:
+        year, month = value.strip().split("-")
+        if len(year) != 4 or len(month) != 2:
+            raise ValueError
+        return dt.date(int(year), int(month), 1)
+    except (ValueError, AttributeError):
+        raise InvalidDateError(f"month {value!r} is not a month (use YYYY-MM)") from None
+
+
+def month_key(day: dt.date) -> str:
+    """'2023-04' for any day in April 2023."""
+    return f"{day.year:04d}-{day.month:02d}"
+
+
+def month_start(day: dt.date) -> dt.date:
+    return day.replace(day=1)
+
+
+def next_month(day: dt.date) -> dt.date:
+    """First day of the month after `day`'s month."""
+    return dt.date(day.year + (day.month == 12), day.month % 12 + 1, 1)
+
+
+def month_end(day: dt.date) -> dt.date:
+    """Last day of `day`'s month."""
+    return next_month(day) - dt.timedelta(days=1)
+
+
+def format_long(day: dt.date) -> str:
+    """'Thursday, February 7, 2019': the StreamingQA passage and question date prefix."""
+    return f"{day:%A}, {day:%B} {day.day}, {day.year}"
+
+
+def day_number(day: dt.date) -> int:
+    """Days since EPOCH; the high part of a passage's FAISS id."""
+    n = (day - EPOCH).days
+    if n < 0:
+        raise InvalidDateError(f"date {day.isoformat()} is before {EPOCH.isoformat()} and cannot be indexed")
+    return n
+
+
+def from_day_number(n: int) -> dt.date:
+    return EPOCH + dt.timedelta(days=int(n))

@@ -1,0 +1,102 @@
+"""The reader interface every backend fits (SmolLM2 now, FiD next), and a deterministic fake.
+
+A reader sees the question, the date it is asked as of, and passages that were all published on
+or before that date (the retriever guarantees it; `check_passages` re-asserts it).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from indexer.dates import format_long
+
+
+@dataclass(frozen=True)
+class ReaderPassage:
+    title: str
+    text: str  # already carries its date prefix ("Thursday, February 7, 2019. ...")
+    published: dt.date
+
+
+@dataclass(frozen=True)
+class ReaderAnswer:
+    text: str  # the short answer shown to users
+    raw: str  # what the model generated before shortening
+
+
+class Reader(Protocol):
+    name: str
+
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer: ...
+
+
+def dated_question(question: str, as_of: dt.date) -> str:
+    """'Today is Wednesday, May 6, 2020. <question>': the StreamingQA question format."""
+    return f"Today is {format_long(as_of)}. {question.strip()}"
+
+
+def check_passages(as_of: dt.date, passages: Sequence[ReaderPassage]) -> None:
+    """Internal invariant: nothing published after as_of may reach a reader."""
+    late = [p for p in passages if p.published > as_of]
+    assert not late, f"{len(late)} passage(s) published after {as_of} reached the reader"
+
+
+_PREFIXES = re.compile(
+    r"^(?:the\s+)?(?:short\s+)?(?:final\s+)?answer(?:\s+is)?\s*[:\-]?\s*|^a:\s*|^according to [^,]*,\s*",
+    re.IGNORECASE,
+)
+
+
+def shorten_answer(raw: str, *, max_words: int = 8) -> str:
+    """Cut a generated answer to a short phrase: first line, no 'Answer:' preamble, no end dot."""
+    text = raw.strip().split("\n", 1)[0].strip()
+    for _ in range(2):
+        text = _PREFIXES.sub("", text).strip()
+    text = text.strip(" \"'`*")
+    # One sentence is enough; keep abbreviations like "U.S." intact by splitting on ". " only.
+    text = re.split(r"(?<=[a-z0-9\)])\.\s", text, maxsplit=1)[0]
+    text = text.rstrip(" .;,:!")
+    words = text.split()
+    if len(words) > max_words:
+        text = " ".join(words[:max_words]).rstrip(" .;,:")
+    return text
+
+
+_ENTITY = re.compile(r"\b([A-Z][a-zA-Z0-9'\-]+(?:\s+(?:of\s+|the\s+)?[A-Z][a-zA-Z0-9'\-]+)*)")
+_STOP = {"Today", "The", "A", "An", "In", "On", "He", "She", "It", "They", "This", "That", "But", "And"}
+_DATE_WORDS = {"Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "January",
+               "February", "March", "April", "May", "June", "July", "August", "September", "October",
+               "November", "December"}
+
+
+class FirstEntityReader:
+    """Deterministic fake: the first capitalised phrase of the top passage that the question lacks."""
+
+    name = "first-entity"
+
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
+        check_passages(as_of, passages)
+        if not passages:
+            return ReaderAnswer(text="", raw="")
+        q_words = set(question.lower().split())
+        body = passages[0].text.split(". ", 1)[-1]  # drop the date prefix
+        for match in _ENTITY.finditer(body):
+            phrase = match.group(1)
+            words = [w for w in phrase.split() if w not in _STOP and w not in _DATE_WORDS]
+            if words and not all(w.lower() in q_words for w in words):
+                answer = " ".join(words)
+                return ReaderAnswer(text=answer, raw=phrase)
+        return ReaderAnswer(text="", raw="")
+
+
+def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3) -> Reader:
+    """Build a reader from a setting: "smollm2" or "first-entity"."""
+    if spec == "first-entity":
+        return FirstEntityReader()
+    if spec == "smollm2":
+        from models.smollm2 import SmolLM2Reader
+
+        return SmolLM2Reader(device=device, max_passages=max_passages)
+    raise ValueError(f"reader {spec!r} is unknown (use 'smollm2' or 'first-entity')")

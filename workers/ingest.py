@@ -1,0 +1,344 @@
+"""The ingest job: articles of a month (or a history backfill) -> dated passages -> a new shard
+and a new snapshot, committed in one database transaction.
+
+Crash safety: embeddings are checkpointed under the work directory as they are computed, so a
+re-run resumes where the last one stopped; shard and manifest files are written before the
+transaction that records them commits, so a crash leaves the previous snapshot serving and, at
+worst, unreferenced files that a later ingest deletes.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+import numpy as np
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.base import utcnow
+from app.db.queries import article_months, earliest_question_day
+from app.db.tables import Article, IndexSnapshot, Job, Passage
+from app.services.errors import ConflictError, InvalidInputError, NoArticlesError
+from app.services.index_state import latest_snapshot_row
+from indexer.chunking import chunk_texts
+from indexer.dates import EPOCH, day_number, month_end, month_key, month_start, next_month, parse_month
+from indexer.errors import IndexIntegrityError
+from indexer.ids import make_ids
+from indexer.shards import MonthShard
+from indexer.snapshot import Manifest, garbage_files, read_manifest, write_manifest, write_shard
+from models.encoders import TextEncoder
+from workers.progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    index_dir: Path
+    work_dir: Path
+    batch_size: int = 64
+    checkpoint_every: int = 256  # passages per embedding checkpoint file
+    keep_snapshots: int = 3  # older snapshots lose their files and passage rows
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    key: str  # "2023-04" or "history-2023-01" (everything published before January 2023)
+    first: dt.date  # inclusive
+    last: dt.date  # inclusive
+
+    @classmethod
+    def month(cls, month: str) -> "ShardPlan":
+        first = parse_month(month)
+        return cls(month_key(first), first, month_end(first))
+
+    @classmethod
+    def history(cls, before_month: str) -> "ShardPlan":
+        start = parse_month(before_month)
+        return cls(f"history-{month_key(start)}", EPOCH, start - dt.timedelta(days=1))
+
+    @classmethod
+    def from_key(cls, key: str) -> "ShardPlan":
+        return cls.history(key.removeprefix("history-")) if key.startswith("history-") else cls.month(key)
+
+
+# ---- the ingest lock and the base snapshot ---------------------------------------------------------
+
+@contextlib.contextmanager
+def ingest_lock(index_dir: Path) -> Iterator[None]:
+    """One ingest at a time per index directory (an OS lock: released if the process dies)."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    with open(index_dir / "ingest.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConflictError("another ingest is running on this index; wait for it to finish") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ingest_lock_held(index_dir: Path) -> bool:
+    """True while some process holds the ingest lock of this index directory."""
+    try:
+        with ingest_lock(index_dir):
+            return False
+    except ConflictError:
+        return True
+
+
+def base_manifest(session: Session, index_dir: Path, encoder: TextEncoder, *, fresh: bool = False) -> Manifest:
+    """The manifest a new shard is added to: the newest snapshot's, or an empty one."""
+    row = None if fresh else latest_snapshot_row(session)
+    if row is None:
+        return Manifest.new(encoder=encoder.name, dim=encoder.dim)
+    manifest = read_manifest(index_dir / row.manifest_file, expected_sha256=row.manifest_sha256)
+    if manifest.encoder != encoder.name or manifest.dim != encoder.dim:
+        raise IndexIntegrityError(
+            f"the index was built with encoder {manifest.encoder} ({manifest.dim} dims) but the configured "
+            f"encoder is {encoder.name} ({encoder.dim} dims); re-encode it with `sqa index rebuild`")
+    return manifest
+
+
+def overlapping_keys(manifest: Manifest, plan: ShardPlan) -> list[str]:
+    """Keys of shards whose days overlap the plan's (besides the plan's own key)."""
+    return [e.key for e in manifest.shards
+            if e.key != plan.key and not (e.span[1] < plan.first or e.span[0] > plan.last)]
+
+
+def check_month_request(session: Session, index_dir: Path, encoder: TextEncoder, month: str) -> ShardPlan:
+    """Validate `ingest --month` before any work: the month parses, has articles, fits the index."""
+    plan = ShardPlan.month(month)
+    n = session.scalar(select(Article.id).where(Article.published.between(plan.first, plan.last)).limit(1))
+    if n is None:
+        raise NoArticlesError(f"no articles published in {plan.key}: import them first (`sqa import ...`)")
+    clash = overlapping_keys(base_manifest(session, index_dir, encoder), plan)
+    if clash:
+        raise InvalidInputError(
+            f"month {plan.key} lies inside shard(s) {', '.join(clash)}; rebuild that backfill with "
+            f"`sqa ingest --history-before YYYY-MM` instead")
+    return plan
+
+
+def plan_through(session: Session, manifest: Manifest, through: str, start: str | None = None
+                 ) -> tuple[list[ShardPlan], list[str]]:
+    """Every month up to `through` not yet indexed, in order, plus a history backfill of
+    everything before the first month when the index is empty. Returns (plans, empty months)."""
+    last = parse_month(through)
+    months = article_months(session)
+    if start is not None:
+        first = parse_month(start)
+    elif manifest.shards:
+        first = next_month(max(e.span[1] for e in manifest.shards))
+    else:
+        q = earliest_question_day(session)
+        first = month_start(q) if q else (parse_month(min(months)) if months else last)
+    plans: list[ShardPlan] = []
+    if not manifest.shards and any(k < month_key(first) for k in months):
+        plans.append(ShardPlan.history(month_key(first)))
+    empty = []
+    m = first
+    while m <= last:
+        key = month_key(m)
+        if manifest.shard(key) is None:
+            if months.get(key):
+                plans.append(ShardPlan.month(key))
+            else:
+                empty.append(key)
+        m = next_month(m)
+    return plans, empty
+
+
+# ---- one shard -------------------------------------------------------------------------------------
+
+def _save_atomic(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    with open(tmp, "wb") as fh:
+        np.save(fh, arr)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def encode_with_checkpoints(encoder: TextEncoder, texts: list[str], work: Path, cfg: IngestConfig,
+                            progress: Progress) -> np.ndarray:
+    """(n, dim) float32 embeddings; finished blocks are saved so an interrupted run resumes."""
+    work.mkdir(parents=True, exist_ok=True)
+    progress.stage("encode", len(texts))
+    blocks = []
+    for b, start in enumerate(range(0, len(texts), cfg.checkpoint_every)):
+        part = texts[start:start + cfg.checkpoint_every]
+        path = work / f"emb-{b:06d}.npy"
+        if path.exists():
+            arr = np.load(path)
+            if arr.shape == (len(part), encoder.dim):
+                blocks.append(arr)
+                progress.advance(len(part))
+                continue
+        pieces = []
+        for s in range(0, len(part), cfg.batch_size):
+            pieces.append(encoder.encode_passages(part[s:s + cfg.batch_size], batch_size=cfg.batch_size))
+            progress.advance(len(pieces[-1]))
+        arr = np.concatenate(pieces).astype(np.float32, copy=False)
+        _save_atomic(path, arr)
+        blocks.append(arr)
+    if not blocks:
+        return np.zeros((0, encoder.dim), dtype=np.float32)
+    return np.ascontiguousarray(np.concatenate(blocks))
+
+
+def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPlan, cfg: IngestConfig,
+                 progress: Progress, *, job_id: int | None = None, finish_job: bool = False,
+                 fresh: bool = False) -> dict:
+    """Build the plan's shard from the articles in the database and commit a new snapshot.
+
+    `finish_job` marks the job succeeded in the same transaction that records the snapshot.
+    Returns counts and timings.
+    """
+    t0 = time.perf_counter()
+    with sf() as session:
+        arts = session.execute(
+            select(Article.id, Article.text, Article.published)
+            .where(Article.published.between(plan.first, plan.last))
+            .order_by(Article.published, Article.id)).all()
+        base_manifest(session, cfg.index_dir, encoder, fresh=fresh)  # fail fast on an encoder mismatch
+    if not arts:
+        raise NoArticlesError(f"no articles published in {plan.key}: import them first (`sqa import ...`)")
+
+    progress.stage("chunk", len(arts))
+    chunks = chunk_texts([(a.text, a.published) for a in arts])
+    progress.advance(len(arts))
+    rows = [(a.id, i, text, a.published) for a, passages in zip(arts, chunks) for i, text in enumerate(passages)]
+    texts = [r[2] for r in rows]
+    t1 = time.perf_counter()
+
+    digest = hashlib.sha256(encoder.name.encode())
+    for art_id, ordinal, text, _ in rows:
+        digest.update(f"\x00{art_id}\x00{ordinal}\x00{text}".encode())
+    work = cfg.work_dir / f"ingest-{plan.key}-{digest.hexdigest()[:16]}"
+    vectors = encode_with_checkpoints(encoder, texts, work, cfg, progress)  # (n, dim)
+    t2 = time.perf_counter()
+
+    progress.stage("commit", 1)
+    with sf() as session, session.begin():
+        base = base_manifest(session, cfg.index_dir, encoder, fresh=fresh)
+        tmp_build = f"tmp-{secrets.token_hex(8)}"
+        pks = session.scalars(
+            insert(Passage).returning(Passage.id, sort_by_parameter_order=True),
+            [dict(article_id=a, ordinal=o, text=t, published=p, faiss_id=-(i + 1), shard_key=plan.key,
+                  build_id=tmp_build) for i, (a, o, t, p) in enumerate(rows)]).all()
+        days = np.array([day_number(r[3]) for r in rows], dtype=np.int64)
+        ids = make_ids(days, np.asarray(pks, dtype=np.int64))  # (n,) day << 40 | primary key
+        session.execute(update(Passage), [{"id": pk, "faiss_id": int(fid)} for pk, fid in zip(pks, ids)])
+        entry = write_shard(cfg.index_dir, MonthShard.build(plan.key, vectors, ids))
+        build = PurePosixPath(entry.file).name
+        session.execute(update(Passage).where(Passage.build_id == tmp_build).values(build_id=build))
+        manifest = base.with_shard(entry, drop=overlapping_keys(base, plan))
+        path, sha = write_manifest(cfg.index_dir, manifest)
+        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=str(path.relative_to(cfg.index_dir)),
+                                  manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
+                                  total=manifest.total, shard_keys=[e.key for e in manifest.shards], job_id=job_id))
+        t3 = time.perf_counter()
+        counts = {"articles": len(arts), "passages": len(rows), "snapshot": manifest.snapshot_id,
+                  "vectors_total": manifest.total}
+        timings = {"chunk_s": round(t1 - t0, 3), "encode_s": round(t2 - t1, 3), "commit_s": round(t3 - t2, 3),
+                   "passages_per_s": round(len(rows) / max(t3 - t0, 1e-9), 2)}
+        if job_id is not None:
+            job = session.get(Job, job_id)
+            job.counts = {**(job.counts or {}), plan.key: counts}
+            job.timings = {**(job.timings or {}), plan.key: timings}
+            if finish_job:
+                _finish(job)
+    shutil.rmtree(work, ignore_errors=True)
+    collect_garbage(sf, cfg)
+    return {**counts, **timings}
+
+
+def _finish(job: Job) -> None:
+    job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, "done", utcnow()
+
+
+def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
+    """Drop passage rows and files that no kept snapshot refers to."""
+    with sf() as session, session.begin():
+        rows = session.scalars(select(IndexSnapshot).order_by(IndexSnapshot.id.desc())
+                               .limit(cfg.keep_snapshots)).all()
+        manifests = []
+        for row in rows:
+            try:
+                manifests.append(read_manifest(cfg.index_dir / row.manifest_file))
+            except IndexIntegrityError:
+                log.warning("snapshot %s: manifest unreadable, skipped by garbage collection", row.snapshot_id)
+        if not manifests:
+            return
+        keep = {PurePosixPath(e.file).name for m in manifests for e in m.shards}
+        session.execute(delete(Passage).where(Passage.build_id.not_in(keep)))
+    for path in garbage_files(cfg.index_dir, manifests):
+        path.unlink(missing_ok=True)
+
+
+# ---- the job ---------------------------------------------------------------------------------------
+
+def plans_for(session: Session, params: dict, cfg: IngestConfig, encoder: TextEncoder) -> tuple[list[ShardPlan], list[str], bool]:
+    """(plans, empty months, fresh) for a job's params: month | through [+ from] | history_before | rebuild."""
+    if params.get("month"):
+        return [check_month_request(session, cfg.index_dir, encoder, params["month"])], [], False
+    if params.get("history_before"):
+        return [ShardPlan.history(params["history_before"])], [], False
+    if params.get("rebuild"):
+        row = latest_snapshot_row(session)
+        keys = list(row.shard_keys) if row else []
+        if not keys:
+            raise InvalidInputError("nothing to rebuild: no index snapshot exists yet")
+        return [ShardPlan.from_key(k) for k in keys], [], True
+    if params.get("through"):
+        manifest = base_manifest(session, cfg.index_dir, encoder)
+        plans, empty = plan_through(session, manifest, params["through"], params.get("from"))
+        return plans, empty, False
+    raise InvalidInputError("an ingest needs a month, a through month, history_before or rebuild")
+
+
+def run_ingest_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, job_id: int,
+                   progress: Progress) -> Job:
+    """Run a queued ingest job to the end, recording state, progress, counts and errors."""
+    with sf() as session, session.begin():
+        job = session.get(Job, job_id)
+        job.state, job.started_at, job.pid, job.message = "running", utcnow(), os.getpid(), "starting"
+        params = dict(job.params)
+    try:
+        with ingest_lock(cfg.index_dir):
+            with sf() as session, session.begin():
+                for stale in session.scalars(select(Job).where(Job.kind == "ingest", Job.state == "running",
+                                                               Job.id != job_id)):
+                    stale.state, stale.finished_at = "interrupted", utcnow()
+                    stale.error = "the process running this ingest stopped before it finished; run it again to resume"
+                plans, empty, fresh = plans_for(session, params, cfg, encoder)
+                session.get(Job, job_id).counts = {"planned": [p.key for p in plans], "empty_months": empty}
+            for i, plan in enumerate(plans):
+                ingest_shard(sf, encoder, plan, cfg, progress, job_id=job_id, finish_job=i == len(plans) - 1,
+                             fresh=fresh and i == 0)
+        if not plans:
+            with sf() as session, session.begin():
+                job = session.get(Job, job_id)
+                _finish(job)
+                job.message = "nothing to ingest: every month with articles is already indexed"
+    except BaseException as exc:  # record the failure, then let it propagate
+        with sf() as session, session.begin():
+            job = session.get(Job, job_id)
+            job.state = "failed" if isinstance(exc, Exception) else "interrupted"
+            job.error = str(exc) or type(exc).__name__
+            job.finished_at = utcnow()
+        raise
+    with sf() as session:
+        return session.get(Job, job_id)
