@@ -85,20 +85,15 @@ def db_upgrade() -> None:
 # ---- import ----------------------------------------------------------------------------------------
 
 def _store(articles, questions, report) -> None:
-    from app.db.queries import upsert_articles, upsert_questions
     from app.runtime import open_database
+    from workers.imports import store_records
 
     db = open_database(_settings())
     try:
-        with db.sessions() as session, session.begin():
-            a = upsert_articles(session, articles)
-            q = upsert_questions(session, questions)
-            from app.services.index_state import latest_snapshot_row
-
-            row = latest_snapshot_row(session)
-            indexed = set(row.shard_keys) if row else set()
+        result = store_records(db.sessions, articles, questions)
     finally:
         db.close()
+    a, q = result.articles, result.questions
     typer.echo(f"articles: {len(articles)} read, {a.inserted} new, {a.updated} updated (longer text), "
                f"{a.unchanged} unchanged")
     typer.echo(f"questions: {len(questions)} read, {q.inserted} new, {q.updated} updated, {q.unchanged} unchanged")
@@ -108,7 +103,7 @@ def _store(articles, questions, report) -> None:
             typer.echo(f"  {n:6d}  {reason}")
         for example in getattr(report, "examples", [])[:5]:
             typer.echo(f"          e.g. {example}")
-    stale = sorted(m for m in a.changed_months if m in indexed)
+    stale = result.stale_months
     if stale:
         typer.echo("already indexed months with new or longer articles (re-ingest them): "
                    + " ".join(f"sqa ingest --month {m}" for m in stale))
@@ -163,27 +158,16 @@ def import_articles(path: Path, since: Optional[str] = typer.Option(None), until
 # ---- ingest ----------------------------------------------------------------------------------------
 
 def _run_ingest(params: dict) -> None:
-    from app.db.queries import create_job
     from app.runtime import build_encoder, ingest_config, open_database
-    from workers.ingest import plans_for, run_ingest_job
-    from workers.progress import JobProgress
+    from workers.ingest import ingest as run_ingest
 
     s = _settings()
     db = open_database(s)
     try:
-        encoder = build_encoder(s)
-        cfg = ingest_config(s)
-        with db.sessions() as session:
-            plans_for(session, params, cfg, encoder)  # validate before a job row exists
-        with db.sessions() as session, session.begin():
-            job_id = create_job(session, "ingest", params).id
-        typer.echo(f"ingest job {job_id}: {json.dumps(params)}", err=True)
-        progress = JobProgress(db.sessions, job_id, bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1",
-                               weights={"chunk": 0.05, "encode": 0.9, "commit": 0.05})
-        try:
-            job = run_ingest_job(db.sessions, encoder, cfg, job_id, progress)
-        finally:
-            progress.close()
+        typer.echo(f"ingest: {json.dumps(params)}", err=True)
+        job = run_ingest(db.sessions, build_encoder(s), ingest_config(s), params,
+                         bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+        typer.echo(f"ingest job {job.id} {job.state}", err=True)
         counts = job.counts or {}
         for key in counts.get("planned", []):
             c, t = counts.get(key, {}), (job.timings or {}).get(key, {})

@@ -58,7 +58,8 @@ def build_reader(settings: Settings) -> Reader:
 
 def ingest_config(settings: Settings) -> IngestConfig:
     return IngestConfig(index_dir=settings.index_dir, work_dir=settings.work_dir,
-                        batch_size=settings.encode_batch_size)
+                        batch_size=settings.encode_batch_size,
+                        checkpoint_every=settings.checkpoint_every)
 
 
 def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder, reader: Reader) -> AnswerService:

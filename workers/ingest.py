@@ -342,3 +342,20 @@ def run_ingest_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestC
         raise
     with sf() as session:
         return session.get(Job, job_id)
+
+
+def ingest(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: dict, *,
+           bar: bool = False) -> Job:
+    """Validate params, record a job, run it here and now (the CLI's and the tests' way in)."""
+    from app.db.queries import create_job
+    from workers.progress import JobProgress
+
+    with sf() as session:
+        plans_for(session, params, cfg, encoder)  # bad input fails before a job row exists
+    with sf() as session, session.begin():
+        job_id = create_job(session, "ingest", params).id
+    progress = JobProgress(sf, job_id, bar=bar, weights={"chunk": 0.05, "encode": 0.9, "commit": 0.05})
+    try:
+        return run_ingest_job(sf, encoder, cfg, job_id, progress)
+    finally:
+        progress.close()

@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     reader_passages: int = Field(default=3, ge=1, le=100)
     max_question_chars: int = Field(default=1000, ge=10)
     encode_batch_size: int = Field(default=64, ge=1)
+    # Passages per embedding checkpoint: an interrupted ingest resumes from the last one.
+    checkpoint_every: int = Field(default=256, ge=1)
     # How often the API checks the database for a newer index snapshot (seconds; 0 = never).
     snapshot_poll_s: float = Field(default=5.0, ge=0)
 

@@ -1,0 +1,181 @@
+"""The HTTP API over the sample news, with the fast fakes (hash encoder, first-entity reader)."""
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.db.tables import Article, IndexSnapshot, Job, Passage
+from app.main import create_app
+from app.runtime import open_database
+
+ADMIN = {"X-Admin-Token": "test-admin-token"}
+
+
+def counts(settings):
+    db = open_database(settings, migrate=False)
+    try:
+        with db.sessions() as s:
+            return (s.scalar(select(func.count()).select_from(Article)),
+                    s.scalar(select(func.count()).select_from(Passage)),
+                    s.scalar(select(func.count()).select_from(IndexSnapshot)),
+                    s.scalar(select(func.count()).select_from(Job)))
+    finally:
+        db.close()
+
+
+def test_answers_returns_the_documented_fields(client):
+    r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?", "as_of": "2024-01-31"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) >= {"answer", "as_of", "passages", "versions", "timings_ms"}
+    assert body["as_of"] == "2024-01-31"
+    assert body["passages"], "the sample has passages on or before 2024-01-31"
+    p = body["passages"][0]
+    assert set(p) >= {"passage_id", "title", "url", "published", "score", "text"}
+    assert body["versions"]["encoder"] == "hash-384"
+    assert body["versions"]["reader"] == "first-entity"
+    assert body["timings_ms"]["total"] >= body["timings_ms"]["retrieve"]
+
+
+@pytest.mark.parametrize("as_of", ["2024-01-10", "2024-01-31", "2024-02-15", "2024-03-01", "2024-03-31"])
+def test_answers_never_cite_passages_after_as_of(client, as_of):
+    for question in ["Who is the mayor of Port Calder?", "Who is the head coach of the Kestrel Bay Harriers?",
+                     "What is the Calder Reserve Bank's benchmark interest rate?"]:
+        r = client.post("/v1/answers", json={"question": question, "as_of": as_of, "top_k": 50})
+        assert r.status_code == 200, r.text
+        published = [p["published"] for p in r.json()["passages"]]
+        assert published and max(published) <= as_of
+
+
+def test_answers_same_question_two_dates_use_their_own_period(client):
+    q = "Who is the head coach of the Kestrel Bay Harriers?"
+    early = client.post("/v1/answers", json={"question": q, "as_of": "2024-01-24", "top_k": 3}).json()
+    late = client.post("/v1/answers", json={"question": q, "as_of": "2024-03-14", "top_k": 3}).json()
+    assert all(p["published"] <= "2024-01-24" for p in early["passages"])
+    # As of March the newer passages (February/March news of the coaching change) are reachable and cited.
+    assert any(p["published"] > "2024-01-31" for p in late["passages"])
+    assert "Okafor" in " ".join(p["text"] for p in late["passages"])
+    assert "Okafor" not in " ".join(p["text"] for p in early["passages"])
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    ({"question": "Who?", "as_of": "2031-02-30"}, "as_of '2031-02-30' is not a date"),
+    ({"question": "Who?", "as_of": "yesterday"}, "is not a date (use YYYY-MM-DD)"),
+    ({"question": "   "}, "question is empty"),
+    ({"question": ""}, "question is empty"),
+    ({"question": "x" * 10_000}, "question is 10000 characters long"),
+    ({"question": "Who?", "top_k": 0}, "top_k 0 is out of range"),
+    ({"question": "Who?", "top_k": 100000}, "top_k 100000 is out of range"),
+    ({"question": "Who?", "top_k": "many"}, "top_k"),
+    ({"as_of": "2024-01-01"}, "question"),
+    ({"question": "Who?", "colour": "red"}, "colour"),
+])
+def test_answers_bad_input_is_a_clear_422(client, loaded_settings, payload, fragment):
+    before = counts(loaded_settings)
+    r = client.post("/v1/answers", json=payload)
+    assert r.status_code == 422, r.text
+    assert fragment in r.json()["detail"]
+    assert counts(loaded_settings) == before
+
+
+def test_answers_future_as_of_says_so(client):
+    r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?", "as_of": "2030-01-01"})
+    assert r.status_code == 200
+    assert any("after the newest indexed article" in n for n in r.json()["notes"])
+
+
+def test_answers_before_any_news_returns_no_passages(client):
+    r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?", "as_of": "2001-01-01"})
+    assert r.status_code == 200
+    assert r.json()["passages"] == [] and r.json()["answer"] == ""
+
+
+def test_answers_default_as_of_is_today(client):
+    r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?"})
+    assert r.json()["as_of"] == dt.datetime.now(dt.timezone.utc).date().isoformat()
+
+
+def test_health_and_ready(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert client.get("/docs").status_code == 200
+    assert "/v1/answers" in client.get("/openapi.json").json()["paths"]
+
+
+def test_ready_is_503_without_an_index(settings):
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/readyz").status_code == 503
+        r = c.post("/v1/answers", json={"question": "Who?"})
+        assert r.status_code == 503 and "sqa ingest" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("headers, status", [({}, 401), ({"X-Admin-Token": "wrong"}, 401)])
+def test_admin_needs_the_right_token(client, loaded_settings, headers, status):
+    before = counts(loaded_settings)
+    r = client.post("/admin/ingest", json={"month": "2024-02"}, headers=headers)
+    assert r.status_code == status and "token" in r.json()["detail"].lower()
+    assert client.get("/admin/jobs/1", headers=headers).status_code == status
+    assert counts(loaded_settings) == before
+
+
+def test_admin_disabled_without_a_configured_token(make_settings):
+    with TestClient(create_app(make_settings(admin_token=""))) as c:
+        r = c.post("/admin/ingest", json={"month": "2024-02"}, headers=ADMIN)
+        assert r.status_code == 403 and "SQA_ADMIN_TOKEN" in r.json()["detail"]
+
+
+def test_production_refuses_to_start_without_admin_token(make_settings):
+    with pytest.raises(ValueError, match="SQA_ADMIN_TOKEN must be set"):
+        make_settings(env="production", admin_token="")
+
+
+@pytest.mark.parametrize("month, status, fragment", [
+    ("2031-01", 422, "no articles published in 2031-01"),
+    ("2024-13", 422, "is not a month"),
+    ("January", 422, "is not a month"),
+])
+def test_admin_ingest_bad_month_is_rejected(client, loaded_settings, month, status, fragment):
+    before = counts(loaded_settings)
+    r = client.post("/admin/ingest", json={"month": month}, headers=ADMIN)
+    assert r.status_code == status, r.text
+    assert fragment in r.json()["detail"]
+    assert counts(loaded_settings) == before
+
+
+def test_admin_unknown_job_is_404(client):
+    r = client.get("/admin/jobs/999999", headers=ADMIN)
+    assert r.status_code == 404 and "no job with id 999999" in r.json()["detail"]
+
+
+def wait_job(client, job_id, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/admin/jobs/{job_id}", headers=ADMIN).json()
+        if job["state"] in ("succeeded", "failed", "interrupted"):
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def test_admin_ingest_runs_in_background_and_swaps_snapshot(client, loaded_settings):
+    old = client.get("/readyz").json()["snapshot"]
+    r = client.post("/admin/ingest", json={"month": "2024-02"}, headers=ADMIN)
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["job_id"])
+    assert job["state"] == "succeeded", job
+    assert job["progress"] == 1.0
+    assert job["counts"]["2024-02"]["articles"] == 12
+    # The server swaps to the new snapshot right after the job commits, without a restart.
+    deadline = time.monotonic() + 10
+    while client.get("/readyz").json()["snapshot"] == old and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.get("/readyz").json()["snapshot"] == job["counts"]["2024-02"]["snapshot"] != old
+    # Re-ingesting a month replaces its shard: same number of vectors, no duplicated passages.
+    assert client.get("/readyz").json()["vectors"] == client.get("/admin/index", headers=ADMIN).json()["vectors"]
+    listing = client.get("/admin/jobs", headers=ADMIN).json()
+    assert listing[0]["id"] == job["id"]

@@ -1,0 +1,122 @@
+"""Shared fixtures: a fresh SQA_HOME per test, SQLite always and PostgreSQL when
+SQA_TEST_POSTGRES_URL is set, the shipped sample news, and (session-scoped) the real models."""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app.core.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+POSTGRES_URL = os.environ.get("SQA_TEST_POSTGRES_URL", "")
+
+# Tests never wait on a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def sample_root() -> Path:
+    return SAMPLE
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+def _postgres_database():
+    """Create a throw-away database on the PostgreSQL server; yields its URL, drops it after."""
+    base = make_url(POSTGRES_URL)
+    name = f"sqa_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n AND pid <> pg_backend_pid()"),
+                {"n": name})
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+DB_PARAMS = [pytest.param("sqlite", id="sqlite"),
+             pytest.param("postgres", id="postgres", marks=[
+                 pytest.mark.postgres,
+                 pytest.mark.skipif(not POSTGRES_URL, reason="SQA_TEST_POSTGRES_URL is not set")])]
+
+
+@pytest.fixture(params=DB_PARAMS)
+def database_url(request, tmp_path):
+    """Run the test once on SQLite and once on PostgreSQL (when configured)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'home' / 'sqa.db'}"
+    else:
+        yield from _postgres_database()
+
+
+@pytest.fixture
+def make_settings(tmp_path):
+    """Settings for a fresh SQA_HOME with the fast fakes (hash encoder, first-entity reader)."""
+
+    def make(**overrides) -> Settings:
+        values = dict(home=tmp_path / "home", encoder="hash", reader="first-entity", env="test",
+                      snapshot_poll_s=0, admin_token="test-admin-token")
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings, database_url) -> Settings:
+    return make_settings(database_url=database_url)
+
+
+@pytest.fixture
+def sqlite_settings(make_settings) -> Settings:
+    return make_settings()
+
+
+def load_sample(settings: Settings, through: str = "2024-03", since=None, until=None):
+    """Import the shipped sample and ingest it through `through`; returns the last ingest job."""
+    from app.runtime import build_encoder, ingest_config, open_database
+    from indexer.importers import read_realtimeqa
+    from workers.imports import store_records
+    from workers.ingest import ingest
+
+    db = open_database(settings)
+    try:
+        articles, questions, _ = read_realtimeqa(SAMPLE, since=since, until=until)
+        store_records(db.sessions, articles, questions)
+        return ingest(db.sessions, build_encoder(settings), ingest_config(settings), {"through": through})
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def loaded_settings(settings) -> Settings:
+    """Settings whose home holds the sample news, ingested through 2024-03 (three month shards)."""
+    load_sample(settings)
+    return settings
+
+
+@pytest.fixture
+def client(loaded_settings):
+    """A TestClient over the app with the sample loaded (lifespan runs)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    with TestClient(create_app(loaded_settings)) as c:
+        yield c
