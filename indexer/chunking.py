@@ -1,0 +1,167 @@
+"""Articles -> dated passages, as StreamingQA cuts them: up to 6 sentences, date prefixed.
+
+    "Thursday, February 7, 2019. <sentence 1> <sentence 2> ... <sentence 6>"
+
+Sentences come from spaCy's rule-based sentencizer on a blank English pipeline (no model to
+download). A line break is always a sentence boundary: scraped news separates paragraphs,
+headlines and captions by newlines, often without a full stop. Whitespace is normalised to single
+spaces, so the passage bodies of an article, joined by spaces, give back its normalised text.
+
+Example:
+    >>> split_passages("One. Two.\\n\\nThree", dt.date(2019, 2, 7))
+    ['Thursday, February 7, 2019. One. Two. Three']
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
+
+from indexer.dates import format_long
+
+SENTENCES_PER_PASSAGE = 6
+MAX_WORDS = 180
+# Upper bound on one spaCy doc. The blank pipeline only tokenizes, so memory stays small; a longer
+# paragraph (none is expected: RealTimeQA texts are capped at 100,000 characters) is cut at
+# whitespace first.
+_MAX_CHARS = 2_000_000
+_LINE_BREAKS = re.compile(r"\s*[\n\r\u2028\u2029]\s*")
+
+
+@lru_cache(maxsize=1)
+def _sentencizer():
+    """spacy.blank('en') + sentencizer, built once per process (importing spaCy costs ~1 s)."""
+    import spacy
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("sentencizer")
+    nlp.max_length = _MAX_CHARS + 1
+    return nlp
+
+
+def _check_sizes(sentences_per_passage: int, max_words: int) -> None:
+    if not isinstance(sentences_per_passage, int) or sentences_per_passage < 1:
+        raise ValueError(f"sentences_per_passage must be a positive integer, not {sentences_per_passage!r}")
+    if not isinstance(max_words, int) or max_words < 1:
+        raise ValueError(f"max_words must be a positive integer, not {max_words!r}")
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Non-empty lines with whitespace normalised, each short enough for one spaCy doc."""
+    pieces = []
+    for line in _LINE_BREAKS.split(text):
+        line = " ".join(line.split())
+        while len(line) > _MAX_CHARS:
+            cut = line.rfind(" ", 0, _MAX_CHARS)
+            cut = cut if cut > 0 else _MAX_CHARS
+            pieces.append(line[:cut])
+            line = line[cut:].lstrip()
+        if line:
+            pieces.append(line)
+    return pieces
+
+
+def _word_windows(words: list[str], max_words: int) -> list[str]:
+    """An over-long sentence -> ceil(n / max_words) windows of near-equal size, in order."""
+    count = -(-len(words) // max_words)
+    size, extra = divmod(len(words), count)
+    windows, start = [], 0
+    for i in range(count):
+        end = start + size + (i < extra)
+        windows.append(" ".join(words[start:end]))
+        start = end
+    return windows
+
+
+def _pack(sentences: Iterable[str], prefix: str, sentences_per_passage: int, max_words: int) -> list[str]:
+    """Greedy packing: add sentences until the count or the word budget would be exceeded."""
+    passages: list[str] = []
+    current: list[str] = []
+    words = 0
+
+    def flush() -> None:
+        nonlocal current, words
+        if current:
+            passages.append(prefix + " ".join(current))
+        current, words = [], 0
+
+    for sentence in sentences:
+        n = len(sentence.split())
+        if n > max_words:  # a run-on "sentence" (a table, a list of names): cut it into windows
+            flush()
+            passages.extend(prefix + window for window in _word_windows(sentence.split(), max_words))
+            continue
+        if len(current) == sentences_per_passage or words + n > max_words:
+            flush()
+        current.append(sentence)
+        words += n
+    flush()
+    return passages
+
+
+def _doc_sentences(doc) -> list[str]:
+    """The sentencizer's sentences, each boundary moved back to the nearest space.
+
+    After a full stop the sentencizer keeps every punctuation token with the old sentence, opening
+    quotes included ('said. "| They'): moving the start back to the space gives 'said.| "They' and
+    keeps the text intact. A boundary with no space before it since the last one is dropped.
+    """
+    starts = [0]
+    for sent in doc.sents:
+        i = sent.start
+        while i > starts[-1] and doc[i - 1].whitespace_ == "":
+            i -= 1
+        if i > starts[-1]:
+            starts.append(i)
+    bounds = [doc[i].idx for i in starts] + [len(doc.text)]
+    spans = (doc.text[a:b].strip() for a, b in zip(bounds, bounds[1:]))
+    return [span for span in spans if span]
+
+
+def _sentences(docs: Iterator, counts: list[int]) -> Iterator[list[str]]:
+    """Regroup the docs of all paragraphs into one sentence list per article."""
+    for count in counts:
+        sentences: list[str] = []
+        for _ in range(count):
+            sentences.extend(_doc_sentences(next(docs)))
+        yield sentences
+
+
+def chunk_texts(
+    items: Iterable[tuple[str, dt.date]],
+    *,
+    sentences_per_passage: int = SENTENCES_PER_PASSAGE,
+    max_words: int = MAX_WORDS,
+    batch_size: int = 256,
+) -> list[list[str]]:
+    """Split many (text, published) pairs at once; one passage list per item, in input order.
+
+    Same output as calling `split_passages` on each item, faster: all paragraphs go through one
+    `nlp.pipe` stream.
+    """
+    _check_sizes(sentences_per_passage, max_words)
+    items = list(items)
+    paragraphs = [_paragraphs(text or "") for text, _ in items]
+    flat = (p for ps in paragraphs for p in ps)
+    docs = iter(_sentencizer().pipe(flat, batch_size=batch_size))
+    out = []
+    for (_, published), sentences in zip(items, _sentences(docs, [len(ps) for ps in paragraphs])):
+        out.append(_pack(sentences, format_long(published) + ". ", sentences_per_passage, max_words))
+    return out
+
+
+def split_passages(
+    text: str,
+    published: dt.date,
+    *,
+    sentences_per_passage: int = SENTENCES_PER_PASSAGE,
+    max_words: int = MAX_WORDS,
+) -> list[str]:
+    """Cut one article into passages of up to `sentences_per_passage` consecutive sentences.
+
+    Each passage is "<Weekday, Month D, YYYY>. <sentences>" and holds at most `max_words` words of
+    article text (the date prefix not counted): fewer sentences are packed when needed, and a
+    single longer sentence is cut into word windows. Empty text gives [].
+    """
+    return chunk_texts([(text, published)], sentences_per_passage=sentences_per_passage, max_words=max_words)[0]

@@ -1,0 +1,314 @@
+"""Month shards of passage vectors and the date-filtered search that fans out over them.
+
+A `MonthShard` owns one exact inner-product index with its id map (ids from `indexer.ids`, so
+the publication day is in the id). A `ShardedIndex` is the immutable set of shards of one
+snapshot: a query searches every shard that starts on or before `as_of`, restricts only the
+boundary shard (the one holding `as_of` itself) with an id range, and merges the per-shard
+top-k with `faiss.ResultHeap`, as faiss `contrib/exhaustive_search.py` does.
+
+Example:
+    >>> shard = MonthShard.build("2023-04", vectors, ids)    # (n, d) float32, (n,) int64
+    >>> index = ShardedIndex([history, shard])
+    >>> scores, ids = index.search(queries, dt.date(2023, 4, 14), 10)   # (nq, 10), (nq, 10)
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from indexer.dates import from_day_number, month_end, parse_month
+from indexer.errors import REBUILD_HINT, IndexIntegrityError
+from indexer.ids import id_day, id_day_numbers, ids_from, ids_through
+
+# A key is also the start of the shard's file name: "2023-04", "history-2023-01".
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_MONTH_KEY_RE = re.compile(r"^\d{4}-\d{2}$")
+_HISTORY_KEY_RE = re.compile(r"^history-(\d{4}-\d{2})$")
+
+
+def check_key(key: str) -> str:
+    """Refuse shard keys that could not be a file name prefix."""
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValueError(f"shard key {key!r} must be letters, digits, '-' or '_' (e.g. '2023-04')")
+    return key
+
+
+def key_span(key: str) -> tuple[dt.date | None, dt.date]:
+    """Days a shard key allows: '2023-04' -> (Apr 1, Apr 30); 'history-2023-01' -> (None, Dec 31, 2022).
+
+    Other keys (merged shards named otherwise) allow any day: (None, date.max).
+    """
+    if _MONTH_KEY_RE.match(key):
+        first = parse_month(key)
+        return first, month_end(first)
+    m = _HISTORY_KEY_RE.match(key)
+    if m:
+        return None, parse_month(m.group(1)) - dt.timedelta(days=1)
+    return None, dt.date.max
+
+
+def check_as_of(as_of: dt.date) -> dt.date:
+    # datetime is a subclass of date, and comparing one with a date raises: refuse it up front.
+    if isinstance(as_of, dt.datetime) or not isinstance(as_of, dt.date):
+        raise TypeError(f"as_of must be a datetime.date, got {type(as_of).__name__} {as_of!r}")
+    return as_of
+
+
+def check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def as_queries(queries: np.ndarray, dim: int) -> np.ndarray:
+    """Validate (nq, dim) queries; returns them C-contiguous float32."""
+    q = np.asarray(queries)
+    if q.ndim != 2 or q.shape[1] != dim:
+        raise ValueError(f"queries must have shape (nq, {dim}), got {q.shape}")
+    if not np.issubdtype(q.dtype, np.floating):
+        raise ValueError(f"queries must be floating point, got dtype {q.dtype}")
+    return np.ascontiguousarray(q, dtype=np.float32)
+
+
+def empty_results(nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(nq, k) scores of -inf and ids of -1: what a search finds where nothing qualifies."""
+    return np.full((nq, k), -np.inf, dtype=np.float32), np.full((nq, k), -1, dtype=np.int64)
+
+
+class MonthShard:
+    """One exact inner-product index over the passages of a span of days (normally a month).
+
+    Build with `MonthShard.build` or `MonthShard.load`; the instance is never mutated after that,
+    so any number of threads may search it at once.
+    """
+
+    def __init__(self, key: str, index: faiss.IndexIDMap2, min_day: dt.date, max_day: dt.date):
+        self.key = check_key(key)
+        self.min_day = min_day
+        self.max_day = max_day
+        self.dim = int(index.d)
+        self._index = index
+
+    def __repr__(self) -> str:
+        return f"MonthShard({self.key!r}, {self.ntotal} vectors, {self.min_day}..{self.max_day}, dim={self.dim})"
+
+    @classmethod
+    def build(cls, key: str, vectors: np.ndarray, ids: np.ndarray) -> MonthShard:
+        """Index `vectors` (n, dim) float32 under `ids` (n,) int64; the day span comes from the ids."""
+        check_key(key)
+        if not isinstance(vectors, np.ndarray) or vectors.dtype != np.float32 or vectors.ndim != 2:
+            raise ValueError(f"shard {key}: vectors must be a 2-d float32 array, got {_describe(vectors)}")
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1:
+            raise ValueError(f"shard {key}: ids must be a 1-d int64 array, got {_describe(ids)}")
+        n, dim = vectors.shape
+        if n == 0 or dim == 0:
+            raise ValueError(f"shard {key}: no vectors to index (shape {vectors.shape}); a shard is never empty")
+        if ids.shape[0] != n:
+            raise ValueError(f"shard {key}: {n} vectors but {ids.shape[0]} ids")
+        if not np.isfinite(vectors).all():
+            raise ValueError(f"shard {key}: vectors contain NaN or infinity")
+        if ids.min() < 0:
+            raise ValueError(f"shard {key}: negative id {int(ids.min())}")
+        uniq, counts = np.unique(ids, return_counts=True)
+        if uniq.size != n:
+            dup = int(uniq[counts > 1][0])
+            raise ValueError(f"shard {key}: duplicate id {dup} ({id_day(dup)}), each passage must be indexed once")
+        days = id_day_numbers(ids)
+        min_day, max_day = from_day_number(days.min()), from_day_number(days.max())
+        lo, hi = key_span(key)
+        if (lo is not None and min_day < lo) or max_day > hi:
+            raise ValueError(
+                f"shard {key}: passages published {min_day}..{max_day} do not belong in it "
+                f"(it holds {lo or 'anything'}..{hi})"
+            )
+        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))  # keeps a reference to the flat index
+        index.add_with_ids(np.ascontiguousarray(vectors), np.ascontiguousarray(ids))
+        return cls(key, index, min_day, max_day)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._index.ntotal)
+
+    def ids(self) -> np.ndarray:
+        """(ntotal,) int64 ids in insertion order (a copy)."""
+        return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+
+    def search(self, queries: np.ndarray, k: int, as_of: dt.date | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product among passages published on or before `as_of` (all if None).
+
+        Args:
+            queries: (nq, dim) float32.
+            k: results per query; missing results are id -1 with score -inf.
+        Returns:
+            scores (nq, k) float32 best first, ids (nq, k) int64.
+        """
+        q = as_queries(queries, self.dim)
+        return self._search(q, check_k(k), None if as_of is None else check_as_of(as_of))
+
+    def _search(self, q: np.ndarray, k: int, as_of: dt.date | None) -> tuple[np.ndarray, np.ndarray]:
+        if as_of is not None and as_of < self.min_day:
+            return empty_results(q.shape[0], k)
+        params = None
+        if as_of is not None and as_of < self.max_day:
+            # Boundary shard: only ids of days <= as_of. Other shards are searched unfiltered
+            # (a selector costs a per-id check and keeps FAISS off its BLAS path).
+            selector = faiss.IDSelectorRange(ids_from(self.min_day), ids_through(as_of))
+            params = faiss.SearchParameters(sel=selector)
+        scores, ids = self._index.search(q, k, params=params)
+        scores[ids < 0] = -np.inf  # FAISS pads with -FLT_MAX
+        return scores, ids
+
+    def to_bytes(self) -> np.ndarray:
+        """The FAISS serialisation, (nbytes,) uint8: what `save` writes."""
+        return faiss.serialize_index(self._index)
+
+    @classmethod
+    def from_bytes(
+        cls,
+        data: bytes | np.ndarray,
+        key: str,
+        expected_count: int,
+        dim: int,
+        *,
+        min_day: dt.date,
+        max_day: dt.date,
+        source: str = "<bytes>",
+    ) -> MonthShard:
+        """Deserialise a shard and check it against what its manifest entry says (see `load`)."""
+        where = f"shard {key} ({source})"
+        try:
+            index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+        except RuntimeError as exc:
+            raise IndexIntegrityError(f"{where} is not a readable FAISS index ({exc}); {REBUILD_HINT}") from None
+        if not isinstance(index, faiss.IndexIDMap2) or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise IndexIntegrityError(
+                f"{where} holds a {type(index).__name__} (metric {index.metric_type}), "
+                f"expected an inner-product IndexIDMap2; {REBUILD_HINT}"
+            )
+        if index.d != dim:
+            raise IndexIntegrityError(f"{where} has dimension {index.d}, the manifest says {dim}; {REBUILD_HINT}")
+        if index.ntotal != expected_count:
+            raise IndexIntegrityError(
+                f"{where} holds {index.ntotal} vectors, the manifest says {expected_count}; {REBUILD_HINT}"
+            )
+        ids = faiss.vector_to_array(index.id_map).astype(np.int64, copy=False)
+        lo, hi = ids_from(min_day), ids_through(max_day)
+        outside = np.flatnonzero((ids < lo) | (ids >= hi))
+        if outside.size:
+            bad = int(ids[outside[0]])
+            day = id_day(bad) if bad >= 0 else "no day"
+            raise IndexIntegrityError(
+                f"{where}: {outside.size} ids lie outside its days {min_day}..{max_day} "
+                f"(e.g. id {bad}, {day}); {REBUILD_HINT}"
+            )
+        if np.unique(ids).size != ids.size:
+            raise IndexIntegrityError(f"{where} holds duplicate ids; {REBUILD_HINT}")
+        return cls(key, index, min_day, max_day)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the shard to `path` (not atomic: `indexer.snapshot.write_shard` is)."""
+        Path(path).write_bytes(self.to_bytes().tobytes())
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        key: str,
+        expected_count: int,
+        dim: int,
+        *,
+        min_day: dt.date,
+        max_day: dt.date,
+    ) -> MonthShard:
+        """Read a shard file and check its count, dimension and that every id lies in [min_day, max_day].
+
+        Raises:
+            IndexIntegrityError: the file is missing or unreadable, or disagrees with the arguments.
+        """
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise IndexIntegrityError(f"shard {key}: cannot read {path} ({exc.strerror}); {REBUILD_HINT}") from None
+        return cls.from_bytes(data, key, expected_count, dim, min_day=min_day, max_day=max_day, source=str(path))
+
+
+class ShardedIndex:
+    """The shards of one snapshot, searched as one index restricted to `as_of`.
+
+    Immutable: a new snapshot is a new ShardedIndex (shards may be shared between them), so
+    searches in flight finish on the one they started with. Safe to search from many threads.
+    """
+
+    def __init__(self, shards: Iterable[MonthShard], *, dim: int | None = None):
+        shards = tuple(sorted(shards, key=lambda s: s.min_day))
+        dims = {s.dim for s in shards} | ({dim} if dim is not None else set())
+        if len(dims) > 1:
+            raise ValueError(f"shards disagree on dimension: {sorted(dims)}")
+        if not dims:
+            raise ValueError("an empty ShardedIndex needs its dim")
+        for prev, cur in zip(shards, shards[1:]):
+            if cur.min_day <= prev.max_day:  # overlapping spans could return a passage twice
+                raise ValueError(
+                    f"shards {prev.key} ({prev.min_day}..{prev.max_day}) and "
+                    f"{cur.key} ({cur.min_day}..{cur.max_day}) overlap"
+                )
+        self._shards = shards
+        self._dim = dims.pop()
+
+    def __repr__(self) -> str:
+        return f"ShardedIndex({len(self._shards)} shards, {self.ntotal} vectors, {self.min_day}..{self.max_day})"
+
+    @property
+    def shards(self) -> tuple[MonthShard, ...]:
+        return self._shards
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def ntotal(self) -> int:
+        return sum(s.ntotal for s in self._shards)
+
+    @property
+    def min_day(self) -> dt.date | None:
+        return self._shards[0].min_day if self._shards else None
+
+    @property
+    def max_day(self) -> dt.date | None:
+        return self._shards[-1].max_day if self._shards else None
+
+    def search(self, queries: np.ndarray, as_of: dt.date, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k passages published on or before `as_of` (inclusive), over all shards.
+
+        Args:
+            queries: (nq, dim) float32, L2-normalised like the passages.
+            as_of: the last publication day that may be returned.
+            k: results per query; when fewer passages qualify, the rest is id -1 with score -inf.
+        Returns:
+            scores (nq, k) float32 best first, ids (nq, k) int64.
+        """
+        q = as_queries(queries, self._dim)
+        as_of, k = check_as_of(as_of), check_k(k)
+        heap = faiss.ResultHeap(q.shape[0], k, keep_max=True)
+        for shard in self._shards:
+            if shard.min_day > as_of:
+                break  # sorted by min_day: every later shard is after as_of too
+            scores, ids = shard._search(q, min(k, shard.ntotal), as_of)  # (nq, <=k)
+            heap.add_result(scores, ids)
+        heap.finalize()
+        scores, ids = heap.D, heap.I
+        scores[ids < 0] = -np.inf
+        return scores, ids
+
+
+def _describe(a: object) -> str:
+    if isinstance(a, np.ndarray):
+        return f"array of shape {a.shape} and dtype {a.dtype}"
+    return type(a).__name__

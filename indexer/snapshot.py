@@ -1,0 +1,371 @@
+"""Snapshots: immutable shard files plus a manifest that names them, written crash-safely.
+
+    index_dir/
+      shards/<key>.<8 hex>.faiss        one MonthShard each, never rewritten
+      snapshots/<snapshot_id>.json      a Manifest: the shard files, their sha256, counts, encoder
+
+A new month or a rebuilt month writes new shard files and a new manifest (temp file, fsync,
+rename, fsync the directory), so a crash leaves either the old snapshot or the new one, never a
+half-written file under a real name. The manifest's sha256 is what the database records.
+`ShardCache.open_snapshot` checks everything against the manifest before anything is served.
+
+Example:
+    >>> entry = write_shard(index_dir, MonthShard.build("2023-04", vectors, ids))
+    >>> manifest = Manifest.new(encoder="all-MiniLM-L6-v2", dim=384).with_shard(entry)
+    >>> path, sha = write_manifest(index_dir, manifest)
+    >>> index = ShardCache().open_snapshot(index_dir, read_manifest(path), expected_encoder="all-MiniLM-L6-v2", expected_dim=384)
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path, PurePosixPath
+
+from indexer.errors import REBUILD_HINT, IndexIntegrityError
+from indexer.shards import MonthShard, ShardedIndex, check_key
+
+__all__ = [
+    "IndexIntegrityError", "ShardEntry", "Manifest", "ShardCache",
+    "write_shard", "write_manifest", "read_manifest", "garbage_files",
+]
+
+MANIFEST_FORMAT = 1
+SHARDS_DIR = "shards"
+SNAPSHOTS_DIR = "snapshots"
+_TMP_SUFFIX = ".tmp"  # temp files: ".<final name>.<8 hex>.tmp" beside the final file
+_SNAPSHOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard file of a snapshot, as the manifest records it."""
+
+    key: str
+    file: str  # relative to the index directory, '/'-separated: "shards/2023-04.1a2b3c4d.faiss"
+    sha256: str
+    count: int
+    min_day: str  # ISO date of the earliest passage
+    max_day: str  # ISO date of the latest passage
+    dim: int
+
+    def __post_init__(self):
+        check_key(self.key)
+        p = PurePosixPath(self.file) if isinstance(self.file, str) else None
+        if p is None or p.is_absolute() or ".." in p.parts or not p.parts or "\\" in self.file:
+            raise ValueError(f"shard {self.key}: file {self.file!r} must be a relative path inside the index directory")
+        if not isinstance(self.sha256, str) or not _SHA_RE.match(self.sha256):
+            raise ValueError(f"shard {self.key}: sha256 {self.sha256!r} is not 64 lowercase hex digits")
+        if not _is_int(self.count) or self.count < 1:
+            raise ValueError(f"shard {self.key}: count {self.count!r} must be a positive integer")
+        if not _is_int(self.dim) or self.dim < 1:
+            raise ValueError(f"shard {self.key}: dim {self.dim!r} must be a positive integer")
+        lo, hi = self.span  # raises on a bad date
+        if lo > hi:
+            raise ValueError(f"shard {self.key}: min_day {self.min_day} is after max_day {self.max_day}")
+
+    @property
+    def span(self) -> tuple[dt.date, dt.date]:
+        """(min_day, max_day) as dates."""
+        try:
+            return dt.date.fromisoformat(self.min_day), dt.date.fromisoformat(self.max_day)
+        except (TypeError, ValueError):
+            raise ValueError(f"shard {self.key}: days {self.min_day!r}..{self.max_day!r} are not YYYY-MM-DD") from None
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+def new_snapshot_id(now: dt.datetime | None = None) -> str:
+    """'20230414T120000Z-1a2b3c4d': sorts by creation time, unique by its random tail."""
+    return f"{(now or _utc_now()):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One immutable state of the index. Shards are kept sorted by min_day and may not overlap."""
+
+    snapshot_id: str
+    created_at: str  # UTC, ISO 8601 with +00:00
+    encoder: str  # the passage encoder's name and version; queries must use the same
+    dim: int
+    shards: tuple[ShardEntry, ...] = field(default=())
+
+    def __post_init__(self):
+        if not isinstance(self.snapshot_id, str) or not _SNAPSHOT_ID_RE.match(self.snapshot_id):
+            raise ValueError(f"snapshot_id {self.snapshot_id!r} must be letters, digits, '.', '-' or '_'")
+        try:
+            created = dt.datetime.fromisoformat(self.created_at)
+        except (TypeError, ValueError):
+            created = None
+        if created is None or created.utcoffset() != dt.timedelta(0) or not self.created_at.endswith("+00:00"):
+            raise ValueError(f"created_at {self.created_at!r} must be UTC ISO 8601 ending in +00:00")
+        if not isinstance(self.encoder, str) or not self.encoder:
+            raise ValueError("encoder must name the passage encoder")
+        if not _is_int(self.dim) or self.dim < 1:
+            raise ValueError(f"dim {self.dim!r} must be a positive integer")
+        shards = tuple(sorted(self.shards, key=lambda e: e.span[0]))
+        object.__setattr__(self, "shards", shards)
+        keys = [e.key for e in shards]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"shard keys repeat: {keys}")
+        for e in shards:
+            if e.dim != self.dim:
+                raise ValueError(f"shard {e.key} has dim {e.dim}, the manifest {self.dim}")
+        for prev, cur in zip(shards, shards[1:]):
+            if cur.span[0] <= prev.span[1]:
+                raise ValueError(
+                    f"shards {prev.key} ({prev.min_day}..{prev.max_day}) and {cur.key} "
+                    f"({cur.min_day}..{cur.max_day}) overlap; drop one with with_shard(entry, drop=...)"
+                )
+
+    @classmethod
+    def new(cls, encoder: str, dim: int, shards: Iterable[ShardEntry] = ()) -> Manifest:
+        """A manifest with a fresh snapshot id, created now."""
+        now = _utc_now()
+        return cls(new_snapshot_id(now), now.isoformat(), encoder, dim, tuple(shards))
+
+    @property
+    def total(self) -> int:
+        """Vectors over all shards."""
+        return sum(e.count for e in self.shards)
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.snapshot_id}.json"
+
+    def shard(self, key: str) -> ShardEntry | None:
+        return next((e for e in self.shards if e.key == key), None)
+
+    def with_shard(self, entry: ShardEntry, *, drop: Iterable[str] = ()) -> Manifest:
+        """A new snapshot (fresh id and created_at) with `entry` added or replacing its key.
+
+        `drop` removes other keys too, e.g. the months a merged history shard now holds.
+        """
+        gone = set(drop) | {entry.key}
+        now = _utc_now()
+        return replace(
+            self,
+            snapshot_id=new_snapshot_id(now),
+            created_at=now.isoformat(),
+            shards=tuple(e for e in self.shards if e.key not in gone) + (entry,),
+        )
+
+    def to_json(self) -> str:
+        body = {"format": MANIFEST_FORMAT, **asdict(self), "total": self.total}
+        body["shards"] = [asdict(e) for e in self.shards]
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "manifest") -> Manifest:
+        """Parse `to_json` output. Raises IndexIntegrityError if it is garbled or inconsistent."""
+        try:
+            body = json.loads(text)
+            if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"not a format {MANIFEST_FORMAT} index manifest")
+            total = body.pop("total", None)
+            body.pop("format")
+            shards = tuple(ShardEntry(**e) for e in body.pop("shards"))
+            manifest = cls(**body, shards=shards)
+            if total is not None and total != manifest.total:
+                raise ValueError(f"total {total} is not the sum of shard counts {manifest.total}")
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise IndexIntegrityError(f"{source} is not a valid index manifest ({exc}); {REBUILD_HINT}") from None
+        return manifest
+
+
+def _sha256(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable: fsync the directory entry (a no-op where directories can't be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data) -> None:
+    """Write `data` to a temp file beside `path`, fsync, rename over `path`, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_shard(index_dir: Path, shard: MonthShard) -> ShardEntry:
+    """Write `shard` to a new file under index_dir/shards/ and return its manifest entry."""
+    directory = Path(index_dir) / SHARDS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    while (path := directory / f"{shard.key}.{secrets.token_hex(4)}.faiss").exists():
+        pass  # never overwrite an existing (immutable) shard file
+    data = shard.to_bytes()  # (nbytes,) uint8
+    _write_atomic(path, data)
+    return ShardEntry(
+        key=shard.key,
+        file=f"{SHARDS_DIR}/{path.name}",
+        sha256=_sha256(data),
+        count=shard.ntotal,
+        min_day=shard.min_day.isoformat(),
+        max_day=shard.max_day.isoformat(),
+        dim=shard.dim,
+    )
+
+
+def write_manifest(index_dir: Path, manifest: Manifest) -> tuple[Path, str]:
+    """Write index_dir/snapshots/<snapshot_id>.json atomically; returns (path, sha256 of the file).
+
+    Writing the same manifest again is a no-op; a different manifest under an existing
+    snapshot id raises FileExistsError (manifests are immutable, make a new one).
+    """
+    directory = Path(index_dir) / SNAPSHOTS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / manifest.file_name
+    data = manifest.to_json().encode("utf-8")
+    if path.exists():
+        if path.read_bytes() == data:
+            return path, _sha256(data)
+        raise FileExistsError(f"snapshot {manifest.snapshot_id} already exists at {path} with other contents")
+    _write_atomic(path, data)
+    return path, _sha256(data)
+
+
+def read_manifest(path: Path, *, expected_sha256: str | None = None) -> Manifest:
+    """Read a manifest file, optionally checking it is the one the database recorded."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise IndexIntegrityError(f"index manifest {path} cannot be read ({exc.strerror}); {REBUILD_HINT}") from None
+    if expected_sha256 is not None and _sha256(data) != expected_sha256:
+        raise IndexIntegrityError(
+            f"index manifest {path} has sha256 {_sha256(data)}, the database recorded {expected_sha256}; {REBUILD_HINT}"
+        )
+    return Manifest.from_json(data, source=f"index manifest {path}")
+
+
+class ShardCache:
+    """Loaded shards by file, shared between snapshots (a file is never rewritten, so a path is
+    its content). The sha256 is checked on first load. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._loaded: dict[Path, tuple[ShardEntry, MonthShard]] = {}
+
+    def __len__(self) -> int:
+        return len(self._loaded)
+
+    def get(self, index_dir: Path, entry: ShardEntry) -> MonthShard:
+        """The shard `entry` names, loaded and verified once."""
+        path = (Path(index_dir) / entry.file).resolve()
+        where = f"shard {entry.key} ({entry.file} in {index_dir})"
+        if not path.is_file():
+            raise IndexIntegrityError(f"{where} is missing; {REBUILD_HINT}")
+        with self._lock:
+            cached = self._loaded.get(path)
+            if cached is not None:
+                if cached[0] != entry:
+                    raise IndexIntegrityError(
+                        f"{where} was loaded as {cached[0]} and is now described as {entry}; "
+                        f"shard files must never be rewritten; {REBUILD_HINT}"
+                    )
+                return cached[1]
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise IndexIntegrityError(f"{where} cannot be read ({exc.strerror}); {REBUILD_HINT}") from None
+            sha = _sha256(data)
+            if sha != entry.sha256:
+                raise IndexIntegrityError(
+                    f"{where} has sha256 {sha}, the manifest says {entry.sha256}: the file changed or is "
+                    f"corrupt; {REBUILD_HINT}"
+                )
+            min_day, max_day = entry.span
+            shard = MonthShard.from_bytes(
+                data, entry.key, entry.count, entry.dim, min_day=min_day, max_day=max_day, source=str(path)
+            )
+            self._loaded[path] = (entry, shard)
+            return shard
+
+    def open_snapshot(
+        self,
+        index_dir: Path,
+        manifest: Manifest,
+        *,
+        expected_encoder: str | None,
+        expected_dim: int | None,
+    ) -> ShardedIndex:
+        """Load and verify every shard of `manifest`. Raises IndexIntegrityError on any disagreement."""
+        where = f"index snapshot {manifest.snapshot_id}"
+        if expected_encoder is not None and manifest.encoder != expected_encoder:
+            raise IndexIntegrityError(
+                f"{where} was built with encoder {manifest.encoder!r}, the service encodes queries with "
+                f"{expected_encoder!r}; {REBUILD_HINT}"
+            )
+        if expected_dim is not None and manifest.dim != expected_dim:
+            raise IndexIntegrityError(
+                f"{where} has dimension {manifest.dim}, the encoder produces {expected_dim}; {REBUILD_HINT}"
+            )
+        shards = [self.get(index_dir, entry) for entry in manifest.shards]
+        return ShardedIndex(shards, dim=manifest.dim)
+
+    def retain(self, index_dir: Path, keep: Iterable[Manifest]) -> int:
+        """Forget shards no kept manifest uses (after a snapshot swap); returns how many."""
+        paths = {(Path(index_dir) / e.file).resolve() for m in keep for e in m.shards}
+        with self._lock:
+            gone = [p for p in self._loaded if p not in paths]
+            for p in gone:
+                del self._loaded[p]
+        return len(gone)
+
+
+def garbage_files(index_dir: Path, keep: Iterable[Manifest], *, min_age_s: float = 3600.0) -> list[Path]:
+    """Shard and manifest files (and stray temp files) that no kept manifest references.
+
+    Files younger than `min_age_s` are left alone: they may belong to an ingest still writing
+    its snapshot. Only names this module writes are considered. Deleting is the caller's job.
+    """
+    keep = list(keep)
+    if not keep:
+        raise ValueError("garbage_files needs at least one manifest to keep (else everything is garbage)")
+    index_dir = Path(index_dir)
+    referenced = {(index_dir / e.file).resolve() for m in keep for e in m.shards}
+    referenced |= {(index_dir / SNAPSHOTS_DIR / m.file_name).resolve() for m in keep}
+    patterns = {SHARDS_DIR: ("*.faiss", f".*{_TMP_SUFFIX}"), SNAPSHOTS_DIR: ("*.json", f".*{_TMP_SUFFIX}")}
+    now = time.time()
+    found = []
+    for sub, globs in patterns.items():
+        directory = index_dir / sub
+        if not directory.is_dir():
+            continue
+        for pattern in globs:
+            for path in directory.glob(pattern):
+                if not path.is_file() or path.resolve() in referenced:
+                    continue
+                if now - path.stat().st_mtime >= min_age_s:
+                    found.append(path)
+    return sorted(set(found))
