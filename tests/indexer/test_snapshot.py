@@ -246,3 +246,22 @@ def test_garbage_files_finds_unreferenced_files_only(tmp_path, written, shards):
     ShardCache().open_snapshot(index_dir, read_manifest(new_path), expected_encoder=ENCODER, expected_dim=DIM)
     with pytest.raises(ValueError, match="at least one manifest"):
         garbage_files(index_dir, [])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(file="/abs/2023-01.faiss"), "relative path"),
+        (dict(file="../2023-01.faiss"), "relative path"),
+        (dict(sha256="abc"), "sha256"),
+        (dict(count=0), "count"),
+        (dict(min_day="2023-02-01"), "after max_day"),
+        (dict(max_day="2023-02-30"), "not YYYY-MM-DD"),
+    ],
+)
+def test_shard_entry_rejects_bad_fields(change, message):
+    good = dict(key="2023-01", file="shards/2023-01.0a1b2c3d.faiss", sha256="a" * 64, count=3,
+                min_day="2023-01-01", max_day="2023-01-31", dim=DIM)
+    assert ShardEntry(**good).span == (D(2023, 1, 1), D(2023, 1, 31))
+    with pytest.raises(ValueError, match=message):
+        ShardEntry(**(good | change))
