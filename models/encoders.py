@@ -53,7 +53,8 @@ class SentenceTransformerEncoder:
         if not path.is_dir():
             raise ValueError(f"encoder folder {path} does not exist")
         self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
         self.name = name or path.name
 
     @classmethod

@@ -49,11 +49,33 @@ _PREFIXES = re.compile(
 )
 
 
-def shorten_answer(raw: str, *, max_words: int = 8) -> str:
-    """Cut a generated answer to a short phrase: first line, no 'Answer:' preamble, no end dot."""
+_COPULA = re.compile(r"\b(?:is|are|was|were|has been|have been|will be|won|became)\s+", re.IGNORECASE)
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def strip_restated_question(text: str, question: str) -> str:
+    """'The head coach of the Harriers is Ines Okafor' -> 'Ines Okafor' when the words before the verb
+    restate the question (small generators love to do that)."""
+    q_words = set(_WORD.findall(question.lower()))
+    for m in _COPULA.finditer(text):
+        head = _WORD.findall(text[:m.start()].lower())
+        rest = text[m.end():].strip()
+        if head and rest and sum(w in q_words for w in head) >= 0.6 * len(head):
+            return rest
+        tail = _WORD.findall(rest.lower())
+        if head and tail and sum(w in q_words for w in tail) >= 0.6 * len(tail):
+            return text[:m.start()].strip()
+    return text
+
+
+def shorten_answer(raw: str, *, question: str = "", max_words: int = 8) -> str:
+    """Cut a generated answer to a short phrase: first line, no 'Answer:' preamble, no restated
+    question, no end dot."""
     text = raw.strip().split("\n", 1)[0].strip()
     for _ in range(2):
         text = _PREFIXES.sub("", text).strip()
+    if question:
+        text = strip_restated_question(text, question)
     text = text.strip(" \"'`*")
     # One sentence is enough; keep abbreviations like "U.S." intact by splitting on ". " only.
     text = re.split(r"(?<=[a-z0-9\)])\.\s", text, maxsplit=1)[0]
@@ -80,7 +102,7 @@ class FirstEntityReader:
         check_passages(as_of, passages)
         if not passages:
             return ReaderAnswer(text="", raw="")
-        q_words = set(question.lower().split())
+        q_words = set(re.findall(r"[a-z0-9']+", question.lower()))
         body = passages[0].text.split(". ", 1)[-1]  # drop the date prefix
         for match in _ENTITY.finditer(body):
             phrase = match.group(1)

@@ -17,6 +17,11 @@ from models.readers import ReaderAnswer, ReaderPassage, check_passages, shorten_
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEM = ("You answer questions about the news. Use only the passages given. "
           "Reply with the answer alone: a short phrase of at most five words, no sentence.")
+# One worked example teaches the answer format better than instructions do (a 135M model).
+EXAMPLE_USER = ("Today is Friday, March 15, 2024.\n\nPassages:\n[1] Okafor named head coach\nMonday, March 4, 2024. "
+                "The Harriers named Ines Okafor head coach on Monday, replacing Tomas Verhoeven.\n\n"
+                "Question: Who is the head coach of the Harriers?\nAnswer:")
+EXAMPLE_ANSWER = "Ines Okafor"
 
 
 def packaged_gguf_dir() -> Path:
@@ -42,7 +47,7 @@ class SmolLM2Reader:
     name = "smollm2-135m-instruct-q4_1"
 
     def __init__(self, *, device: str = "cpu", max_passages: int = 3, max_passage_words: int = 160,
-                 max_new_tokens: int = 16) -> None:
+                 max_new_tokens: int = 24) -> None:
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,7 +55,7 @@ class SmolLM2Reader:
         transformers.utils.logging.disable_progress_bar()
         folder = packaged_gguf_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-        self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE).to(device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, attn_implementation="eager").to(device).eval()
         self.device = device
         self.max_passages = max_passages
         self.max_passage_words = max_passage_words
@@ -62,7 +67,8 @@ class SmolLM2Reader:
 
         check_passages(as_of, passages)
         prompt = build_prompt(question, as_of, passages[: self.max_passages], self.max_passage_words)
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": EXAMPLE_USER},
+                    {"role": "assistant", "content": EXAMPLE_ANSWER}, {"role": "user", "content": prompt}]
         enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                  return_dict=True)
         input_ids = enc["input_ids"].to(self.device)  # (1, L)
@@ -71,4 +77,4 @@ class SmolLM2Reader:
                                       max_new_tokens=self.max_new_tokens, do_sample=False,
                                       pad_token_id=self.tokenizer.eos_token_id)
         raw = self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)
-        return ReaderAnswer(text=shorten_answer(raw), raw=raw)
+        return ReaderAnswer(text=shorten_answer(raw, question=question), raw=raw)

@@ -1,0 +1,288 @@
+"""/v1/answers latency through a real server: p50/p95 over N dated questions, sent one at a time.
+
+    .venv/bin/python bench/bench_answers.py --data ../shared/data/realtimeqa [--n 50]
+        [--since 2023-06-01 --until 2023-06-30] [--reader smollm2|first-entity] [--encoder minilm]
+        [--threads 0] [--max-articles N] [--home PATH] [--json OUT]
+
+Without --home it builds a temporary SQA_HOME (SQLite), imports the RealTimeQA questions and
+articles of [since, until] and ingests those months; with --home it uses that SQA_HOME as it is
+(no import, no ingest: its index must already cover the questions). Either way it starts
+`sqa serve` as a subprocess on a free port of 127.0.0.1, waits for /readyz, then sends N of the
+window's questions (a fixed-seed sample, in date order; questions that only make sense with their
+multiple-choice options are left out) one after another, each with as_of = its question date.
+
+It prints client-side latency (p50, p95, mean, max), the server's own timings_ms (retrieve, read)
+p50/p95, the number of errors and three example answers next to the gold answer. Without the
+RealTimeQA data it falls back to the shipped sample (indexer/sample/realtimeqa, invented news),
+and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
+SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
+NEEDS_CHOICES = re.compile(r"which of (the|these)|following|pictured|shown|this (image|photo)", re.IGNORECASE)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_home(home: Path, data: Path, since: dt.date | None, until: dt.date | None, encoder: str,
+               max_articles: int = 0) -> None:
+    """Import the window's questions and articles into a fresh SQA_HOME and ingest its months."""
+    from app.core.config import Settings
+    from app.runtime import build_encoder, ingest_config, open_database
+    from indexer.importers import read_realtimeqa
+    from workers.imports import store_records
+    from workers.ingest import ingest
+
+    settings = Settings(home=home, database_url="", encoder=encoder)
+    db = open_database(settings)
+    try:
+        t0 = time.perf_counter()
+        articles, questions, _ = read_realtimeqa(data, since=since, until=until)
+        if max_articles:
+            articles = articles[:max_articles]
+        store_records(db.sessions, articles, questions)
+        print(f"imported {len(articles)} articles, {len(questions)} questions in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        if not articles:
+            raise SystemExit("no articles in the window: nothing to index")
+        first = since or min(a.published for a in articles)
+        last = until or max(a.published for a in articles)
+        t0 = time.perf_counter()
+        job = ingest(db.sessions, build_encoder(settings), ingest_config(settings),
+                     {"through": last.strftime("%Y-%m"), "from": first.strftime("%Y-%m")})
+        passages = sum(c["passages"] for k, c in job.counts.items() if isinstance(c, dict))
+        print(f"ingested {', '.join(job.counts.get('planned', []))}: {passages} passages "
+              f"in {time.perf_counter() - t0:.1f} s ({job.state})", flush=True)
+    finally:
+        db.close()
+
+
+def pick_questions(home: Path, database_url: str | None, since: dt.date | None, until: dt.date | None, n: int,
+                   seed: int) -> tuple[list[tuple[str, dt.date, str]], int]:
+    """Up to n (text, asked, gold) from the home's database, and how many were left out for needing choices."""
+    from sqlalchemy import select
+
+    from app.core.config import Settings
+    from app.db.tables import Question
+    from app.runtime import open_database
+
+    overrides = {} if database_url is None else {"database_url": database_url}
+    db = open_database(Settings(home=home, **overrides), migrate=False)
+    try:
+        with db.sessions() as session:
+            query = select(Question).order_by(Question.asked, Question.qid)
+            if since:
+                query = query.where(Question.asked >= since)
+            if until:
+                query = query.where(Question.asked <= until)
+            rows = [(q.text, q.asked, (q.answers or [""])[0]) for q in session.scalars(query)]
+    finally:
+        db.close()
+    usable = [r for r in rows if not NEEDS_CHOICES.search(r[0])]
+    chosen = random.Random(seed).sample(usable, min(n, len(usable)))
+    return sorted(chosen, key=lambda r: (r[1], r[0])), len(rows) - len(usable)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    with open(path, errors="replace") as fh:
+        return "".join(deque(fh, maxlen=lines))
+
+
+def wait_ready(server: subprocess.Popen, base: str, timeout_s: float, log_path: Path) -> dict | None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            last = f"the server exited with code {server.returncode}"
+            break
+        try:
+            r = httpx.get(f"{base}/readyz", timeout=5)
+            if r.status_code == 200:
+                return r.json()
+            last = r.text[:200]
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(1)
+    print(f"the server did not become ready within {timeout_s:.0f} s (last: {last})", file=sys.stderr)
+    print(f"--- server log tail ({log_path}) ---\n{log_tail(log_path)}", file=sys.stderr)
+    return None
+
+
+def pct(values: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA clone or slice (default ../shared/data/realtimeqa)")
+    ap.add_argument("--since", default="2023-06-01", help="YYYY-MM-DD: first question and article day")
+    ap.add_argument("--until", default="2023-06-30", help="YYYY-MM-DD: last question and article day")
+    ap.add_argument("--n", type=int, default=50, help="questions to send (default 50)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="requests sent first and left out of the figures (the first one pays lazy loading)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the question sample")
+    ap.add_argument("--top-k", type=int, default=None, help="top_k sent with each question (default: the server's)")
+    ap.add_argument("--encoder", default=os.environ.get("SQA_ENCODER", "minilm"), help="SQA_ENCODER (default minilm)")
+    ap.add_argument("--reader", default=os.environ.get("SQA_READER", "smollm2"),
+                    help="SQA_READER: smollm2 (default) or first-entity (a fast fake, for a quick run)")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("SQA_TORCH_THREADS", "0")),
+                    help="SQA_TORCH_THREADS for the server (0: torch's default, one per core)")
+    ap.add_argument("--max-articles", type=int, default=0,
+                    help="import only the first N articles of the window (0: all; for a quick run)")
+    ap.add_argument("--home", help="reuse this SQA_HOME as it is (no import, no ingest)")
+    ap.add_argument("--ready-timeout", type=float, default=300, help="seconds to wait for /readyz")
+    ap.add_argument("--request-timeout", type=float, default=300, help="seconds allowed per request")
+    ap.add_argument("--json", metavar="OUT", help="also write the figures to this JSON file")
+    args = ap.parse_args()
+    if args.n < 1:
+        ap.error("--n must be at least 1")
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    since, until = dt.date.fromisoformat(args.since), dt.date.fromisoformat(args.until)
+    data = Path(args.data)
+    if args.home:
+        source = f"the existing SQA_HOME {args.home}"
+    elif data.is_dir():
+        source = f"RealTimeQA {since}..{until} from {data}"
+    else:
+        print(f"No RealTimeQA data at {data}: FALLING BACK to the shipped sample {SAMPLE} "
+              "(36 invented articles, 2024-01..03; the whole sample, --since/--until ignored).")
+        data, since, until = SAMPLE, None, None
+        source = f"the shipped sample {SAMPLE}"
+
+    with tempfile.TemporaryDirectory(prefix="sqa-bench-answers-") as tmp:
+        home = Path(args.home).expanduser().resolve() if args.home else Path(tmp) / "home"
+        if not args.home:
+            build_home(home, data, since, until, args.encoder, args.max_articles)
+        # A reused home keeps the caller's SQA_DATABASE_URL; a temporary one is always its own SQLite file.
+        questions, left_out = pick_questions(home, None if args.home else "", since, until, args.n, args.seed)
+        if not questions:
+            print(f"no usable questions in {source} for {since}..{until}; nothing to measure")
+            return 0
+
+        import httpx
+
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": args.encoder, "SQA_READER": args.reader,
+               "SQA_TORCH_THREADS": str(args.threads)}
+        if not args.home:
+            env["SQA_DATABASE_URL"] = ""  # the temporary home's SQLite file, whatever the caller's env says
+        log_path = Path(tmp) / "server.log"
+        print(f"starting sqa serve on {base} (encoder {args.encoder}, reader {args.reader}, "
+              f"torch threads {args.threads or 'default'})", flush=True)
+        t_start = time.perf_counter()
+        with open(log_path, "w") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                 "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            ready = wait_ready(server, base, args.ready_timeout, log_path)
+            if ready is None:
+                return 1
+            startup_s = time.perf_counter() - t_start
+            print(f"ready in {startup_s:.1f} s: {ready}", flush=True)
+
+            latencies, retrieve, read, errors, examples = [], [], [], [], []
+            with httpx.Client(base_url=base, timeout=args.request_timeout) as client:
+                for text, asked, _ in questions[: max(args.warmup, 0)]:
+                    try:
+                        client.post("/v1/answers", json={"question": text, "as_of": asked.isoformat()})
+                    except httpx.HTTPError:
+                        pass  # the measured loop counts errors
+                for i, (text, asked, gold) in enumerate(questions):
+                    body = {"question": text, "as_of": asked.isoformat()}
+                    if args.top_k is not None:
+                        body["top_k"] = args.top_k
+                    t0 = time.perf_counter()
+                    try:
+                        r = client.post("/v1/answers", json=body)
+                    except httpx.HTTPError as exc:
+                        errors.append(f"{asked} {text[:60]!r}: {type(exc).__name__}: {exc}")
+                        continue
+                    elapsed_ms = (time.perf_counter() - t0) * 1000
+                    if r.status_code != 200:
+                        errors.append(f"{asked} {text[:60]!r}: HTTP {r.status_code} {r.text[:120]}")
+                        continue
+                    out = r.json()
+                    latencies.append(elapsed_ms)
+                    retrieve.append(out["timings_ms"].get("retrieve", float("nan")))
+                    read.append(out["timings_ms"].get("read", float("nan")))
+                    if len(examples) < 3:
+                        examples.append((asked, text, out["answer"], gold))
+                    if sys.stdout.isatty():
+                        print(f"  {i + 1:3d}/{len(questions)}  {elapsed_ms:8.0f} ms", end="\r", flush=True)
+            if sys.stdout.isatty():
+                print(" " * 40, end="\r")
+            if server.poll() is not None:
+                print(f"the server exited during the run (code {server.returncode})\n{log_tail(log_path)}",
+                      file=sys.stderr)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(timeout=30)
+
+    figures = {
+        "source": source, "window": [str(since), str(until)], "encoder": args.encoder, "reader": args.reader,
+        "torch_threads": args.threads, "warmup": args.warmup, "questions": len(questions), "left_out_need_choices": left_out, "ok": len(latencies), "errors": len(errors),
+        "cpu_count": os.cpu_count(), "loadavg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "server_startup_s": round(startup_s, 2),
+        "client_ms": {"p50": pct(latencies, 50), "p95": pct(latencies, 95),
+                      "mean": sum(latencies) / len(latencies) if latencies else float("nan"),
+                      "max": max(latencies, default=float("nan"))},
+        "server_retrieve_ms": {"p50": pct(retrieve, 50), "p95": pct(retrieve, 95)},
+        "server_read_ms": {"p50": pct(read, 50), "p95": pct(read, 95)},
+    }
+    print(f"\n/v1/answers latency: {source}")
+    print(f"encoder {args.encoder}, reader {args.reader}, torch threads {args.threads or 'default'}; {len(questions)} questions sent one at a time "
+          f"({left_out} in the window left out: they need their choices; {args.warmup} warm-up request(s) not counted); server ready in {startup_s:.1f} s")
+    print(f"machine: {os.cpu_count()} cores, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print()
+    print(f"  {'':<22}{'p50':>9}{'p95':>9}{'mean':>9}{'max':>9}   (ms)")
+    c = figures["client_ms"]
+    print(f"  {'client, end to end':<22}{c['p50']:9.0f}{c['p95']:9.0f}{c['mean']:9.0f}{c['max']:9.0f}")
+    for name, key in (("server: retrieve", "server_retrieve_ms"), ("server: read", "server_read_ms")):
+        print(f"  {name:<22}{figures[key]['p50']:9.1f}{figures[key]['p95']:9.1f}")
+    print(f"\n  errors: {len(errors)} of {len(questions)}")
+    for e in errors[:5]:
+        print(f"    {e}")
+    if examples:
+        print("\nexamples:")
+        for asked, text, answer, gold in examples:
+            print(f"  Q ({asked}): {text}\n     answer: {answer or '(no answer)'}    gold: {gold}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"\nfigures written to {args.json}")
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from models.readers import FirstEntityReader, ReaderPassage, dated_question, load_reader, shorten_answer
+
+Q = "Who is the head coach of the Kestrel Bay Harriers?"
+
+
+@pytest.mark.parametrize("raw, question, expected", [
+    ("Ines Okafor", Q, "Ines Okafor"),
+    ("Answer: Ines Okafor.", Q, "Ines Okafor"),
+    ("The answer is 4.25 percent.", "What is the rate?", "4.25 percent"),
+    ("The head coach of the Kestrel Bay Harriers is Ines Okafor.", Q, "Ines Okafor"),
+    ("Ines Okafor is the head coach of the Kestrel Bay Harriers.", Q, "Ines Okafor"),
+    ("U.S. Senate", "Which chamber passed it?", "U.S. Senate"),
+    ("Denver Nuggets\nThey beat the Heat.", "Who won?", "Denver Nuggets"),
+    ("Okafor. She replaced Verhoeven in February.", Q, "Okafor"),
+    ("one two three four five six seven eight nine ten", "Q?", "one two three four five six seven eight"),
+    ("", Q, ""),
+])
+def test_shorten_answer_cuts_to_a_short_phrase(raw, question, expected):
+    assert shorten_answer(raw, question=question) == expected
+
+
+def test_dated_question_uses_the_streamingqa_format():
+    assert dated_question(" Who won? ", dt.date(2020, 5, 6)) == "Today is Wednesday, May 6, 2020. Who won?"
+
+
+def test_first_entity_reader_copies_an_entity_the_question_lacks():
+    p = ReaderPassage("t", "Thursday, March 7, 2024. The Harriers won under Ines Okafor on Sunday.", dt.date(2024, 3, 7))
+    assert FirstEntityReader().generate("Who coaches the Harriers?", dt.date(2024, 3, 8), [p]).text == "Ines Okafor"
+    assert FirstEntityReader().generate("Who?", dt.date(2024, 3, 8), []).text == ""
+
+
+def test_reader_refuses_a_passage_after_as_of():
+    p = ReaderPassage("t", "Thursday, March 7, 2024. Late news.", dt.date(2024, 3, 7))
+    with pytest.raises(AssertionError, match="published after 2024-03-06"):
+        FirstEntityReader().generate("Who?", dt.date(2024, 3, 6), [p])
+
+
+def test_load_reader_rejects_unknown_backends():
+    with pytest.raises(ValueError, match="reader 'gpt-9' is unknown"):
+        load_reader("gpt-9")
