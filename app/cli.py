@@ -216,7 +216,7 @@ def index_rebuild() -> None:
 @_guard
 def index_status() -> None:
     """Show the newest snapshot and check its files against the database."""
-    from app.runtime import build_encoder, open_database
+    from app.runtime import open_database
     from app.services.index_state import IndexState
 
     s = _settings()

@@ -23,25 +23,17 @@ import datetime as dt
 import json
 import os
 import random
-import re
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
+
+from app.server_process import ServerNotReady, served
+from evaluation.subsets import needs_choices
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
-NEEDS_CHOICES = re.compile(r"which of (the|these)|following|pictured|shown|this (image|photo)", re.IGNORECASE)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_home(home: Path, data: Path, since: dt.date | None, until: dt.date | None, encoder: str,
@@ -98,42 +90,56 @@ def pick_questions(home: Path, database_url: str | None, since: dt.date | None, 
             rows = [(q.text, q.asked, (q.answers or [""])[0]) for q in session.scalars(query)]
     finally:
         db.close()
-    usable = [r for r in rows if not NEEDS_CHOICES.search(r[0])]
+    usable = [r for r in rows if not needs_choices(r[0])]
     chosen = random.Random(seed).sample(usable, min(n, len(usable)))
     return sorted(chosen, key=lambda r: (r[1], r[0])), len(rows) - len(usable)
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    with open(path, errors="replace") as fh:
-        return "".join(deque(fh, maxlen=lines))
-
-
-def wait_ready(server: subprocess.Popen, base: str, timeout_s: float, log_path: Path) -> dict | None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    last = "no answer yet"
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            last = f"the server exited with code {server.returncode}"
-            break
-        try:
-            r = httpx.get(f"{base}/readyz", timeout=5)
-            if r.status_code == 200:
-                return r.json()
-            last = r.text[:200]
-        except httpx.HTTPError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(1)
-    print(f"the server did not become ready within {timeout_s:.0f} s (last: {last})", file=sys.stderr)
-    print(f"--- server log tail ({log_path}) ---\n{log_tail(log_path)}", file=sys.stderr)
-    return None
 
 
 def pct(values: list[float], q: float) -> float:
     import numpy as np
 
     return float(np.percentile(values, q)) if values else float("nan")
+
+
+def send_questions(server, questions, args):
+    """Warm up, then send each question once; returns latencies, server timings, errors, examples."""
+    import httpx
+
+    latencies, retrieve, read, errors, examples = [], [], [], [], []
+    with httpx.Client(base_url=server.base, timeout=args.request_timeout) as client:
+        for text, asked, _ in questions[: max(args.warmup, 0)]:
+            try:
+                client.post("/v1/answers", json={"question": text, "as_of": asked.isoformat()})
+            except httpx.HTTPError:
+                pass  # the measured loop counts errors
+        for i, (text, asked, gold) in enumerate(questions):
+            body = {"question": text, "as_of": asked.isoformat()}
+            if args.top_k is not None:
+                body["top_k"] = args.top_k
+            t0 = time.perf_counter()
+            try:
+                r = client.post("/v1/answers", json=body)
+            except httpx.HTTPError as exc:
+                errors.append(f"{asked} {text[:60]!r}: {type(exc).__name__}: {exc}")
+                continue
+            elapsed_ms = (time.perf_counter() - t0) * 1000
+            if r.status_code != 200:
+                errors.append(f"{asked} {text[:60]!r}: HTTP {r.status_code} {r.text[:120]}")
+                continue
+            out = r.json()
+            latencies.append(elapsed_ms)
+            retrieve.append(out["timings_ms"].get("retrieve", float("nan")))
+            read.append(out["timings_ms"].get("read", float("nan")))
+            if len(examples) < 3:
+                examples.append((asked, text, out["answer"], gold))
+            if sys.stdout.isatty():
+                print(f"  {i + 1:3d}/{len(questions)}  {elapsed_ms:8.0f} ms", end="\r", flush=True)
+    if sys.stdout.isatty():
+        print(" " * 40, end="\r")
+    if server.process.poll() is not None:
+        print(f"the server exited during the run (code {server.process.returncode})\n{server.log_tail()}",
+              file=sys.stderr)
+    return latencies, retrieve, read, errors, examples
 
 
 def main() -> int:
@@ -185,70 +191,20 @@ def main() -> int:
             print(f"no usable questions in {source} for {since}..{until}; nothing to measure")
             return 0
 
-        import httpx
-
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
         env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": args.encoder, "SQA_READER": args.reader,
                "SQA_TORCH_THREADS": str(args.threads)}
         if not args.home:
             env["SQA_DATABASE_URL"] = ""  # the temporary home's SQLite file, whatever the caller's env says
-        log_path = Path(tmp) / "server.log"
-        print(f"starting sqa serve on {base} (encoder {args.encoder}, reader {args.reader}, "
+        print(f"starting sqa serve (encoder {args.encoder}, reader {args.reader}, "
               f"torch threads {args.threads or 'default'})", flush=True)
-        t_start = time.perf_counter()
-        with open(log_path, "w") as log:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            ready = wait_ready(server, base, args.ready_timeout, log_path)
-            if ready is None:
-                return 1
-            startup_s = time.perf_counter() - t_start
-            print(f"ready in {startup_s:.1f} s: {ready}", flush=True)
-
-            latencies, retrieve, read, errors, examples = [], [], [], [], []
-            with httpx.Client(base_url=base, timeout=args.request_timeout) as client:
-                for text, asked, _ in questions[: max(args.warmup, 0)]:
-                    try:
-                        client.post("/v1/answers", json={"question": text, "as_of": asked.isoformat()})
-                    except httpx.HTTPError:
-                        pass  # the measured loop counts errors
-                for i, (text, asked, gold) in enumerate(questions):
-                    body = {"question": text, "as_of": asked.isoformat()}
-                    if args.top_k is not None:
-                        body["top_k"] = args.top_k
-                    t0 = time.perf_counter()
-                    try:
-                        r = client.post("/v1/answers", json=body)
-                    except httpx.HTTPError as exc:
-                        errors.append(f"{asked} {text[:60]!r}: {type(exc).__name__}: {exc}")
-                        continue
-                    elapsed_ms = (time.perf_counter() - t0) * 1000
-                    if r.status_code != 200:
-                        errors.append(f"{asked} {text[:60]!r}: HTTP {r.status_code} {r.text[:120]}")
-                        continue
-                    out = r.json()
-                    latencies.append(elapsed_ms)
-                    retrieve.append(out["timings_ms"].get("retrieve", float("nan")))
-                    read.append(out["timings_ms"].get("read", float("nan")))
-                    if len(examples) < 3:
-                        examples.append((asked, text, out["answer"], gold))
-                    if sys.stdout.isatty():
-                        print(f"  {i + 1:3d}/{len(questions)}  {elapsed_ms:8.0f} ms", end="\r", flush=True)
-            if sys.stdout.isatty():
-                print(" " * 40, end="\r")
-            if server.poll() is not None:
-                print(f"the server exited during the run (code {server.returncode})\n{log_tail(log_path)}",
-                      file=sys.stderr)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(timeout=30)
+            with served(env, Path(tmp) / "server.log", ready_timeout_s=args.ready_timeout) as server:
+                startup_s = server.startup_s
+                print(f"ready in {startup_s:.1f} s: {server.ready}", flush=True)
+                latencies, retrieve, read, errors, examples = send_questions(server, questions, args)
+        except ServerNotReady as exc:
+            print(f"the server did not become ready: {exc}", file=sys.stderr)
+            return 1
 
     figures = {
         "source": source, "window": [str(since), str(until)], "encoder": args.encoder, "reader": args.reader,

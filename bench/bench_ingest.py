@@ -80,7 +80,6 @@ def main() -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     since, until = dt.date.fromisoformat(args.since), dt.date.fromisoformat(args.until)
 
-    import numpy as np
     import torch
 
     from app.core.config import Settings

@@ -9,29 +9,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from app.server_process import ServerNotReady, served
+from evaluation.subsets import needs_choices
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
-NEEDS_CHOICES = re.compile(r"which of (the|these)|following|pictured|shown|this (image|photo)", re.IGNORECASE)
 
 
 def run(*args: str) -> None:
     print(f"\n$ sqa {' '.join(args)}", flush=True)
     subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, check=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pick_questions(since: str, until: str, n: int = 3) -> list[tuple[str, str, str]]:
@@ -55,7 +48,7 @@ def pick_questions(since: str, until: str, n: int = 3) -> list[tuple[str, str, s
     for q in questions:
         gold = q.answers[0]
         month = q.asked.strftime("%Y-%m")
-        if month in months or NEEDS_CHOICES.search(q.text) or len(gold.split()) > 4:
+        if month in months or needs_choices(q.text) or len(gold.split()) > 4:
             continue
         if any(p.published <= q.asked and gold.lower() in p.text.lower() for p in passages):
             chosen.append((q.text, q.asked.isoformat(), gold))
@@ -88,45 +81,25 @@ def main() -> int:
     run("ingest", "--through", until[:7], "--from", since[:7])
 
     questions = pick_questions(since, until)
-    port = free_port()
-    print(f"\n$ sqa serve --port {port}   (loading the encoder and the SmolLM2 reader)", flush=True)
-    log = open(Path(os.environ.get("SQA_HOME", ROOT / ".sqa")) / "demo-server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
-                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    print("\n$ sqa serve   (loading the encoder and the SmolLM2 reader)", flush=True)
+    log_path = Path(os.environ.get("SQA_HOME", ROOT / ".sqa")) / "demo-server.log"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None:
-                print(f"the server stopped (exit {server.returncode}); see {log.name}", file=sys.stderr)
-                return 1
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                print("the server did not become ready within 300 s", file=sys.stderr)
-                return 1
-            time.sleep(1)
-        print(f"ready: {httpx.get(f'{base}/readyz').json()}")
-        for text, as_of, gold in questions:
-            r = httpx.post(f"{base}/v1/answers", json={"question": text, "as_of": as_of, "top_k": 5}, timeout=120)
-            r.raise_for_status()
-            body = r.json()
-            print(f"\nQ (as of {as_of}): {text}")
-            print(f"A: {body['answer'] or '(no answer)'}    [gold: {gold}]    "
-                  f"({body['timings_ms']['total']:.0f} ms)")
-            for i, p in enumerate(body["passages"][:3], 1):
-                print(f"   [{i}] {p['published']}  {p['title'][:90]}\n       {p['url']}")
-        print(f"\nThe server at {base} is stopping. Run it yourself with `.venv/bin/sqa serve`.")
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        with served(os.environ, log_path) as server:
+            print(f"ready in {server.startup_s:.0f} s: {server.ready}")
+            for text, as_of, gold in questions:
+                r = httpx.post(f"{server.base}/v1/answers", json={"question": text, "as_of": as_of, "top_k": 5},
+                               timeout=120)
+                r.raise_for_status()
+                body = r.json()
+                print(f"\nQ (as of {as_of}): {text}")
+                print(f"A: {body['answer'] or '(no answer)'}    [gold: {gold}]    "
+                      f"({body['timings_ms']['total']:.0f} ms)")
+                for i, p in enumerate(body["passages"][:3], 1):
+                    print(f"   [{i}] {p['published']}  {p['title'][:90]}\n       {p['url']}")
+            print(f"\nThe server at {server.base} is stopping. Run it yourself with `.venv/bin/sqa serve`.")
+    except ServerNotReady as exc:
+        print(f"the server did not start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from app.core.config import Settings
+from app.server_process import served
 from tests.conftest import POSTGRES_URL, _postgres_database, load_sample
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "integration-token"
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(
@@ -41,32 +31,12 @@ def server(request, tmp_path_factory):
     settings = Settings(home=home, database_url=url, encoder="minilm", reader="smollm2", admin_token=TOKEN,
                         env="test")
     load_sample(settings, through="2024-02", until=None)
-    port = free_port()
     env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": url, "SQA_ADMIN_TOKEN": TOKEN,
            "SQA_ENCODER": "minilm", "SQA_READER": "smollm2", "SQA_SNAPSHOT_POLL_S": "1", "HF_HUB_OFFLINE": "1"}
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server not ready in 300 s"
-            time.sleep(0.5)
-        yield base, settings
+        with served(env, home / "server.log") as running:
+            yield running.base, settings
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
         if pg is not None:
             pg.close()
 

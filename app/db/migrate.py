@@ -25,7 +25,6 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def current_heads(url: str) -> set[str]:
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
 
     from app.db.engine import make_engine
 

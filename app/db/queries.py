@@ -8,7 +8,6 @@ from typing import Iterable, Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.base import utcnow
 from app.db.tables import Article, Job, Question
 from indexer.dates import month_key
 from indexer.records import ArticleRecord, QuestionRecord
@@ -95,13 +94,3 @@ def create_job(session: Session, kind: str, params: dict) -> Job:
     session.add(job)
     session.flush()
     return job
-
-
-def running_jobs(session: Session, kind: str) -> list[Job]:
-    return list(session.scalars(select(Job).where(Job.kind == kind, Job.state.in_(["queued", "running"]))))
-
-
-def mark_interrupted(session: Session, job: Job, why: str) -> None:
-    job.state = "interrupted"
-    job.error = why
-    job.finished_at = utcnow()

@@ -98,6 +98,7 @@ class IndexState:
                 return False
             loaded = open_snapshot_row(row, self._index_dir, self._cache, encoder=self._encoder, dim=self._dim)
             self._current = loaded  # a single reference assignment: the swap is atomic
+            self._cache.retain(self._index_dir, [loaded.manifest])  # drop shards only older snapshots used
             log.info("serving index snapshot %s (%d vectors, %d shards)", loaded.snapshot_id,
                      loaded.index.ntotal, len(loaded.manifest.shards))
             return True
