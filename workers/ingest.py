@@ -186,11 +186,9 @@ def encode_with_checkpoints(encoder: TextEncoder, texts: list[str], work: Path, 
                 blocks.append(arr)
                 progress.advance(len(part))
                 continue
-        pieces = []
-        for s in range(0, len(part), cfg.batch_size):
-            pieces.append(encoder.encode_passages(part[s:s + cfg.batch_size], batch_size=cfg.batch_size))
-            progress.advance(len(pieces[-1]))
-        arr = np.concatenate(pieces).astype(np.float32, copy=False)
+        # One call per block: sentence-transformers sorts by length within a call, which pads less.
+        arr = encoder.encode_passages(part, batch_size=cfg.batch_size).astype(np.float32, copy=False)
+        progress.advance(len(part))
         _save_atomic(path, arr)
         blocks.append(arr)
     if not blocks:

@@ -1,0 +1,187 @@
+"""Answer metrics: SQuAD normalisation, exact match, token F1, answer recall in passages, passage age.
+
+Normalisation follows the official SQuAD v1.1/v2.0 script (lower-case, drop punctuation, drop the
+articles a/an/the, collapse whitespace), extended so that Unicode punctuation is dropped too:
+curly quotes, dashes, ellipses and the like ("“Biden’s”" matches "Bidens", as "\"Biden's\"" does
+in SQuAD). Punctuation is *deleted*, not replaced by a space, exactly as in SQuAD, which has these
+consequences for numbers (kept on purpose, so scores stay comparable with published ones):
+
+- "1,200" and "1200" both normalise to "1200": they match.
+- "1 200" (space as thousands separator) stays "1 200": it does not match "1200".
+- "1.5" and "15" both normalise to "15": a (rare) false match, as in SQuAD.
+- "2020–2021" (en dash) and "2020-2021" both become "20202021".
+
+Words are not spelled out: "five" does not match "5".
+"""
+from __future__ import annotations
+
+import re
+import string
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime, timezone
+
+PRIMARY_METRIC = "f1"
+GREATER_IS_BETTER = True
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def _is_punctuation(ch: str) -> bool:
+    # string.punctuation is SQuAD's set (it includes $ + < = > ^ ` | ~); Unicode categories P*
+    # add curly quotes, dashes, guillemets...; Sc adds currency signs so "€5" behaves like "$5".
+    if ch in string.punctuation:
+        return True
+    category = unicodedata.category(ch)
+    return category.startswith("P") or category == "Sc"
+
+
+def normalize_answer(s: str) -> str:
+    """Normalise an answer the SQuAD way, also removing Unicode punctuation.
+
+    Args:
+        s: a predicted or reference answer.
+
+    Returns:
+        The lower-cased text without punctuation or articles, tokens separated by single spaces.
+
+    Example:
+        >>> normalize_answer("“The Eiffel Tower’s” — top!")
+        'eiffel towers top'
+    """
+    s = s.lower()
+    s = "".join(ch for ch in s if not _is_punctuation(ch))
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def _as_list(references: str | Iterable[str]) -> list[str]:
+    return [references] if isinstance(references, str) else list(references)
+
+
+def _gold_answers(references: str | Iterable[str]) -> list[str]:
+    """Normalised references, SQuAD v2 style: empty ones dropped unless all are empty.
+
+    A question with no (non-empty) reference is a no-answer question whose only gold answer is
+    the empty string, so only an empty prediction scores on it.
+    """
+    normalised = [normalize_answer(r) for r in _as_list(references)]
+    non_empty = [r for r in normalised if r]
+    return non_empty or [""]
+
+
+def exact_match(prediction: str, references: str | Iterable[str]) -> float:
+    """1.0 when the normalised prediction equals some normalised reference, else 0.0.
+
+    Args:
+        prediction: the model's answer ("" for no answer).
+        references: one reference or several; empty references count only if all are empty.
+
+    Returns:
+        0.0 or 1.0.
+    """
+    pred = normalize_answer(prediction)
+    return float(any(pred == gold for gold in _gold_answers(references)))
+
+
+def _f1(pred_tokens: Sequence[str], gold_tokens: Sequence[str]) -> float:
+    if not pred_tokens or not gold_tokens:
+        # SQuAD: if either side is empty, F1 is 1 only when both are.
+        return float(len(pred_tokens) == len(gold_tokens))
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(pred_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def token_f1(prediction: str, references: str | Iterable[str]) -> float:
+    """SQuAD token F1 (bag of normalised tokens), best over the references.
+
+    Args:
+        prediction: the model's answer ("" for no answer).
+        references: one reference or several.
+
+    Returns:
+        F1 in [0, 1]; 1.0 for an empty prediction only when every reference is empty.
+
+    Example:
+        >>> round(token_f1("the big red dog", ["red dog"]), 4)   # P = 2/3, R = 1
+        0.8
+    """
+    pred_tokens = normalize_answer(prediction).split()
+    return max(_f1(pred_tokens, gold.split()) for gold in _gold_answers(references))
+
+
+def answer_in_text(references: str | Iterable[str], text: str) -> bool:
+    """Whether some reference occurs in the text as a whole-token span, both normalised.
+
+    Used for retrieval recall ("is an answer in the top-k passages?"). "car" is not found in
+    "the carpet"; "New York" is found in "in New York." but not in "new-york" (the hyphen is
+    deleted, leaving the single token "newyork"). Empty references never match.
+
+    Args:
+        references: one reference or several.
+        text: a passage, or several passages joined.
+
+    Returns:
+        True when a non-empty normalised reference is a contiguous token span of the text.
+    """
+    haystack = f" {normalize_answer(text)} "
+    for ref in _as_list(references):
+        needle = normalize_answer(ref)
+        # Tokens are single-space separated, so padding with spaces makes substring search a
+        # whole-token span search.
+        if needle and f" {needle} " in haystack:
+            return True
+    return False
+
+
+def _as_date(value: date | datetime | str) -> date:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"datetime {value.isoformat()} is naive (give a timezone-aware UTC datetime or a date)")
+        return value.astimezone(timezone.utc).date()
+    if isinstance(value, date):
+        return value
+    try:
+        return date.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a date (use YYYY-MM-DD)") from None
+
+
+def days_between(question_date: date | datetime | str, passage_dates: Iterable[date | datetime | str]) -> list[int]:
+    """Age of each passage on the question's date, in days.
+
+    Args:
+        question_date: the question's as_of (a date, an aware datetime, or "YYYY-MM-DD").
+        passage_dates: publication dates of the retrieved passages, same forms.
+
+    Returns:
+        question_date - passage_date in days for each passage: positive for older passages,
+        0 for the same day, negative for a passage published after the question (a leak).
+    """
+    asked = _as_date(question_date)
+    return [(asked - _as_date(d)).days for d in passage_dates]
+
+
+def evaluate_answers(predictions: Sequence[str], references: Sequence[str | Iterable[str]]) -> dict[str, float]:
+    """Mean exact match and token F1 over a set of questions.
+
+    Args:
+        predictions: one answer per question.
+        references: one reference, or a list of references, per question.
+
+    Returns:
+        {"exact_match", "f1", "count"}; the primary metric is PRIMARY_METRIC ("f1"), greater is
+        better. Means are 0.0 when there are no questions.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} reference sets (give one per question)")
+    n = len(predictions)
+    em = sum(exact_match(p, r) for p, r in zip(predictions, references))
+    f1 = sum(token_f1(p, r) for p, r in zip(predictions, references))
+    return {"exact_match": em / n if n else 0.0, "f1": f1 / n if n else 0.0, "count": float(n)}
