@@ -242,6 +242,152 @@ def _encoder_identity(s: Settings) -> dict:
     return {"encoder": enc.name, "dim": enc.dim}
 
 
+# ---- evaluation -----------------------------------------------------------------------------------
+
+def _job_run(kind: str, params: dict, body) -> int:
+    """Record a job around `body(sessions, progress, job_id)`; returns what body returns."""
+    from app.db.base import utcnow
+    from app.db.queries import create_job
+    from app.db.tables import Job
+    from app.runtime import open_database
+    from workers.progress import JobProgress
+
+    s = _settings()
+    db = open_database(s)
+    try:
+        with db.sessions() as session, session.begin():
+            job_id = create_job(session, kind, params).id
+            job = session.get(Job, job_id)
+            job.state, job.started_at, job.pid = "running", utcnow(), os.getpid()
+        progress = JobProgress(db.sessions, job_id, bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+        try:
+            result = body(db, progress, job_id)
+        except BaseException as exc:
+            with db.sessions() as session, session.begin():
+                job = session.get(Job, job_id)
+                job.state, job.error, job.finished_at = "failed", str(exc) or type(exc).__name__, utcnow()
+            raise
+        finally:
+            progress.close()
+        with db.sessions() as session, session.begin():
+            job = session.get(Job, job_id)
+            job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, "done", utcnow()
+            job.counts = {"eval_run": result}
+        return result
+    finally:
+        db.close()
+
+
+def _print_run(run_id: int) -> None:
+    from app.db.tables import EvalRun
+    from app.runtime import open_database
+
+    db = open_database(_settings(), migrate=False)
+    try:
+        with db.sessions() as session:
+            run = session.get(EvalRun, run_id)
+            summary, report_dir = run.summary or {}, run.report_dir
+    finally:
+        db.close()
+    typer.echo(f"evaluation run {run_id}: {summary.get('n_results', 0)} results; report in {report_dir}")
+    for subset, metrics in (summary.get("by_subset") or {}).items():
+        for metric in ("f1", "em", "recall"):
+            m = metrics.get(metric)
+            if not m:
+                continue
+            lags = ", ".join(f"{int(k):+d}Q {v:.3f}" for k, v in sorted(m["lag_table"].items(), key=lambda kv: int(kv[0]))
+                             if v is not None)
+            d, a = m["deterioration"], m["adaptation"]
+            typer.echo(f"  {subset:8s} {metric:6s} lag: {lags}")
+            if d.get("n_pairs") or a.get("n_pairs"):
+                typer.echo(f"  {'':8s} {'':6s} DS {d.get('score')} (p={d.get('p_value')}, n={d.get('n_pairs')}); "
+                           f"AS {a.get('score')} (p={a.get('p_value')}, n={a.get('n_pairs')})")
+
+
+@cli.command("evaluate")
+@_guard
+def evaluate(quarter: str = typer.Option(..., help="YYYYQn: the question quarter, answered with the serving index"),
+             max_questions: Optional[int] = typer.Option(None, help="questions the reader answers (default "
+                                                         "SQA_EVAL_MAX_QUESTIONS; 0: all); recall covers all")) -> None:
+    """Evaluate a quarter's questions (as of their own dates) against the serving index."""
+    from app.runtime import build_answer_service, build_encoder, build_reader
+    from evaluation.temporal import quarter_bounds
+    from workers.evaluate import EvalConfig, evaluate_current
+
+    quarter_bounds(quarter)
+    s = _settings()
+    cfg = EvalConfig(reader_passages=s.reader_passages,
+                     max_questions=s.eval_max_questions if max_questions is None else max_questions)
+
+    def body(db, progress, job_id):
+        service = build_answer_service(s, db, build_encoder(s), build_reader(s))
+        return evaluate_current(db.sessions, service, quarter, cfg, s.reports_dir, job_id=job_id, progress=progress)
+
+    _print_run(_job_run("evaluation", {"quarter": quarter, "max_questions": cfg.max_questions}, body))
+
+
+@cli.command("replay")
+@_guard
+def replay(from_: str = typer.Option(..., "--from", help="YYYY-MM: the first month of the stream"),
+           to: str = typer.Option(..., "--to", help="YYYY-MM: the last month"),
+           max_questions: Optional[int] = typer.Option(None, help="questions per quarter the reader answers "
+                                                       "(default SQA_EVAL_MAX_QUESTIONS; 0: all)")) -> None:
+    """Replay the stream: ingest month by month, keep quarter-end states, evaluate the temporal grid."""
+    from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config
+    from indexer.dates import parse_month
+    from workers.evaluate import EvalConfig
+    from workers.replay import ReplayPlan, run_replay
+
+    if parse_month(from_) > parse_month(to):
+        fail(f"--from {from_} is after --to {to}")
+    s = _settings()
+    cfg = EvalConfig(reader_passages=s.reader_passages,
+                     max_questions=s.eval_max_questions if max_questions is None else max_questions)
+    plan = ReplayPlan(from_, to)
+
+    def body(db, progress, job_id):
+        service = build_answer_service(s, db, build_encoder(s), build_reader(s))
+        return run_replay(db.sessions, service, ingest_config(s), plan, cfg, s.reports_dir, job_id=job_id,
+                          progress=progress, bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+
+    _print_run(_job_run("replay", {"from": from_, "to": to, "max_questions": cfg.max_questions}, body))
+
+
+@cli.command("report")
+@_guard
+def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for report.html, PNGs, summary.json")) -> None:
+    """Write an evaluation run's HTML report, plots and JSON summary (recomputed from stored results)."""
+    from app.db.tables import EvalRun
+    from app.runtime import open_database
+    from evaluation.report import write_report
+    from evaluation.temporal import TemporalGrid, jsonable
+    from workers.evaluate import run_rows
+
+    db = open_database(_settings())
+    try:
+        with db.sessions() as session:
+            run = session.get(EvalRun, run_id)
+            if run is None:
+                fail(f"no evaluation run with id {run_id}")
+            rows = run_rows(session, run_id)
+            title = f"Evaluation run {run_id} ({run.kind})"
+    finally:
+        db.close()
+    grid = TemporalGrid.from_results(rows)
+    files = write_report(out, title=title, summary=jsonable(grid.summary()), grid=grid, by_quarter=None)
+    for name, path in files.items():
+        typer.echo(f"{name}: {path}")
+
+
+@cli.command("worker")
+def worker() -> None:
+    """Run the scheduler process: monthly ingest and quarterly evaluation (never inside the web server)."""
+    from workers.scheduler import run_worker
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_worker(_settings())
+
+
 # ---- ask, serve, jobs ------------------------------------------------------------------------------
 
 @cli.command("ask")

@@ -32,7 +32,7 @@ import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from itertools import combinations
 
 import numpy as np
@@ -79,6 +79,14 @@ def quarter_of(day: date | datetime | str) -> str:
         except ValueError:
             raise ValueError(f"{day!r} is not a date (use YYYY-MM-DD)") from None
     return f"{day.year}Q{(day.month - 1) // 3 + 1}"
+
+
+def quarter_bounds(q: str) -> tuple[date, date]:
+    """First and last day of a quarter: quarter_bounds("2023Q2") == (2023-04-01, 2023-06-30)."""
+    i = quarter_index(q)
+    year, first_month = i // 4, 3 * (i % 4) + 1
+    nxt = date(year + (first_month == 10), (first_month + 2) % 12 + 1, 1)
+    return date(year, first_month, 1), nxt - timedelta(days=1)
 
 
 def quarter_range(first: str, last: str) -> list[str]:

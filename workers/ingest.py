@@ -268,10 +268,12 @@ def _finish(job: Job) -> None:
 
 
 def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
-    """Drop passage rows and files that no kept snapshot refers to."""
+    """Drop passage rows and files that no kept snapshot refers to (the newest serving ones and
+    every quarter-end snapshot a replay recorded)."""
     with sf() as session, session.begin():
-        rows = session.scalars(select(IndexSnapshot).order_by(IndexSnapshot.id.desc())
-                               .limit(cfg.keep_snapshots)).all()
+        rows = list(session.scalars(select(IndexSnapshot).where(IndexSnapshot.kind == "serving")
+                                    .order_by(IndexSnapshot.id.desc()).limit(cfg.keep_snapshots)))
+        rows += session.scalars(select(IndexSnapshot).where(IndexSnapshot.kind != "serving")).all()
         manifests = []
         for row in rows:
             try:

@@ -44,6 +44,21 @@ class Settings(BaseSettings):
     # How often the API checks the database for a newer index snapshot (seconds; 0 = never).
     snapshot_poll_s: float = Field(default=5.0, ge=0)
 
+    # --- the scheduler process (`sqa worker`) ---
+    # Where monthly news comes from: "realtimeqa:/path/to/clone" or "inbox:/path/to/folder" (a folder of
+    # article JSONL files, plain or .gz). Empty: the monthly ingest indexes what is already imported.
+    news_source: str = ""
+    # Cron expressions (UTC): monthly ingest of the month just ended; quarterly evaluation of the
+    # quarter just ended.
+    ingest_cron: str = "0 2 1 * *"
+    eval_cron: str = "0 4 2 1,4,7,10 *"
+    # A run missed while the worker was down still runs (once) if it is at most this late.
+    misfire_grace_s: int = Field(default=6 * 3600, ge=1)
+    # Fine-tune the reader after each monthly ingest: never | always | on-drift.
+    finetune_policy: Literal["never", "always", "on-drift"] = "never"
+    # Evaluation: questions answered by the reader per quarter (0: all); retrieval metrics cover all.
+    eval_max_questions: int = Field(default=0, ge=0)
+
     @field_validator("home")
     @classmethod
     def _home_absolute(cls, v: Path) -> Path:
@@ -67,6 +82,10 @@ class Settings(BaseSettings):
     @property
     def index_dir(self) -> Path:
         return self.home / "index"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.home / "reports"
 
     @property
     def work_dir(self) -> Path:

@@ -62,7 +62,12 @@ class Question(Base):
 
 
 class IndexSnapshot(Base):
-    """A committed index state: the manifest file and what it holds. The newest row serves."""
+    """A committed index state: the manifest file and what it holds.
+
+    The newest row of kind "serving" serves. Rows of kind "quarter" are the index as it stood at
+    the end of a quarter (`label` "2023Q1"), recorded by a replay for evaluation; they never serve
+    and their files and passages are kept.
+    """
 
     __tablename__ = "index_snapshots"
 
@@ -76,6 +81,8 @@ class IndexSnapshot(Base):
     total: Mapped[int] = mapped_column(BigInteger)
     shard_keys: Mapped[list] = mapped_column(JSON)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16), default="serving", server_default="serving", index=True)
+    label: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class Job(Base):
@@ -99,3 +106,43 @@ class Job(Base):
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class EvalRun(Base):
+    """One evaluation: a quarter's questions against one or more index/model states."""
+
+    __tablename__ = "eval_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "quarterly" | "replay"
+    # What the run covers and the settings that matter (reader, encoder, top_k, snapshots, window).
+    params: Mapped[dict] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="running")  # running | succeeded | failed
+    summary: Mapped[dict] = mapped_column(JSON, default=dict)
+    report_dir: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class EvalResult(Base):
+    """One question answered under one state: enough to recompute any analysis without answering again."""
+
+    __tablename__ = "eval_results"
+    __table_args__ = (UniqueConstraint("run_id", "question_id", "state_quarter"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"), index=True)
+    question_id: Mapped[int] = mapped_column(ForeignKey("questions.id", ondelete="CASCADE"))
+    test_quarter: Mapped[str] = mapped_column(String(8))
+    state_quarter: Mapped[str] = mapped_column(String(8))  # the quarter whose end state answered
+    snapshot_id: Mapped[str] = mapped_column(String(64))
+    subset: Mapped[str] = mapped_column(String(16))  # recent | past | unknown
+    answer: Mapped[str | None] = mapped_column(Text, nullable=True)  # None: retrieval only
+    em: Mapped[float | None] = mapped_column(Float, nullable=True)
+    f1: Mapped[float | None] = mapped_column(Float, nullable=True)
+    recall: Mapped[float] = mapped_column(Float)  # a gold answer string in the top-k passages (0/1)
+    days: Mapped[float | None] = mapped_column(Float, nullable=True)  # median days question - cited passages
+    passages: Mapped[list] = mapped_column(JSON, default=list)  # [[passage_id, "YYYY-MM-DD", score], ...]
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)

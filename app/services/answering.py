@@ -107,11 +107,17 @@ class AnswerService:
             raise InvalidInputError(f"top_k {k} is out of range (1..{self.limits.max_top_k})")
         return text, k
 
-    def answer(self, question: str, as_of: dt.date | None = None, top_k: int | None = None) -> AnswerResult:
+    def answer(self, question: str, as_of: dt.date | None = None, top_k: int | None = None, *,
+               snapshot: LoadedSnapshot | None = None, read: bool = True) -> AnswerResult:
+        """Answer from the serving snapshot (or the one given, as evaluation does).
+
+        `read=False` retrieves only (the answer is empty): evaluation's retrieval-only questions.
+        """
         t0 = time.perf_counter()
         text, k = self.validate(question, top_k)
         as_of = as_of or dt.datetime.now(dt.timezone.utc).date()
-        snapshot = self.index_state.current()  # held for the whole request: swaps don't disturb it
+        # Held for the whole request: a swap does not disturb it.
+        snapshot = snapshot if snapshot is not None else self.index_state.current()
         if snapshot is None:
             raise IndexNotReadyError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
         notes = []
@@ -125,6 +131,8 @@ class AnswerService:
         t2 = time.perf_counter()
         if not passages:
             notes.append(f"no indexed passage was published on or before {as_of}")
+            answer_text = ""
+        elif not read:
             answer_text = ""
         else:
             reader_input = [ReaderPassage(p.title, p.text, p.published)

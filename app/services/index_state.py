@@ -39,7 +39,9 @@ class LoadedSnapshot:
 
 
 def latest_snapshot_row(session: Session) -> IndexSnapshot | None:
-    return session.scalars(select(IndexSnapshot).order_by(IndexSnapshot.id.desc()).limit(1)).first()
+    """The snapshot that serves: the newest of kind "serving"."""
+    return session.scalars(select(IndexSnapshot).where(IndexSnapshot.kind == "serving")
+                           .order_by(IndexSnapshot.id.desc()).limit(1)).first()
 
 
 def sha256_file(path: Path) -> str:
@@ -85,6 +87,10 @@ class IndexState:
 
     def current(self) -> LoadedSnapshot | None:
         return self._current
+
+    def open(self, row: IndexSnapshot) -> LoadedSnapshot:
+        """Load any recorded snapshot (a replay's quarter-end state) without serving it."""
+        return open_snapshot_row(row, self._index_dir, self._cache, encoder=self._encoder, dim=self._dim)
 
     def refresh(self) -> bool:
         """Load the newest snapshot if it is not the one serving. Returns True if it swapped.

@@ -1,0 +1,128 @@
+"""Replay and evaluation on a small stream written here: one cup final a month, each won by someone
+new, and a question at the end of each month. The index of the quarter before cannot know the
+winner; the index of the question's own quarter can; a later index adds nothing (time filter)."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.db.tables import EvalResult, EvalRun, IndexSnapshot
+from app.main import create_app
+from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from indexer.records import ArticleRecord, QuestionRecord
+from workers.evaluate import EvalConfig, evaluate_current
+from workers.imports import store_records
+from workers.replay import ReplayPlan, run_replay
+
+WINNERS = {dt.date(2023, 7, 20): "Lena Hartwig", dt.date(2023, 10, 20): "Ada Quist",
+           dt.date(2023, 11, 20): "Bram Oyelaran", dt.date(2023, 12, 20): "Cato Venn",
+           dt.date(2024, 1, 20): "Dora Maelstrom", dt.date(2024, 2, 20): "Emil Rautio",
+           dt.date(2024, 3, 20): "Fenna Iwu"}
+
+
+def stream() -> tuple[list[ArticleRecord], list[QuestionRecord]]:
+    articles, questions = [], []
+    for day, name in WINNERS.items():
+        url = f"https://cup.example/{day.isoformat()}"
+        articles.append(ArticleRecord(url, f"{name} wins the Quillon Cup",
+                                      f"The Quillon Cup final on Saturday was won by {name}. The crowd cheered. "
+                                      f"{name} lifted the trophy in the rain.", day, "test"))
+        if day.month >= 10 or day.year == 2024:
+            questions.append(QuestionRecord(f"cup-{day.isoformat()}", "Who won the Quillon Cup final this month?",
+                                            day + dt.timedelta(days=5), (name,), "test",
+                                            meta={"search_result_urls": [url]}))
+    return articles, questions
+
+
+@pytest.fixture
+def replayed(settings):
+    db = open_database(settings)
+    store_records(db.sessions, *stream())
+    service = build_answer_service(settings, db, build_encoder(settings), build_reader(settings))
+    cfg = EvalConfig(top_k=5, reader_passages=1)
+    run_id = run_replay(db.sessions, service, ingest_config(settings), ReplayPlan("2023-10", "2024-03"), cfg,
+                        settings.reports_dir)
+    yield settings, db, service, cfg, run_id
+    db.close()
+
+
+def test_replay_grid_shows_the_index_update_and_no_future_leak(replayed):
+    settings, db, _, _, run_id = replayed
+    with db.sessions() as s:
+        run = s.get(EvalRun, run_id)
+        rows = s.scalars(select(EvalResult).where(EvalResult.run_id == run_id)).all()
+        quarter_states = s.scalars(select(IndexSnapshot.label).where(IndexSnapshot.kind == "quarter")).all()
+    assert run.state == "succeeded"
+    assert sorted(quarter_states) == ["2023Q3", "2023Q4", "2024Q1"]
+    assert len(rows) == 6 * 3  # six questions, three quarter-end states
+    lag = {}
+    for r in rows:
+        d = int(r.state_quarter[:4]) * 4 + int(r.state_quarter[5]) - (int(r.test_quarter[:4]) * 4 + int(r.test_quarter[5]))
+        lag.setdefault(d, []).append(r)
+    assert {r.recall for r in lag[-1]} == {0.0}  # the index of the quarter before cannot know the winner
+    assert {r.recall for r in lag[0]} == {1.0}
+    assert all(r.f1 == 1.0 for r in lag[0])  # first-entity copies the winner's name
+    by_q = {(r.question_id, r.state_quarter): r for r in rows}
+    for r in lag[1]:  # a later index adds nothing the question's date may see
+        same = by_q[(r.question_id, r.test_quarter)]
+        assert (r.answer, r.recall, r.passages) == (same.answer, same.recall, same.passages)
+    f1 = run.summary["by_subset"]["all"]["f1"]
+    assert f1["lag_table"]["-1"] == 0.0 and f1["lag_table"]["0"] == 1.0
+    assert f1["adaptation"]["score"] > 0
+    assert 0.0 <= f1["adaptation"]["p_value"] <= 1.0
+    assert (settings.reports_dir / f"run-{run_id}" / "report.html").exists()
+
+
+def test_replay_resumes_without_answering_again(replayed):
+    settings, db, service, cfg, run_id = replayed
+    with db.sessions() as s, s.begin():  # as if the run had died half-way
+        first = s.scalars(select(EvalResult).where(EvalResult.run_id == run_id).order_by(EvalResult.id)).all()
+        for r in first[10:]:
+            s.delete(r)
+        s.get(EvalRun, run_id).state = "failed"
+    calls = []
+    original = service.answer
+    service.answer = lambda *a, **k: calls.append(a) or original(*a, **k)
+    again = run_replay(db.sessions, service, ingest_config(settings), ReplayPlan("2023-10", "2024-03"), cfg,
+                       settings.reports_dir)
+    assert again == run_id
+    assert 0 < len(calls) <= 8  # only the eight missing rows (fewer: later states reuse earlier answers)
+    with db.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(EvalResult).where(EvalResult.run_id == run_id)) == 18
+        assert s.get(EvalRun, run_id).state == "succeeded"
+
+
+def test_quarterly_evaluation_uses_the_serving_index(replayed):
+    settings, db, service, cfg, _ = replayed
+    run_id = evaluate_current(db.sessions, service, "2024Q1", cfg, settings.reports_dir)
+    with db.sessions() as s:
+        run = s.get(EvalRun, run_id)
+        rows = s.scalars(select(EvalResult).where(EvalResult.run_id == run_id)).all()
+    assert run.kind == "quarterly" and run.params["quarter"] == "2024Q1"
+    assert len(rows) == 3 and all(r.recall == 1.0 and r.subset == "recent" for r in rows)
+    assert all(r.days == 5.0 for r in rows)  # cited passage five days before its question
+
+
+def test_quarterly_evaluation_rejects_a_bad_quarter(replayed):
+    settings, db, service, cfg, _ = replayed
+    with pytest.raises(ValueError, match="is not a quarter"):
+        evaluate_current(db.sessions, service, "2024Q5", cfg, settings.reports_dir)
+
+
+def test_evaluation_routes(replayed):
+    settings, _, _, _, run_id = replayed
+    headers = {"X-Admin-Token": "test-admin-token"}
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/admin/evaluations").status_code == 401
+        runs = c.get("/admin/evaluations", headers=headers).json()
+        assert runs[0]["id"] == run_id and runs[0]["results"] == 18
+        one = c.get(f"/admin/evaluations/{run_id}", headers=headers).json()
+        assert one["summary"]["by_subset"]["all"]["recall"]["lag_table"]["0"] == 1.0
+        report = c.get(f"/admin/evaluations/{run_id}/report", headers=headers)
+        assert report.status_code == 200 and "data:image/png;base64," in report.text
+        assert c.get("/admin/evaluations/999", headers=headers).status_code == 404
+        bad = c.post("/admin/evaluations", json={"quarter": "2024-Q1"}, headers=headers)
+        assert bad.status_code == 422 and "is not a quarter" in bad.json()["detail"]
