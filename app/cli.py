@@ -380,12 +380,31 @@ def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for 
 
 
 @cli.command("worker")
+@_guard
 def worker() -> None:
     """Run the scheduler process: monthly ingest and quarterly evaluation (never inside the web server)."""
     from workers.scheduler import run_worker
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_worker(_settings())
+
+
+@cli.command("schedule")
+@_guard
+def schedule(run: Optional[str] = typer.Option(None, help="run this scheduled job now (monthly-ingest, "
+                                               "quarterly-evaluation)"),
+             period: Optional[str] = typer.Option(None, help="with --run: the month (YYYY-MM) or quarter (YYYYQn)")) -> None:
+    """List the scheduled jobs and their next runs, or run one now."""
+    from workers.scheduler import scheduled_jobs, trigger_now
+
+    if run:
+        typer.echo(json.dumps(trigger_now(run, period), default=str, indent=2))
+        return
+    jobs = scheduled_jobs(_settings())
+    if not jobs:
+        typer.echo("no jobs scheduled yet: `sqa worker` registers them when it first starts")
+    for j in jobs:
+        typer.echo(f"{j['id']:22s} next {j.get('next_run_time')}  ({j.get('trigger')})")
 
 
 # ---- ask, serve, jobs ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.api.routes import admin, answers, evaluations, health
+from app.api.routes import admin, answers, evaluations, health, schedule
 from app.core.config import Settings, get_settings
 from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
 from app.services.errors import ServiceError
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(answers.router)
     app.include_router(admin.router)
     app.include_router(evaluations.router)
+    app.include_router(schedule.router)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:

@@ -10,6 +10,11 @@ config = context.config
 target_metadata = Base.metadata
 
 
+def _include_name(name, type_, parent_names) -> bool:
+    """APScheduler owns its job store table; Alembic leaves it alone."""
+    return not (type_ == "table" and name == "apscheduler_jobs")
+
+
 def _url() -> str:
     url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
     if not url:
@@ -21,7 +26,7 @@ def _url() -> str:
 
 def run_migrations_offline() -> None:
     context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=True)
+                      render_as_batch=True, include_name=_include_name)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -29,13 +34,15 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
+                          include_name=_include_name)
         with context.begin_transaction():
             context.run_migrations()
         return
     engine = make_engine(_url())
     with engine.connect() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
+        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True,
+                          include_name=_include_name)
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

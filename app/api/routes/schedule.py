@@ -1,0 +1,93 @@
+"""Admin view of the scheduler: what is scheduled, what ran, and run a job now.
+
+The scheduler runs in its own process (`sqa worker`); these routes only read its job store and the
+jobs table, and run a job function in a background thread of the API process.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+
+from fastapi import APIRouter, Query, status
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from app.api.deps import AdminDep, SessionDep, SettingsDep
+from app.db.tables import Job
+from app.services.errors import ConflictError
+from workers.jobs import job_running, normalize_period
+from workers.scheduler import job_function, job_specs, scheduled_jobs, trigger_now
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/admin/schedule", tags=["admin"], dependencies=[AdminDep])
+
+
+# Response bodies of these routes only (kept here rather than in app/api/schemas.py).
+class JobRunPublic(BaseModel):
+    job_id: int
+    state: str
+    period: str | None
+    message: str
+    error: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class ScheduledJobPublic(BaseModel):
+    id: str
+    name: str
+    cron: str  # as configured (UTC)
+    scheduled: bool  # false until a worker (`sqa worker`) has stored the job
+    trigger: str | None
+    next_run_time: dt.datetime | None  # None: not scheduled yet, or paused
+    history: list[JobRunPublic]  # newest first
+
+
+class ScheduleRunStarted(BaseModel):
+    kind: str
+    period: str | None  # None: the period just ended
+    state: str
+    status_url: str
+    hint: str
+
+
+@router.get("", response_model=list[ScheduledJobPublic])
+def list_schedule(settings: SettingsDep, session: SessionDep,
+                  limit: int = Query(10, ge=1, le=100, description="recent runs listed per job")
+                  ) -> list[ScheduledJobPublic]:
+    """The scheduled jobs, their next run (UTC) and the recent runs of each."""
+    stored = {j["id"]: j for j in scheduled_jobs(settings)}
+    out = []
+    for spec in job_specs(settings):
+        rows = session.scalars(select(Job).where(Job.kind == spec.id).order_by(Job.id.desc()).limit(limit))
+        history = [JobRunPublic(job_id=j.id, state=j.state, period=(j.params or {}).get("period"), message=j.message,
+                                error=j.error, created_at=j.created_at, started_at=j.started_at,
+                                finished_at=j.finished_at) for j in rows]
+        job = stored.get(spec.id)
+        out.append(ScheduledJobPublic(id=spec.id, name=spec.name, cron=spec.cron, scheduled=job is not None,
+                                      trigger=job["trigger"] if job else None,
+                                      next_run_time=job["next_run_time"] if job else None, history=history))
+    return out
+
+
+def _run(job_id: str, period: str | None) -> None:
+    try:
+        trigger_now(job_id, period)
+    except Exception:  # already recorded on the job row; the thread has nobody else to tell
+        log.exception("%s run requested through the API failed", job_id)
+
+
+@router.post("/{job_id}/run", response_model=ScheduleRunStarted, status_code=status.HTTP_202_ACCEPTED)
+def run_now(job_id: str, settings: SettingsDep,
+            period: str | None = Query(None, description="YYYY-MM (monthly-ingest) or YYYYQN (quarterly-evaluation); "
+                                                         "default: the period just ended")) -> ScheduleRunStarted:
+    """Run a scheduled job now, in the background. A period already done is skipped (and recorded)."""
+    job_function(job_id)  # 404 naming the valid ids
+    period = normalize_period(job_id, period) if period else None  # 422 before anything starts
+    if job_running(settings, job_id):
+        raise ConflictError(f"a {job_id} job is already running; poll GET /admin/jobs and try again when it ends")
+    threading.Thread(target=_run, args=(job_id, period), name=f"schedule-{job_id}", daemon=True).start()
+    return ScheduleRunStarted(kind=job_id, period=period, state="started", status_url="/admin/jobs",
+                              hint=f"poll GET /admin/jobs (kind {job_id}) or GET /admin/schedule for its state")

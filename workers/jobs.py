@@ -1,0 +1,347 @@
+"""The scheduled jobs: the monthly ingest and the quarterly evaluation.
+
+Each is a plain function of its period, run by the scheduler process (workers/scheduler.py) and by
+the admin API alike. Each is an entry point, so it reads the settings itself. Each records one
+`Job` row (kind, params {"period": ...}, state, progress, counts, timings, error) and is idempotent
+per period: a period whose job already succeeded is skipped, and the skip is recorded as a job row
+in state "skipped"; a failed or interrupted period runs again.
+
+One job of a kind runs at a time per SQA_HOME (an OS file lock, released if the process dies); a
+"running" row found while holding the lock belongs to a process that died, and is marked
+interrupted.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core.config import Settings, get_settings
+from app.db.base import utcnow
+from app.db.queries import create_job
+from app.db.tables import Article, EvalRun, Job
+from app.runtime import Database, build_encoder, ingest_config, open_database
+from app.services.errors import ConflictError, InvalidInputError, NoArticlesError
+from indexer.dates import month_end, month_key, month_start, parse_month
+from indexer.importers import read_articles_jsonl, read_realtimeqa
+from indexer.jsonl import keep_longest
+from indexer.records import ArticleRecord, ImportReport, QuestionRecord
+from workers.imports import store_records
+from workers.ingest import ingest
+
+log = logging.getLogger(__name__)
+
+MONTHLY_INGEST = "monthly-ingest"
+QUARTERLY_EVALUATION = "quarterly-evaluation"
+FINETUNE_UNAVAILABLE = ("reader fine-tuning is not available yet (it arrives with the reader training); "
+                        "nothing was trained")
+_QUARTER = re.compile(r"^(\d{4})Q([1-4])$")
+
+
+# ---- periods ---------------------------------------------------------------------------------------
+
+def today_utc() -> dt.date:
+    return dt.datetime.now(dt.timezone.utc).date()
+
+
+def previous_month(today: dt.date) -> str:
+    """The month just ended: '2024-02' for any day of March 2024."""
+    return month_key(month_start(today) - dt.timedelta(days=1))
+
+
+def previous_quarter(today: dt.date) -> str:
+    """The quarter just ended: '2023Q4' for any day of January to March 2024."""
+    current = (today.month - 1) // 3 + 1
+    return f"{today.year - 1}Q4" if current == 1 else f"{today.year}Q{current - 1}"
+
+
+def parse_quarter(value: str) -> str:
+    """'2023q2 ' -> '2023Q2'; anything else is an InvalidInputError."""
+    match = _QUARTER.match(value.strip().upper()) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidInputError(f"quarter {value!r} is not a quarter (use YYYYQN, for example 2023Q2)")
+    return f"{match[1]}Q{match[2]}"
+
+
+def normalize_period(kind: str, period: str) -> str:
+    """Validate a period for a job kind: a month 'YYYY-MM' or a quarter 'YYYYQN'."""
+    if kind == MONTHLY_INGEST:
+        return month_key(parse_month(period))  # InvalidDateError names the bad value
+    if kind == QUARTERLY_EVALUATION:
+        return parse_quarter(period)
+    raise InvalidInputError(f"unknown job kind {kind!r} (use {MONTHLY_INGEST} or {QUARTERLY_EVALUATION})")
+
+
+# ---- one job of a kind at a time -------------------------------------------------------------------
+
+def _lock_path(settings: Settings, kind: str) -> Path:
+    return settings.work_dir / "jobs" / f"{kind}.lock"
+
+
+@contextlib.contextmanager
+def kind_lock(settings: Settings, kind: str) -> Iterator[None]:
+    path = _lock_path(settings, kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConflictError(f"a {kind} job is already running; poll GET /admin/jobs and try again when it "
+                                "ends") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def job_running(settings: Settings, kind: str) -> bool:
+    """True while some process runs a job of this kind on this SQA_HOME."""
+    try:
+        with kind_lock(settings, kind):
+            return False
+    except ConflictError:
+        return True
+
+
+# ---- the job row -----------------------------------------------------------------------------------
+
+@dataclass
+class JobRun:
+    """The job row of a running period job: the work reports progress, counts and timings here."""
+
+    sessions: sessionmaker[Session]
+    job_id: int
+
+    def update(self, *, progress: float | None = None, message: str | None = None,
+               counts: dict | None = None, timings: dict | None = None) -> None:
+        with self.sessions() as session, session.begin():
+            job = session.get(Job, self.job_id)
+            if progress is not None:
+                job.progress = progress
+            if message is not None:
+                job.message = message
+            if counts:
+                job.counts = {**(job.counts or {}), **counts}
+            if timings:
+                job.timings = {**(job.timings or {}), **timings}
+            job.heartbeat_at = utcnow()
+
+
+def _result(job: Job, *, skipped: bool = False) -> dict:
+    return {"job_id": job.id, "kind": job.kind, "period": job.params.get("period"), "state": job.state,
+            "skipped": skipped, "message": job.message, "counts": dict(job.counts or {}),
+            "timings": dict(job.timings or {}), "error": job.error}
+
+
+def _succeeded_job(session: Session, kind: str, period: str) -> int | None:
+    """Id of a succeeded job of this kind and period (params compared in Python: portable JSON)."""
+    rows = session.execute(select(Job.id, Job.params).where(Job.kind == kind, Job.state == "succeeded")
+                           .order_by(Job.id.desc()))
+    return next((job_id for job_id, params in rows if (params or {}).get("period") == period), None)
+
+
+def _interrupt_stale(session: Session, kind: str) -> None:
+    """Called while holding the kind's lock: a 'running' row of that kind belongs to a dead process."""
+    for stale in session.scalars(select(Job).where(Job.kind == kind, Job.state == "running")):
+        stale.state, stale.finished_at = "interrupted", utcnow()
+        stale.error = "the process running this job stopped before it finished; it runs again on the next trigger"
+
+
+Done = Callable[[Session], "tuple[str, dict] | None"]  # (why it is done, counts) or None
+Work = Callable[[Database, JobRun], str]  # does the work, returns the final message
+
+
+def run_period_job(settings: Settings, kind: str, period: str, work: Work, *, done_elsewhere: Done | None = None
+                   ) -> dict:
+    """Run `work` for one period under a job row, unless the period is already done.
+
+    Returns the job as a dict (job_id, kind, period, state, skipped, message, counts, timings,
+    error). A failure is recorded on the row (failed, or interrupted for KeyboardInterrupt and
+    the like) and raised again, so the scheduler logs it.
+    """
+    db = open_database(settings)
+    try:
+        with kind_lock(settings, kind):
+            with db.sessions() as session, session.begin():
+                _interrupt_stale(session, kind)
+                done_by = _succeeded_job(session, kind, period)
+                done = ((f"{period} already done by job {done_by}; nothing to do", {"done_by_job": done_by})
+                        if done_by is not None else done_elsewhere(session) if done_elsewhere else None)
+                if done is not None:
+                    now = utcnow()
+                    job = Job(kind=kind, params={"period": period}, state="skipped", progress=1.0, message=done[0],
+                              counts=done[1], timings={}, pid=os.getpid(), started_at=now, finished_at=now)
+                    session.add(job)
+                    session.flush()
+                    log.info("%s %s skipped: %s", kind, period, done[0])
+                    return _result(job, skipped=True)
+                job = create_job(session, kind, {"period": period})
+                job.state, job.started_at, job.pid, job.message = "running", utcnow(), os.getpid(), "starting"
+                job_id = job.id
+            log.info("%s %s started (job %d)", kind, period, job_id)
+            t0 = time.perf_counter()
+            try:
+                message = work(db, JobRun(db.sessions, job_id))
+            except BaseException as exc:
+                with db.sessions() as session, session.begin():
+                    job = session.get(Job, job_id)
+                    job.state = "failed" if isinstance(exc, Exception) else "interrupted"
+                    job.error = str(exc) or type(exc).__name__
+                    job.finished_at = utcnow()
+                    job.timings = {**(job.timings or {}), "total_s": round(time.perf_counter() - t0, 3)}
+                log.error("%s %s %s (job %d): %s", kind, period, job.state, job_id, job.error)
+                raise
+            with db.sessions() as session, session.begin():
+                job = session.get(Job, job_id)
+                job.state, job.progress, job.message, job.error = "succeeded", 1.0, message, None
+                job.finished_at = utcnow()
+                job.timings = {**(job.timings or {}), "total_s": round(time.perf_counter() - t0, 3)}
+            log.info("%s %s succeeded (job %d): %s", kind, period, job_id, message)
+            return _result(job)
+    finally:
+        db.close()
+
+
+# ---- the monthly ingest ----------------------------------------------------------------------------
+
+def read_news_source(source: str, first: dt.date, last: dt.date
+                     ) -> tuple[list[ArticleRecord], list[QuestionRecord], ImportReport]:
+    """Articles (and questions) published in [first, last] from SQA_NEWS_SOURCE; '' reads nothing."""
+    if not source.strip():
+        return [], [], ImportReport()
+    kind, _, where = source.partition(":")
+    path = Path(where).expanduser()
+    if kind == "realtimeqa" and where:
+        return read_realtimeqa(path, since=first, until=last)
+    if kind == "inbox" and where:
+        if not path.is_dir():
+            raise FileNotFoundError(f"the news inbox {path} is not a directory (SQA_NEWS_SOURCE={source})")
+        report = ImportReport()
+        merged: dict[str, ArticleRecord] = {}
+        files = sorted(p for p in path.iterdir()
+                       if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz")))
+        for file in files:
+            records, _ = read_articles_jsonl(file, since=first, until=last, report=report, source="inbox")
+            for record in records:  # the same url in two files: the longest text wins
+                keep_longest(merged, record, report)
+        return sorted(merged.values(), key=lambda a: (a.published, a.url)), [], report
+    raise InvalidInputError(f"SQA_NEWS_SOURCE={source!r} is not understood (use realtimeqa:PATH, inbox:PATH, "
+                            "or leave it empty to index what is already imported)")
+
+
+def _finetune(policy: str) -> dict:
+    if policy == "never":
+        return {"policy": policy, "ran": False}
+    log.warning("SQA_FINETUNE_POLICY=%s: %s", policy, FINETUNE_UNAVAILABLE)
+    return {"policy": policy, "ran": False, "reason": FINETUNE_UNAVAILABLE}
+
+
+def _ingest_month(settings: Settings, db: Database, run: JobRun, month: str) -> str:
+    first = parse_month(month)
+    last = month_end(first)
+    t0 = time.perf_counter()
+    source = settings.news_source or "nowhere (SQA_NEWS_SOURCE is empty)"
+    run.update(progress=0.02, message=f"importing {month} from {source}")
+    articles, questions, report = read_news_source(settings.news_source, first, last)
+    stored = store_records(db.sessions, articles, questions)
+    imported = {"source": settings.news_source,
+                "articles": {"inserted": stored.articles.inserted, "updated": stored.articles.updated,
+                             "unchanged": stored.articles.unchanged},
+                "questions": {"inserted": stored.questions.inserted, "updated": stored.questions.updated,
+                              "unchanged": stored.questions.unchanged},
+                "skipped": report.skipped_total, "out_of_range": report.out_of_range}
+    t1 = time.perf_counter()
+    run.update(progress=0.1, message=f"ingesting {month}", counts={"import": imported},
+               timings={"import_s": round(t1 - t0, 3)})
+
+    with db.sessions() as session:
+        any_article = session.scalar(select(Article.id).where(Article.published.between(first, last)).limit(1))
+    ingested: dict | None = None
+    if any_article is not None:  # don't load the encoder for an empty month
+        try:
+            job = ingest(db.sessions, build_encoder(settings), ingest_config(settings), {"month": month})
+            ingested = {"job_id": job.id, **(job.counts or {}).get(month, {})}
+        except NoArticlesError:
+            ingested = None
+    t2 = time.perf_counter()
+    finetune = _finetune(settings.finetune_policy)
+    counts: dict = {"ingest": ingested, "finetune": finetune}
+    if ingested is None:
+        counts["note"] = "no articles"
+        message = f"no articles published in {month}: nothing to index"
+    else:
+        message = (f"ingested {month}: {ingested.get('articles', 0)} articles, "
+                   f"{ingested.get('passages', 0)} passages (ingest job {ingested['job_id']})")
+    run.update(counts=counts, timings={"ingest_s": round(t2 - t1, 3)})
+    return message
+
+
+def monthly_ingest(month: str | None = None) -> dict:
+    """Import the news of a month from SQA_NEWS_SOURCE, index it, then apply SQA_FINETUNE_POLICY.
+
+    Args:
+        month: 'YYYY-MM'; default the month just ended (UTC).
+    Returns:
+        The job as a dict; `skipped` is true when the month had already succeeded.
+    """
+    settings = get_settings()
+    period = normalize_period(MONTHLY_INGEST, month) if month else previous_month(today_utc())
+    return run_period_job(settings, MONTHLY_INGEST, period,
+                          lambda db, run: _ingest_month(settings, db, run, period))
+
+
+# ---- the quarterly evaluation ----------------------------------------------------------------------
+
+def _quarter_evaluated(session: Session, quarter: str) -> tuple[str, dict] | None:
+    """A succeeded quarterly EvalRun of this quarter (from this job or from the CLI) counts as done."""
+    rows = session.execute(select(EvalRun.id, EvalRun.params)
+                           .where(EvalRun.kind == "quarterly", EvalRun.state == "succeeded")
+                           .order_by(EvalRun.id.desc()))
+    run_id = next((i for i, params in rows if (params or {}).get("quarter") == quarter), None)
+    if run_id is None:
+        return None
+    return f"{quarter} already evaluated (eval run {run_id}); nothing to do", {"eval_run_id": run_id}
+
+
+def _evaluate_quarter(settings: Settings, db: Database, run: JobRun, quarter: str) -> str:
+    from workers.evaluate import run_quarterly_evaluation  # imported here: a heavy module, only for this job
+
+    run.update(progress=0.02, message=f"evaluating {quarter}")
+    eval_run_id = run_quarterly_evaluation(settings, quarter, job_id=run.job_id)
+    with db.sessions() as session:
+        row = session.get(EvalRun, eval_run_id)
+        state, error = (row.state, row.error) if row is not None else (None, None)
+    if row is None:
+        raise RuntimeError(f"the evaluation of {quarter} returned eval run {eval_run_id}, which does not exist")
+    if state == "failed":
+        raise RuntimeError(f"eval run {eval_run_id} of {quarter} failed: {error}")
+    run.update(counts={"eval_run_id": eval_run_id})
+    return f"evaluated {quarter} (eval run {eval_run_id})"
+
+
+def quarterly_evaluation(quarter: str | None = None) -> dict:
+    """Evaluate a quarter's questions (workers.evaluate.run_quarterly_evaluation).
+
+    Args:
+        quarter: 'YYYYQN'; default the quarter just ended (UTC).
+    Returns:
+        The job as a dict; `skipped` is true when the quarter was already evaluated.
+    """
+    settings = get_settings()
+    period = normalize_period(QUARTERLY_EVALUATION, quarter) if quarter else previous_quarter(today_utc())
+    return run_period_job(settings, QUARTERLY_EVALUATION, period,
+                          lambda db, run: _evaluate_quarter(settings, db, run, period),
+                          done_elsewhere=lambda session: _quarter_evaluated(session, period))
+
+
+JOBS: dict[str, Callable[..., dict]] = {MONTHLY_INGEST: monthly_ingest, QUARTERLY_EVALUATION: quarterly_evaluation}

@@ -1,0 +1,216 @@
+"""The scheduler process (`sqa worker`): APScheduler 3 with its job store in the project's database.
+
+Jobs are stored by textual reference ("workers.jobs:monthly_ingest") so the job store can persist
+them, with stable ids. Defaults: coalesce (several missed runs run once), one instance at a time,
+and a misfire grace of SQA_MISFIRE_GRACE_S (APScheduler's default of 1 s would silently drop a run
+missed while the worker restarted).
+
+Never started inside the web server: several web workers would each start one. The API only reads
+the job store (`scheduled_jobs`) and runs job functions directly (`trigger_now`).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.job import Job as ScheduledJob
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED, BaseScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.triggers.cron import CronTrigger
+from sqlalchemy import inspect
+from sqlalchemy.engine import make_url
+
+from app.core.config import Settings
+from app.services.errors import InvalidInputError, NotFoundError
+from workers import jobs
+
+log = logging.getLogger(__name__)
+utc = dt.timezone.utc
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    id: str  # also the Job.kind its runs record
+    ref: str  # textual reference: what the job store persists
+    name: str
+    cron: str
+    setting: str  # the environment variable the cron comes from
+
+
+def job_specs(settings: Settings) -> list[JobSpec]:
+    return [
+        JobSpec(jobs.MONTHLY_INGEST, "workers.jobs:monthly_ingest", "monthly ingest of the month just ended",
+                settings.ingest_cron, "SQA_INGEST_CRON"),
+        JobSpec(jobs.QUARTERLY_EVALUATION, "workers.jobs:quarterly_evaluation",
+                "quarterly evaluation of the quarter just ended", settings.eval_cron, "SQA_EVAL_CRON"),
+    ]
+
+
+def _trigger(spec: JobSpec) -> CronTrigger:
+    try:
+        return CronTrigger.from_crontab(spec.cron, timezone=utc)
+    except ValueError as exc:
+        raise InvalidInputError(f"{spec.setting}={spec.cron!r} is not a cron expression "
+                                f"(minute hour day month weekday, e.g. '0 2 1 * *'): {exc}") from None
+
+
+def _job_store(settings: Settings) -> SQLAlchemyJobStore:
+    url = settings.db_url
+    # SQLite: wait for the jobs' own writes instead of failing after sqlite3's default 5 s.
+    options = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return SQLAlchemyJobStore(url=url, engine_options=options)
+
+
+class WorkerScheduler(BackgroundScheduler):
+    """A BackgroundScheduler that processes no jobs once shut down.
+
+    APScheduler 3's loop processes due jobs once more after `shutdown()` (it wakes, then checks
+    the state); the executors are gone by then, so a run falling due at that moment fails to
+    submit and its next run time moves on: the run is lost. Stopping a paused scheduler that holds
+    a due job loses it every time.
+    """
+
+    def _process_jobs(self):
+        if self.state == STATE_STOPPED:
+            return None
+        return super()._process_jobs()
+
+
+def _read_store(settings: Settings, read: Callable[[SQLAlchemyJobStore], object], default: object) -> object:
+    """Read the job store without a running scheduler (nothing can run); `default` if it has no table."""
+    url = make_url(settings.db_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).exists():
+        return default  # no worker and no server has run yet; don't create the file
+    store = _job_store(settings)
+    try:
+        if not inspect(store.engine).has_table(store.jobs_t.name):
+            return default
+        store.start(BackgroundScheduler(timezone=utc), "default")  # never started: only restores jobs
+        return read(store)
+    finally:
+        store.shutdown()
+
+
+def _stored(settings: Settings, ids: list[str]) -> dict[str, ScheduledJob]:
+    def read(store: SQLAlchemyJobStore) -> dict[str, ScheduledJob]:
+        out = {}
+        for job_id in ids:
+            try:
+                job = store.lookup_job(job_id)
+            except Exception:  # unreadable (an APScheduler upgrade): replaced below
+                log.warning("stored job %s could not be restored; it is replaced", job_id, exc_info=True)
+                continue
+            if job is not None:
+                out[job_id] = job
+        return out
+
+    return _read_store(settings, read, {})  # type: ignore[return-value]
+
+
+def _log_event(event: JobExecutionEvent) -> None:
+    if event.code == EVENT_JOB_MISSED:
+        log.warning("job %s: the run due at %s was missed by more than SQA_MISFIRE_GRACE_S; run it by hand with "
+                    "POST /admin/schedule/%s/run", event.job_id, event.scheduled_run_time, event.job_id)
+    elif event.code == EVENT_JOB_ERROR:
+        log.error("job %s (due %s) failed: %s", event.job_id, event.scheduled_run_time, event.exception)
+
+
+def build_scheduler(settings: Settings, *, scheduler_cls: type[BaseScheduler] = BlockingScheduler) -> BaseScheduler:
+    """A scheduler (not started) holding the monthly ingest and the quarterly evaluation.
+
+    A job already in the store with the same function and trigger keeps its stored next run time:
+    `replace_existing=True` alone would recompute it from now, and so silently drop a run missed
+    while the worker was down, whatever the misfire grace. A changed cron replaces the job. A job
+    paused in the store stays paused.
+    """
+    settings.ensure_dirs()
+    scheduler = scheduler_cls(
+        jobstores={"default": _job_store(settings)}, timezone=utc,
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": settings.misfire_grace_s})
+    specs = job_specs(settings)
+    triggers = {spec.id: _trigger(spec) for spec in specs}  # bad crons fail before anything is stored
+    stored = _stored(settings, [spec.id for spec in specs])
+    for spec in specs:
+        trigger, old = triggers[spec.id], stored.get(spec.id)
+        keep = {}
+        if old is not None and old.func_ref == spec.ref and repr(old.trigger) == repr(trigger):
+            keep["next_run_time"] = old.next_run_time
+        scheduler.add_job(spec.ref, trigger, id=spec.id, name=spec.name, replace_existing=True, **keep)
+    scheduler.add_listener(_log_event, EVENT_JOB_MISSED | EVENT_JOB_ERROR)
+    return scheduler
+
+
+def _iso(when: dt.datetime | None) -> str | None:
+    return when.astimezone(utc).isoformat() if when is not None else None
+
+
+def scheduled_jobs(settings: Settings) -> list[dict]:
+    """Every job in the store: id, name, trigger, next_run_time (ISO UTC; None when paused).
+
+    Reads the job store alone; no scheduler is started, so nothing runs. Empty until a worker has
+    started once.
+    """
+    def read(store: SQLAlchemyJobStore) -> list[dict]:
+        return [{"id": j.id, "name": j.name, "trigger": str(j.trigger), "next_run_time": _iso(j.next_run_time)}
+                for j in store.get_all_jobs()]
+
+    return _read_store(settings, read, [])  # type: ignore[return-value]
+
+
+def job_function(job_id: str) -> Callable[..., dict]:
+    fn = jobs.JOBS.get(job_id)
+    if fn is None:
+        raise NotFoundError(f"no scheduled job {job_id!r}; valid ids: {', '.join(jobs.JOBS)}")
+    return fn
+
+
+def trigger_now(job_id: str, period: str | None = None) -> dict:
+    """Run a scheduled job's function now, in the calling thread (default period: the one just ended)."""
+    return job_function(job_id)(period)
+
+
+def run_worker(settings: Settings) -> None:
+    """Run the scheduler until SIGTERM or SIGINT.
+
+    The first signal stops scheduling and waits for a running job to finish; a second one ends the
+    process at once (the jobs are safe to kill: ingest resumes from its checkpoints, and the job
+    row is marked interrupted and runs again on the next trigger). A background scheduler with the
+    main thread waiting keeps the signal handler trivial: it only sets an event.
+    """
+    from app.runtime import open_database
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    open_database(settings).close()  # migrations first: the jobs table exists before any run
+    scheduler = build_scheduler(settings, scheduler_cls=WorkerScheduler)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("%s received: stopping once the running job (if any) ends; send it again to stop at once",
+                 signal.Signals(signum).name)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        scheduler.start()
+        for job in scheduler.get_jobs():
+            log.info("scheduled %s (%s): next run %s", job.id, job.trigger, _iso(job.next_run_time) or "paused")
+        log.info("worker running (database %s); stop with SIGTERM or Ctrl-C", settings.db_url.split("@")[-1])
+        stop.wait()
+    finally:
+        if scheduler.running:
+            scheduler.shutdown(wait=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("worker stopped")
