@@ -359,9 +359,7 @@ def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for 
     """Write an evaluation run's HTML report, plots and JSON summary (recomputed from stored results)."""
     from app.db.tables import EvalRun
     from app.runtime import open_database
-    from evaluation.report import write_report
-    from evaluation.temporal import TemporalGrid, jsonable
-    from workers.evaluate import run_rows
+    from workers.evaluate import render_report
 
     db = open_database(_settings())
     try:
@@ -369,12 +367,10 @@ def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for 
             run = session.get(EvalRun, run_id)
             if run is None:
                 fail(f"no evaluation run with id {run_id}")
-            rows = run_rows(session, run_id)
             title = f"Evaluation run {run_id} ({run.kind})"
+        _, files = render_report(db.sessions, run_id, out, title)
     finally:
         db.close()
-    grid = TemporalGrid.from_results(rows)
-    files = write_report(out, title=title, summary=jsonable(grid.summary()), grid=grid, by_quarter=None)
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
 

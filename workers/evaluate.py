@@ -168,15 +168,20 @@ def run_rows(session: Session, run_id: int) -> list[dict]:
     return out
 
 
-def summarise_run(sf: sessionmaker[Session], run_id: int, reports_dir: Path, title: str) -> dict:
-    """Grid scores, lag tables, DS/AS and the report files; stored on the run."""
+def render_report(sf: sessionmaker[Session], run_id: int, out: Path, title: str) -> tuple[dict, dict[str, Path]]:
+    """Grid scores, lag tables, DS/AS from the stored results, and the report files in `out`."""
     with sf() as session:
         rows = run_rows(session, run_id)
     grid = TemporalGrid.from_results(rows)
     summary = jsonable(grid.summary())
     summary["counts"] = {"results": len(rows), "answered_by_reader": sum("f1" in r["metrics"] for r in rows)}
+    return summary, write_report(out, title=title, summary=summary, grid=grid, by_quarter=None)
+
+
+def summarise_run(sf: sessionmaker[Session], run_id: int, reports_dir: Path, title: str) -> dict:
+    """Render the run's report under reports_dir and store its summary on the run."""
     out = reports_dir / f"run-{run_id}"
-    files = write_report(out, title=title, summary=summary, grid=grid, by_quarter=None)
+    summary, files = render_report(sf, run_id, out, title)
     with sf() as session, session.begin():
         run = session.get(EvalRun, run_id)
         run.summary, run.report_dir = summary, str(out)
@@ -219,9 +224,19 @@ def evaluate_current(sf: sessionmaker[Session], service: AnswerService, quarter:
               "encoder": snap.manifest.encoder, "top_k": cfg.top_k, "reader_passages": cfg.reader_passages,
               "max_questions": cfg.max_questions}
     run_id = find_or_create_run(sf, "quarterly", params, job_id)
+    return complete_run(sf, service, run_id, {quarter: {state_q: snap}}, cfg, reports_dir,
+                        f"Quarterly evaluation {quarter}", progress=progress)
+
+
+def complete_run(sf: sessionmaker[Session], service: AnswerService, run_id: int,
+                 work: dict[str, dict[str, LoadedSnapshot]], cfg: EvalConfig, reports_dir: Path, title: str, *,
+                 progress=None) -> int:
+    """Answer every test quarter under its states ({test quarter: {state quarter: snapshot}}),
+    summarise, render the report and close the run (failed, with the error, if anything raises)."""
     try:
-        evaluate_states(sf, service, run_id, quarter, {state_q: snap}, cfg, progress=progress)
-        summarise_run(sf, run_id, reports_dir, f"Quarterly evaluation {quarter}")
+        for test_quarter, states in work.items():
+            evaluate_states(sf, service, run_id, test_quarter, states, cfg, progress=progress)
+        summarise_run(sf, run_id, reports_dir, title)
     except BaseException as exc:
         finish_run(sf, run_id, str(exc) or type(exc).__name__)
         raise

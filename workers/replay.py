@@ -26,7 +26,7 @@ from app.services.index_state import LoadedSnapshot, latest_snapshot_row
 from evaluation.temporal import quarter_bounds, quarter_of, quarter_range
 from indexer.dates import parse_month
 from indexer.snapshot import Manifest, read_manifest, write_manifest
-from workers.evaluate import EvalConfig, evaluate_states, find_or_create_run, finish_run, summarise_run
+from workers.evaluate import EvalConfig, complete_run, find_or_create_run
 from workers.ingest import IngestConfig, ingest, plans_for
 
 log = logging.getLogger(__name__)
@@ -101,12 +101,5 @@ def run_replay(sf: sessionmaker[Session], service: AnswerService, ingest_cfg: In
               "max_questions": cfg.max_questions, "seed": cfg.seed,
               "states": {q: s.snapshot_id for q, s in states.items()}}
     run_id = find_or_create_run(sf, "replay", params, job_id)
-    try:
-        for t in plan.test_quarters:
-            evaluate_states(sf, service, run_id, t, states, cfg, progress=progress)
-        summarise_run(sf, run_id, reports_dir, f"Replay {plan.first_month}..{plan.last_month}")
-    except BaseException as exc:
-        finish_run(sf, run_id, str(exc) or type(exc).__name__)
-        raise
-    finish_run(sf, run_id)
-    return run_id
+    return complete_run(sf, service, run_id, {t: states for t in plan.test_quarters}, cfg, reports_dir,
+                        f"Replay {plan.first_month}..{plan.last_month}", progress=progress)

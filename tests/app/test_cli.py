@@ -73,3 +73,27 @@ def test_cli_ingest_then_ask_prints_dated_passages(sqa, sample_root):
     assert answer.exit_code == 0, answer.output
     assert "Q (2024-01-31)" in answer.output and "[1] 2024-01" in answer.output
     assert "2024-02-" not in answer.output and "2024-03-" not in answer.output
+
+
+def test_cli_evaluate_then_report(sqa, sample_root, tmp_path):
+    assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
+    assert sqa("ingest", "--through", "2024-03").exit_code == 0
+    r = sqa("evaluate", "--quarter", "2024Q1")
+    assert r.exit_code == 0, r.output
+    assert "evaluation run 1:" in r.output and "recall" in r.output
+    out = tmp_path / "report"
+    rep = sqa("report", "1", "--out", str(out))
+    assert rep.exit_code == 0, rep.output
+    assert (out / "report.html").exists() and (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("evaluate", "--quarter", "2024Q7"), "is not a quarter"),
+    (("report", "99", "--out", "/tmp/nowhere"), "no evaluation run with id 99"),
+    (("replay", "--from", "2024-03", "--to", "2024-01"), "--from 2024-03 is after --to 2024-01"),
+    (("schedule", "--run", "weekly-party"), "weekly-party"),
+])
+def test_cli_evaluation_bad_input(sqa, args, fragment):
+    r = sqa(*args)
+    assert r.exit_code == 2, r.output
+    assert fragment in r.output
