@@ -8,9 +8,7 @@ worst, unreferenced files that a later ingest deletes.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import logging
 import os
@@ -19,7 +17,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator
 
 import numpy as np
 from sqlalchemy import delete, insert, select, update
@@ -28,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.base import utcnow
 from app.db.queries import article_months, earliest_question_day
 from app.db.tables import Article, IndexSnapshot, Job, Passage
-from app.services.errors import ConflictError, InvalidInputError, NoArticlesError
+from app.services.errors import InvalidInputError, NoArticlesError
 from app.services.index_state import latest_snapshot_row
 from indexer.chunking import chunk_texts
 from indexer.dates import EPOCH, day_number, month_end, month_key, month_start, next_month, parse_month
@@ -37,6 +34,7 @@ from indexer.ids import make_ids
 from indexer.shards import MonthShard
 from indexer.snapshot import Manifest, garbage_files, read_manifest, write_manifest, write_shard
 from models.encoders import TextEncoder
+from workers.locks import file_lock, lock_held
 from workers.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -74,28 +72,14 @@ class ShardPlan:
 
 # ---- the ingest lock and the base snapshot ---------------------------------------------------------
 
-@contextlib.contextmanager
-def ingest_lock(index_dir: Path) -> Iterator[None]:
-    """One ingest at a time per index directory (an OS lock: released if the process dies)."""
-    index_dir.mkdir(parents=True, exist_ok=True)
-    with open(index_dir / "ingest.lock", "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConflictError("another ingest is running on this index; wait for it to finish") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def ingest_lock(index_dir: Path):
+    """One ingest at a time per index directory."""
+    return file_lock(index_dir / "ingest.lock", "another ingest is running on this index; wait for it to finish")
 
 
 def ingest_lock_held(index_dir: Path) -> bool:
     """True while some process holds the ingest lock of this index directory."""
-    try:
-        with ingest_lock(index_dir):
-            return False
-    except ConflictError:
-        return True
+    return lock_held(index_dir / "ingest.lock")
 
 
 def base_manifest(session: Session, index_dir: Path, encoder: TextEncoder, *, fresh: bool = False) -> Manifest:

@@ -12,16 +12,13 @@ interrupted.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import fcntl
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -31,13 +28,15 @@ from app.db.base import utcnow
 from app.db.queries import create_job
 from app.db.tables import Article, EvalRun, Job
 from app.runtime import Database, build_encoder, ingest_config, open_database
-from app.services.errors import ConflictError, InvalidInputError, NoArticlesError
+from app.services.errors import InvalidInputError, NoArticlesError
 from indexer.dates import month_end, month_key, month_start, parse_month
 from indexer.importers import read_articles_jsonl, read_realtimeqa
 from indexer.jsonl import keep_longest
 from indexer.records import ArticleRecord, ImportReport, QuestionRecord
 from workers.imports import store_records
+from evaluation.temporal import quarter_index
 from workers.ingest import ingest
+from workers.locks import file_lock, lock_held
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,6 @@ MONTHLY_INGEST = "monthly-ingest"
 QUARTERLY_EVALUATION = "quarterly-evaluation"
 FINETUNE_UNAVAILABLE = ("reader fine-tuning is not available yet (it arrives with the reader training); "
                         "nothing was trained")
-_QUARTER = re.compile(r"^(\d{4})Q([1-4])$")
 
 
 # ---- periods ---------------------------------------------------------------------------------------
@@ -67,10 +65,12 @@ def previous_quarter(today: dt.date) -> str:
 
 def parse_quarter(value: str) -> str:
     """'2023q2 ' -> '2023Q2'; anything else is an InvalidInputError."""
-    match = _QUARTER.match(value.strip().upper()) if isinstance(value, str) else None
-    if match is None:
-        raise InvalidInputError(f"quarter {value!r} is not a quarter (use YYYYQN, for example 2023Q2)")
-    return f"{match[1]}Q{match[2]}"
+    q = value.strip().upper() if isinstance(value, str) else value
+    try:
+        quarter_index(q)
+    except ValueError:
+        raise InvalidInputError(f"quarter {value!r} is not a quarter (use YYYYQN, for example 2023Q2)") from None
+    return q
 
 
 def normalize_period(kind: str, period: str) -> str:
@@ -88,29 +88,14 @@ def _lock_path(settings: Settings, kind: str) -> Path:
     return settings.work_dir / "jobs" / f"{kind}.lock"
 
 
-@contextlib.contextmanager
-def kind_lock(settings: Settings, kind: str) -> Iterator[None]:
-    path = _lock_path(settings, kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConflictError(f"a {kind} job is already running; poll GET /admin/jobs and try again when it "
-                                "ends") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def kind_lock(settings: Settings, kind: str):
+    return file_lock(_lock_path(settings, kind),
+                     f"a {kind} job is already running; poll GET /admin/jobs and try again when it ends")
 
 
 def job_running(settings: Settings, kind: str) -> bool:
     """True while some process runs a job of this kind on this SQA_HOME."""
-    try:
-        with kind_lock(settings, kind):
-            return False
-    except ConflictError:
-        return True
+    return lock_held(_lock_path(settings, kind))
 
 
 # ---- the job row -----------------------------------------------------------------------------------
