@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from pathlib import Path
+from typing import Iterator
 
 from indexer.dates import InvalidDateError, parse_day
 from indexer.jsonl import (
@@ -175,6 +176,22 @@ def _read_search_results(
     return urls_by_question
 
 
+def _read_questions(path: Path, parse, seen: set[str], report: ImportReport) -> Iterator[QuestionRecord]:
+    """Questions of one JSONL file: each line parsed by `parse(obj, where, report)` (None: skipped);
+    an id already in `seen` is skipped and counted."""
+    for lineno, obj in iter_jsonl(path, report):
+        report.questions_read += 1
+        where = f"{path}:{lineno}"
+        question = parse(obj, where, report)
+        if question is None:
+            continue
+        if question.qid in seen:
+            report.skip("question: duplicate id", where)
+            continue
+        seen.add(question.qid)
+        yield question
+
+
 def read_realtimeqa(
     root: Path,
     *,
@@ -202,16 +219,7 @@ def read_realtimeqa(
     questions: list[QuestionRecord] = []
     seen: set[str] = set()
     for path in files["qa"]:
-        for lineno, obj in iter_jsonl(path, report):
-            report.questions_read += 1
-            where = f"{path}:{lineno}"
-            question = _realtimeqa_question(obj, where, report)
-            if question is None:
-                continue
-            if question.qid in seen:
-                report.skip("question: duplicate id", where)
-                continue
-            seen.add(question.qid)
+        for question in _read_questions(path, _realtimeqa_question, seen, report):
             key = (*_week(path), question.qid)
             question.meta["search_result_urls"] = gcs_urls.get(key, [])
             question.meta["gold_urls"] = gold_urls.get(key, [])
@@ -272,19 +280,7 @@ def read_streamingqa(
     check_window(since, until)
     report = report if report is not None else ImportReport()
     questions_path = Path(questions_path)
-    questions: list[QuestionRecord] = []
-    seen: set[str] = set()
-    for lineno, obj in iter_jsonl(questions_path, report):
-        report.questions_read += 1
-        where = f"{questions_path}:{lineno}"
-        question = _streamingqa_question(obj, where, report)
-        if question is None:
-            continue
-        if question.qid in seen:
-            report.skip("question: duplicate id", where)
-            continue
-        seen.add(question.qid)
-        questions.append(question)
+    questions = list(_read_questions(questions_path, _streamingqa_question, set(), report))
     articles: list[ArticleRecord] = []
     if articles_path is not None:
         articles, _ = read_articles_jsonl(articles_path, since=since, until=until, report=report, source="streamingqa")
