@@ -263,7 +263,8 @@ def read_manifest(path: Path, *, expected_sha256: str | None = None) -> Manifest
         raise IndexIntegrityError(f"index manifest {path} cannot be read ({exc.strerror}); {REBUILD_HINT}") from None
     if expected_sha256 is not None and _sha256(data) != expected_sha256:
         raise IndexIntegrityError(
-            f"index manifest {path} has sha256 {_sha256(data)}, the database recorded {expected_sha256}; {REBUILD_HINT}"
+            f"index manifest {path} has checksum sha256 {_sha256(data)}, the database recorded {expected_sha256}; "
+            f"{REBUILD_HINT}"
         )
     return Manifest.from_json(data, source=f"index manifest {path}")
 

@@ -7,7 +7,6 @@ Readers take `current()` once per request and keep it: a swap never disturbs a r
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -44,14 +43,6 @@ def latest_snapshot_row(session: Session) -> IndexSnapshot | None:
                            .order_by(IndexSnapshot.id.desc()).limit(1)).first()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *, encoder: str,
                       dim: int) -> LoadedSnapshot:
     """Check the manifest file against the database row, then open and verify its shards."""
@@ -59,12 +50,7 @@ def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *,
     if not path.exists():
         raise IndexIntegrityError(
             f"snapshot {row.snapshot_id}: manifest {path} recorded in the database is missing; {REBUILD_HINT}")
-    actual = sha256_file(path)
-    if actual != row.manifest_sha256:
-        raise IndexIntegrityError(
-            f"snapshot {row.snapshot_id}: manifest {path} has checksum {actual[:12]}…, the database "
-            f"recorded {row.manifest_sha256[:12]}…; {REBUILD_HINT}")
-    manifest = read_manifest(path)
+    manifest = read_manifest(path, expected_sha256=row.manifest_sha256)
     if manifest.snapshot_id != row.snapshot_id or manifest.total != row.total:
         raise IndexIntegrityError(
             f"snapshot {row.snapshot_id}: manifest says {manifest.snapshot_id} with {manifest.total} vectors, "
@@ -102,7 +88,7 @@ class IndexState:
                 row = latest_snapshot_row(session)
             if row is None or (self._current is not None and self._current.row_id == row.id):
                 return False
-            loaded = open_snapshot_row(row, self._index_dir, self._cache, encoder=self._encoder, dim=self._dim)
+            loaded = self.open(row)
             self._current = loaded  # a single reference assignment: the swap is atomic
             self._cache.retain(self._index_dir, [loaded.manifest])  # drop shards only older snapshots used
             log.info("serving index snapshot %s (%d vectors, %d shards)", loaded.snapshot_id,
