@@ -23,7 +23,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.base import utcnow
-from app.db.queries import article_months, earliest_question_day
+from app.db.queries import article_months, create_job, earliest_question_day
 from app.db.tables import Article, IndexSnapshot, Job, Passage
 from app.services.errors import InvalidInputError, NoArticlesError
 from app.services.index_state import latest_snapshot_row
@@ -35,9 +35,12 @@ from indexer.shards import MonthShard
 from indexer.snapshot import Manifest, garbage_files, read_manifest, write_manifest, write_shard
 from models.encoders import TextEncoder
 from workers.locks import file_lock, lock_held
-from workers.progress import Progress
+from workers.progress import JobProgress, Progress
 
 log = logging.getLogger(__name__)
+
+# Share of an ingest's wall time in each stage, for the job's progress fraction.
+STAGE_WEIGHTS = {"chunk": 0.05, "encode": 0.9, "commit": 0.05}
 
 
 @dataclass(frozen=True)
@@ -331,14 +334,11 @@ def run_ingest_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestC
 def ingest(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: dict, *,
            bar: bool = False) -> Job:
     """Validate params, record a job, run it here and now (the CLI's and the tests' way in)."""
-    from app.db.queries import create_job
-    from workers.progress import JobProgress
-
     with sf() as session:
         plans_for(session, params, cfg, encoder)  # bad input fails before a job row exists
     with sf() as session, session.begin():
         job_id = create_job(session, "ingest", params).id
-    progress = JobProgress(sf, job_id, bar=bar, weights={"chunk": 0.05, "encode": 0.9, "commit": 0.05})
+    progress = JobProgress(sf, job_id, bar=bar, weights=STAGE_WEIGHTS)
     try:
         return run_ingest_job(sf, encoder, cfg, job_id, progress)
     finally:

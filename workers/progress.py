@@ -61,7 +61,10 @@ class JobProgress:
 
     @property
     def fraction(self) -> float:
+        """Weighted over stages when weights are given, else the current stage's own fraction."""
         inside = self._count / self._total if self._total else 0.0
+        if not self._weights:
+            return min(1.0, inside)
         w = self._weights.get(self._stage, 0.0)
         return min(1.0, self._done_weight + w * inside)
 

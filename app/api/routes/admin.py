@@ -11,7 +11,7 @@ from app.api.schemas import IngestRequest, JobPublic, JobStarted, SnapshotPublic
 from app.db.queries import create_job
 from app.db.tables import Job
 from app.services.errors import ConflictError, NotFoundError
-from workers.ingest import check_month_request, ingest_lock_held, run_ingest_job
+from workers.ingest import STAGE_WEIGHTS, check_month_request, ingest_lock_held, run_ingest_job
 from workers.progress import JobProgress
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def start_ingest(body: IngestRequest, request: Request, session: SessionDep, db:
 
     def work(job_id: int) -> None:
         try:
-            run_ingest_job(db.sessions, encoder, cfg, job_id, JobProgress(db.sessions, job_id))
+            run_ingest_job(db.sessions, encoder, cfg, job_id, JobProgress(db.sessions, job_id, weights=STAGE_WEIGHTS))
             app.state.answers.index_state.refresh()  # serve the new snapshot now
         except Exception:
             log.exception("ingest job %d failed", job_id)
