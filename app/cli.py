@@ -244,8 +244,9 @@ def _encoder_identity(s: Settings) -> dict:
 
 # ---- evaluation -----------------------------------------------------------------------------------
 
-def _job_run(kind: str, params: dict, body) -> int:
-    """Record a job around `body(sessions, progress, job_id)`; returns what body returns."""
+def _job_run(kind: str, params: dict, body, *, result_key: str = "eval_run"):
+    """Record a job around `body(db, progress, job_id)`; returns what body returns (kept in the
+    job's counts under `result_key`, beside what body recorded there)."""
     from app.db.base import utcnow
     from app.db.queries import create_job
     from app.db.tables import Job
@@ -272,7 +273,7 @@ def _job_run(kind: str, params: dict, body) -> int:
         with db.sessions() as session, session.begin():
             job = session.get(Job, job_id)
             job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, "done", utcnow()
-            job.counts = {"eval_run": result}
+            job.counts = {**(job.counts or {}), result_key: result}
         return result
     finally:
         db.close()
@@ -375,6 +376,63 @@ def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for 
         typer.echo(f"{name}: {path}")
 
 
+# ---- trained readers ------------------------------------------------------------------------------
+
+train_cli = typer.Typer(no_args_is_help=True, help="Train models on what is dated before a cut.")
+cli.add_typer(train_cli, name="train")
+
+
+def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int, base: Optional[str], seed: int):
+    from workers.train import ReaderJobSpec
+
+    if kind not in ("fid", "extractive"):
+        fail(f"--kind {kind!r} is unknown (use fid or extractive)")
+    if base and not Path(base).is_dir():
+        fail(f"--base {base} is not a folder (a local T5/BART checkpoint is expected)")
+    return ReaderJobSpec(kind=kind, max_minutes=max_minutes, max_epochs=epochs, n_passages=n_passages,
+                         backbone="seq2seq" if base else "minilm", base=base or "", seed=seed)
+
+
+@train_cli.command("reader")
+@_guard
+def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
+                 kind: str = typer.Option("fid", help="fid | extractive"),
+                 base: Optional[str] = typer.Option(None, help="fid: a local T5/BART folder (default: warm start "
+                                                               "from the packaged MiniLM)"),
+                 max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none); the best checkpoint is kept"),
+                 epochs: int = typer.Option(3, min=1), n_passages: int = typer.Option(5, min=1, max=100),
+                 seed: int = typer.Option(0), activate: Optional[bool] = typer.Option(
+                     None, "--activate/--no-activate", help="serve it when done (default: only if none is active)")
+                 ) -> None:
+    """Train a reader version; run the same command again to resume an interrupted run."""
+    from workers.train import run_train_job
+
+    day = _day(until, "--until")
+    spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed)
+    version = _job_run("train", {"until": str(day), "kind": kind},
+                       lambda db, progress, job_id: run_train_job(_settings(), job_id, until=day, spec=spec,
+                                                                  activate=activate, progress=progress),
+                       result_key="version")
+    typer.echo(f"reader version {version} trained; `sqa models list` shows it")
+
+
+@cli.command("finetune")
+@_guard
+def finetune(month: str = typer.Option(..., help="YYYY-MM: fine-tune the active reader on this month's news"),
+             max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none)")) -> None:
+    """Continue the active reader on the month's self-labeled questions plus a replay sample of
+    older ones; the new version becomes active."""
+    from indexer.dates import parse_month
+    from workers.train import run_finetune_job
+
+    parse_month(month)
+    version = _job_run("finetune", {"month": month},
+                       lambda db, progress, job_id: run_finetune_job(_settings(), job_id, month=month,
+                                                                     progress=progress, max_minutes=max_minutes),
+                       result_key="version")
+    typer.echo(f"reader version {version} fine-tuned on {month} and activated")
+
+
 @cli.command("worker")
 @_guard
 def worker() -> None:
@@ -463,6 +521,84 @@ def jobs_show(job_id: int) -> None:
             typer.echo(json.dumps({c.name: getattr(job, c.name) for c in Job.__table__.columns}, default=str, indent=2))
     finally:
         db.close()
+
+
+# ---- models: trained reader versions ----------------------------------------------------------------
+
+models_cli = typer.Typer(no_args_is_help=True, help="Trained reader versions (the registry).")
+cli.add_typer(models_cli, name="models")
+
+
+@models_cli.command("list")
+@_guard
+def models_list() -> None:
+    """Every trained reader version, newest first; * marks the active one."""
+    from app.runtime import open_database
+    from app.services.reader_registry import list_versions
+
+    db = open_database(_settings())
+    try:
+        with db.sessions() as session:
+            rows = list_versions(session)
+            if not rows:
+                typer.echo("no trained reader versions yet: run `sqa train reader --until YYYY-MM-DD`")
+                return
+            typer.echo(f"  {'version':40s} {'kind':10s} {'state':9s} {'trained until':13s} {'month':7s} parent")
+            for r in rows:
+                typer.echo(f"{'*' if r.active else ' '} {r.version:40s} {r.kind:10s} {r.state:9s} "
+                           f"{str(r.trained_until or '-'):13s} {r.month or '-':7s} {r.parent_version or '-'}")
+    finally:
+        db.close()
+
+
+@models_cli.command("activate")
+@_guard
+def models_activate(version: str) -> None:
+    """Make a ready version the active one (servers with SQA_READER=auto switch to it)."""
+    from app.runtime import open_database
+    from app.services.reader_registry import activate_version
+
+    s = _settings()
+    db = open_database(s)
+    try:
+        with db.sessions() as session, session.begin():
+            activate_version(session, version, models_dir=s.models_dir)  # unknown / not ready: exit 2
+    finally:
+        db.close()
+    typer.echo(f"activated reader version {version}; servers with SQA_READER=auto serve it within "
+               f"SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s)")
+
+
+@cli.command("selflabel")
+@_guard
+def selflabel(month: Optional[str] = typer.Option(None, help="YYYY-MM: articles published in this month"),
+              until: Optional[str] = typer.Option(None, help="YYYY-MM-DD: articles published before this day"),
+              n: int = typer.Option(30, help="how many generated questions to print"),
+              seed: int = typer.Option(0, help="the same seed prints the same questions"),
+              max_articles: int = typer.Option(200, help="generate from this many random articles")) -> None:
+    """Print self-labeled questions generated from random stored articles, and why others were rejected."""
+    from app.runtime import open_database
+    from indexer.dates import parse_month
+    from models.selflabel import RULES, sample_from_database
+
+    if month and until:
+        fail("give at most one of --month or --until")
+    if month:
+        parse_month(month)
+    day = _day(until, "--until")
+    db = open_database(_settings(), migrate=False)  # read only: never migrates someone's database
+    try:
+        with db.sessions() as session:
+            questions, stats = sample_from_database(session, until=day, month=month, n=n, seed=seed,
+                                                    max_articles=max_articles)
+    finally:
+        db.close()
+    for q in questions:
+        typer.echo(f"{q.published} | {q.question} | {q.answer} ({q.answer_label})")
+    typer.echo(f"articles {stats.articles}, sentences {stats.sentences}, candidate entities {stats.candidates}, "
+               f"accepted {stats.accepted}")
+    for reason, count in sorted(stats.rejected.items(), key=lambda kv: -kv[1]):
+        typer.echo(f"  rejected {count:6d}  {reason}: {RULES[reason]}")
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from app.api.routes import admin, answers, evaluations, health, schedule
 from app.core.config import Settings, get_settings
-from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.runtime import build_answer_service, build_encoder, build_reader_state, ingest_config, open_database
 from app.services.errors import ServiceError
 from indexer.dates import InvalidDateError
 from indexer.errors import IndexIntegrityError
@@ -34,6 +34,17 @@ async def _poll_snapshots(app: FastAPI, every_s: float) -> None:
             log.exception("snapshot refresh failed")
 
 
+async def _poll_reader(app: FastAPI, every_s: float) -> None:
+    """Serve the reader version that another process (the CLI, a training job) activated."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            # A failed load is logged inside and the previous reader keeps serving.
+            await run_in_threadpool(app.state.answers.reader_state.refresh)
+        except Exception:  # the database could not be read; the next poll retries
+            log.exception("reader refresh failed")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -41,8 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = await run_in_threadpool(open_database, settings)
         encoder = await run_in_threadpool(build_encoder, settings)
-        reader = await run_in_threadpool(build_reader, settings)
-        service = build_answer_service(settings, db, encoder, reader)
+        reader_state = await run_in_threadpool(build_reader_state, settings, db)
+        service = build_answer_service(settings, db, encoder, reader_state)
         try:
             await run_in_threadpool(service.index_state.refresh)
         except IndexIntegrityError as exc:
@@ -51,11 +62,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
         app.state.db, app.state.answers, app.state.ingest_config = db, service, ingest_config(settings)
         poller = asyncio.create_task(_poll_snapshots(app, settings.snapshot_poll_s)) if settings.snapshot_poll_s else None
+        reader_poller = (asyncio.create_task(_poll_reader(app, settings.snapshot_poll_s))
+                         if settings.snapshot_poll_s and reader_state.follows_registry else None)
         try:
             yield
         finally:
-            if poller is not None:
-                poller.cancel()
+            for task in (poller, reader_poller):
+                if task is not None:
+                    task.cancel()
             db.close()
 
     app = FastAPI(title="Streaming QA", version="0.1.0", lifespan=lifespan,
@@ -63,6 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.ingest_guard = threading.Lock()
     app.state.ingest_thread = None
+    app.state.training_guard = threading.Lock()
+    app.state.training_thread = None
     app.include_router(health.router)
     app.include_router(answers.router)
     app.include_router(admin.router)

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.config import Settings
+from app.core.config import ReaderSpec, Settings
 from app.db.engine import make_engine, make_session_factory
 from app.db.migrate import upgrade
 from app.services.answering import AnswerLimits, AnswerService
 from app.services.index_state import IndexState
+from app.services.reader_registry import check_servable, get_version
+from app.services.reader_state import ReaderState, RegistrySource
 from models.encoders import TextEncoder, load_encoder
 from models.readers import Reader, load_reader
 from workers.ingest import IngestConfig
@@ -51,9 +54,59 @@ def build_encoder(settings: Settings) -> TextEncoder:
     return load_encoder(settings.encoder, device=settings.device)
 
 
-def build_reader(settings: Settings) -> Reader:
+FALLBACK_READER = "smollm2"  # what SQA_READER=auto serves while no trained version is active
+
+
+def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
+    """The trained reader in a version folder; `expect` ("fid"/"extractive") must match its reader.json."""
+    from models.trained import load_trained_reader, read_reader_info  # imported here: heavy, only when used
+
+    if expect is not None:
+        kind = read_reader_info(folder).get("kind")
+        if kind != expect:
+            raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
+    return load_trained_reader(folder, device=settings.device, max_passages=settings.reader_passages or None)
+
+
+def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
+    """The serving reader SQA_READER names; with "auto" a state that follows the active version.
+
+    `db` may be None only for specs that need no registry (built-in names and folders).
+    """
     configure_torch(settings)
-    return load_reader(settings.reader, device=settings.device, max_passages=settings.reader_passages)
+    spec: ReaderSpec = settings.reader_spec
+    if spec.kind == "builtin":
+        return ReaderState(load_reader(spec.value, device=settings.device, max_passages=settings.reader_passages or 3))
+    if spec.kind == "path":
+        return ReaderState(load_trained_folder(settings, Path(spec.value), expect=spec.expect))
+    if db is None:
+        raise ValueError(f"SQA_READER={settings.reader} reads the reader registry: it needs the database")
+    if spec.kind == "version":
+        with db.sessions() as session:
+            row = get_version(session, spec.value)  # NotFoundError
+            folder = check_servable(row, settings.models_dir)  # ConflictError: not ready, folder missing
+        return ReaderState(load_trained_folder(settings, folder), version=spec.value)
+    state = ReaderState(source=RegistrySource(
+        db.sessions, settings.models_dir,
+        load_version=lambda folder: load_trained_folder(settings, folder),
+        load_fallback=lambda: load_reader(FALLBACK_READER, device=settings.device,
+                                          max_passages=settings.reader_passages or 3)))
+    state.refresh()  # the active version, else the fallback; raises only if nothing can serve
+    return state
+
+
+def build_reader(settings: Settings, db: Database | None = None) -> Reader:
+    """The reader SQA_READER names, resolved now (one-shot commands; the server keeps a ReaderState).
+
+    "auto" and "version:NAME" read the registry: from `db`, or a database opened for the lookup.
+    """
+    if db is None and settings.reader_spec.kind in ("auto", "version"):
+        db = open_database(settings)
+        try:
+            return build_reader_state(settings, db).reader()
+        finally:
+            db.close()
+    return build_reader_state(settings, db).reader()
 
 
 def ingest_config(settings: Settings) -> IngestConfig:
@@ -62,7 +115,11 @@ def ingest_config(settings: Settings) -> IngestConfig:
                         checkpoint_every=settings.checkpoint_every)
 
 
-def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder, reader: Reader) -> AnswerService:
+def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
+                         reader: Reader | ReaderState | None = None) -> AnswerService:
+    """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names."""
+    if reader is None:
+        reader = build_reader_state(settings, db)
     state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
     limits = AnswerLimits(default_top_k=settings.top_k, max_top_k=settings.max_top_k,
                           reader_passages=settings.reader_passages, max_question_chars=settings.max_question_chars)

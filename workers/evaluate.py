@@ -36,7 +36,7 @@ RECENT_DAYS = 31  # evidence published within the month before the question: "re
 @dataclass(frozen=True)
 class EvalConfig:
     top_k: int = 20  # retrieval depth for recall
-    reader_passages: int = 3
+    reader_passages: int = 0  # 0: the reader's own number
     max_questions: int = 0  # questions per test quarter that the reader answers (0: all)
     seed: int = 0
 
@@ -88,7 +88,7 @@ def answer_question(service: AnswerService, snapshot: LoadedSnapshot, q: Questio
     """One question under one state: the EvalResult columns (without run and state)."""
     t0 = time.perf_counter()
     result = service.answer(q.text, q.asked, cfg.top_k, snapshot=snapshot, read=read)
-    cited = result.passages[: cfg.reader_passages]
+    cited = result.passages[: cfg.reader_passages or service.passages_for(service.reader)]
     days = days_between(q.asked, [p.published for p in cited])
     return dict(
         answer=result.answer if read else None,

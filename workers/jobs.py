@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 MONTHLY_INGEST = "monthly-ingest"
 QUARTERLY_EVALUATION = "quarterly-evaluation"
-FINETUNE_UNAVAILABLE = ("reader fine-tuning is not available yet (it arrives with the reader training); "
-                        "nothing was trained")
+NO_ACTIVE_READER = "no trained reader is active: run `sqa train reader --until YYYY-MM-DD` first"
+ON_DRIFT_UNAVAILABLE = "the on-drift policy needs the drift model, which is not built yet"
 
 
 # ---- periods ---------------------------------------------------------------------------------------
@@ -224,11 +224,41 @@ def read_news_source(source: str, first: dt.date, last: dt.date
                             "or leave it empty to index what is already imported)")
 
 
-def _finetune(policy: str) -> dict:
+def _finetune(settings: Settings, db: Database, month: str, ingested: dict | None) -> dict:
+    """Apply SQA_FINETUNE_POLICY after a month was ingested: `always` fine-tunes the active reader
+    on the month (as its own job, which activates the new version)."""
+    from app.services.reader_registry import active_version
+
+    policy = settings.finetune_policy
     if policy == "never":
         return {"policy": policy, "ran": False}
-    log.warning("SQA_FINETUNE_POLICY=%s: %s", policy, FINETUNE_UNAVAILABLE)
-    return {"policy": policy, "ran": False, "reason": FINETUNE_UNAVAILABLE}
+    if policy == "on-drift":
+        log.warning("SQA_FINETUNE_POLICY=on-drift: %s", ON_DRIFT_UNAVAILABLE)
+        return {"policy": policy, "ran": False, "reason": ON_DRIFT_UNAVAILABLE}
+    if ingested is None:
+        return {"policy": policy, "ran": False, "reason": f"no articles in {month}"}
+    with db.sessions() as session:
+        if active_version(session) is None:
+            log.warning("SQA_FINETUNE_POLICY=always: %s", NO_ACTIVE_READER)
+            return {"policy": policy, "ran": False, "reason": NO_ACTIVE_READER}
+    from workers.train import run_finetune_job
+
+    with db.sessions() as session, session.begin():
+        job = create_job(session, "finetune", {"month": month})
+        job.state, job.started_at, job.pid = "running", utcnow(), os.getpid()
+        job_id = job.id
+    try:
+        version = run_finetune_job(settings, job_id, month=month)
+    except Exception as exc:  # the month stays ingested; the failure is on the finetune job's row
+        with db.sessions() as session, session.begin():
+            job = session.get(Job, job_id)
+            job.state, job.error, job.finished_at = "failed", str(exc) or type(exc).__name__, utcnow()
+        log.error("fine-tuning on %s failed (job %d): %s", month, job_id, exc)
+        return {"policy": policy, "ran": True, "job_id": job_id, "error": str(exc)}
+    with db.sessions() as session, session.begin():
+        job = session.get(Job, job_id)
+        job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, f"version {version}", utcnow()
+    return {"policy": policy, "ran": True, "job_id": job_id, "version": version}
 
 
 def _ingest_month(settings: Settings, db: Database, run: JobRun, month: str) -> str:
@@ -259,7 +289,7 @@ def _ingest_month(settings: Settings, db: Database, run: JobRun, month: str) -> 
         except NoArticlesError:
             ingested = None
     t2 = time.perf_counter()
-    finetune = _finetune(settings.finetune_policy)
+    finetune = _finetune(settings, db, month, ingested)
     counts: dict = {"ingest": ingested, "finetune": finetune}
     if ingested is None:
         counts["note"] = "no articles"

@@ -67,3 +67,41 @@ class SnapshotPublic(BaseModel):
     shards: list[str]
     encoder: str
     newest_day: dt.date | None
+
+
+class ReaderVersionPublic(BaseModel):
+    version: str
+    kind: str
+    parent_version: str | None
+    trained_until: dt.date | None
+    month: str | None
+    state: str
+    active: bool
+    metrics: dict[str, Any]
+    job_id: int | None
+    created_at: dt.datetime
+
+
+class ServingReaderPublic(BaseModel):
+    reader: str | None = Field(description="The name of the reader answering in this process.")
+    version: str | None = Field(description="Its registry version (null: a built-in reader or a folder).")
+    follows_active: bool = Field(description="True when SQA_READER=auto: this process serves the active version.")
+    loaded_at: dt.datetime | None
+    error: str | None = Field(description="The last version that failed to load here, and why.")
+
+
+class ReaderModelsPublic(BaseModel):
+    versions: list[ReaderVersionPublic]
+    serving: ServingReaderPublic
+
+
+class ReaderActivatedPublic(BaseModel):
+    version: str
+    active: bool
+    serving: ServingReaderPublic
+    notes: list[str] = []
+
+
+class FinetuneRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    month: str = Field(description="YYYY-MM: fine-tune the active reader on this month's news.")

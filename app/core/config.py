@@ -6,12 +6,63 @@ plain values down to indexer/, models/ and evaluation/.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+@dataclass(frozen=True)
+class ReaderSpec:
+    """SQA_READER taken apart.
+
+    kind: "builtin" (a packaged reader or fake, by name: load_reader checks the name), "auto" (the
+    active registry version, else smollm2), "path" (a trained version's folder) or "version" (a
+    registered version by name). `expect` is the reader kind a "fid:"/"extractive:" path must hold.
+    """
+
+    kind: Literal["builtin", "auto", "path", "version"]
+    value: str
+    expect: str | None = None
+
+    @property
+    def follows_registry(self) -> bool:
+        return self.kind == "auto"
+
+
+_READER_PATH_PREFIXES = ("fid", "extractive", "trained")
+
+
+def parse_reader_spec(spec: str) -> ReaderSpec:
+    """'auto', 'smollm2', 'fid:/models/v1', 'version:fid-2023-03-31-1a2b3c' -> ReaderSpec.
+
+    Raises ValueError naming the setting for a malformed spec or a path that is not a folder.
+    """
+    value = (spec or "").strip()
+    if not value:
+        raise ValueError("SQA_READER is empty (use smollm2, first-entity, auto, fid:PATH, extractive:PATH, "
+                         "trained:PATH or version:NAME)")
+    if value == "auto":
+        return ReaderSpec("auto", value)
+    prefix, sep, rest = value.partition(":")
+    if not sep:
+        return ReaderSpec("builtin", value)
+    rest = rest.strip()
+    if prefix == "version":
+        if not rest:
+            raise ValueError("SQA_READER=version: needs a version name (see `sqa models list`)")
+        return ReaderSpec("version", rest)
+    if prefix in _READER_PATH_PREFIXES:
+        path = Path(rest).expanduser().resolve() if rest else None
+        if path is None or not path.is_dir():
+            raise ValueError(f"SQA_READER={value}: {rest or '(empty path)'} is not a folder (give the folder of a "
+                             "trained reader version, the one holding reader.json)")
+        return ReaderSpec("path", str(path), expect=None if prefix == "trained" else prefix)
+    raise ValueError(f"SQA_READER={value!r} is not understood (use smollm2, first-entity, auto, fid:PATH, "
+                     "extractive:PATH, trained:PATH or version:NAME)")
 
 
 class Settings(BaseSettings):
@@ -28,15 +79,18 @@ class Settings(BaseSettings):
     # sentence-transformers folder, or "hash" (a deterministic fake for tests; "hash:delay_ms=5"
     # slows it down so a test can kill an ingest half-way).
     encoder: str = "minilm"
-    # Reader backend: "smollm2" (the packaged SmolLM2-135M-Instruct GGUF) or "first-entity"
-    # (a deterministic fake that copies a capitalised phrase from the top passage).
+    # Reader backend: "smollm2" (the packaged SmolLM2-135M-Instruct GGUF), "first-entity" (a
+    # deterministic fake that copies a capitalised phrase from the top passage), "auto" (the active
+    # trained version in the registry, else smollm2; the server follows activations), a trained
+    # version's folder "fid:PATH" / "extractive:PATH" / "trained:PATH", or "version:NAME" (a
+    # registered version, whether active or not). Only "auto" follows activations.
     reader: str = "smollm2"
     device: str = "cpu"
     torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
 
     top_k: int = Field(default=5, ge=1, le=100)
     max_top_k: int = Field(default=50, ge=1, le=1000)
-    reader_passages: int = Field(default=3, ge=1, le=100)
+    reader_passages: int = Field(default=0, ge=0, le=100)  # 0: the reader's own number
     max_question_chars: int = Field(default=1000, ge=10)
     encode_batch_size: int = Field(default=64, ge=1)
     # Passages per embedding checkpoint: an interrupted ingest resumes from the last one.
@@ -63,6 +117,12 @@ class Settings(BaseSettings):
     @classmethod
     def _home_absolute(cls, v: Path) -> Path:
         return v.expanduser().resolve()
+
+    @field_validator("reader")
+    @classmethod
+    def _reader_spec(cls, v: str) -> str:
+        parse_reader_spec(v)  # refuses a malformed spec or a missing folder now, not at the first question
+        return v.strip()
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
@@ -91,8 +151,17 @@ class Settings(BaseSettings):
     def work_dir(self) -> Path:
         return self.home / "work"
 
+    @property
+    def models_dir(self) -> Path:
+        """Trained reader versions, one folder each (`reader_models.path` is relative to it)."""
+        return self.home / "models"
+
+    @property
+    def reader_spec(self) -> "ReaderSpec":
+        return parse_reader_spec(self.reader)
+
     def ensure_dirs(self) -> None:
-        for d in (self.home, self.index_dir, self.work_dir):
+        for d in (self.home, self.index_dir, self.work_dir, self.models_dir):
             d.mkdir(parents=True, exist_ok=True)
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import JSON, BigInteger, Date, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, Boolean, Date, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint, false, text)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.db.base import Base, UTCDateTime, utcnow
@@ -146,3 +147,32 @@ class EvalResult(Base):
     days: Mapped[float | None] = mapped_column(Float, nullable=True)  # median days question - cited passages
     passages: Mapped[list] = mapped_column(JSON, default=list)  # [[passage_id, "YYYY-MM-DD", score], ...]
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class ReaderModel(Base):
+    """A trained reader version: its folder under SQA_HOME/models, lineage, state and metrics.
+
+    At most one row is active (a partial unique index guards it); with SQA_READER=auto the servers
+    serve the active version. A fine-tune names the version it started from (`parent_version`) and
+    the month of news it learnt (`month`).
+    """
+
+    __tablename__ = "reader_models"
+    __table_args__ = (
+        # At most one active row, enforced by the database even against concurrent activations.
+        Index("ix_reader_models_one_active", "active", unique=True,
+              sqlite_where=text("active"), postgresql_where=text("active")),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # fid | extractive
+    path: Mapped[str] = mapped_column(String(512))  # relative to the models directory
+    parent_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    trained_until: Mapped[dt.date | None] = mapped_column(Date, nullable=True)
+    month: Mapped[str | None] = mapped_column(String(7), nullable=True)  # "YYYY-MM" for a fine-tune
+    state: Mapped[str] = mapped_column(String(16), default="ready")  # training | ready | failed
+    active: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.tables import Passage
 from app.services.errors import IndexNotReadyError, InvalidInputError
 from app.services.index_state import IndexState, LoadedSnapshot
+from app.services.reader_state import ReaderState
 from models.encoders import TextEncoder
 from models.readers import Reader, ReaderPassage, dated_question
 
@@ -87,13 +88,20 @@ def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.da
 
 
 class AnswerService:
-    def __init__(self, *, encoder: TextEncoder, reader: Reader, index_state: IndexState,
+    def __init__(self, *, encoder: TextEncoder, reader: Reader | ReaderState, index_state: IndexState,
                  session_factory: sessionmaker[Session], limits: AnswerLimits) -> None:
+        """`reader`: a Reader that serves for good, or a ReaderState that may swap readers."""
         self.retriever = DenseRetriever(encoder)
-        self.reader = reader
+        self.reader_state = reader if isinstance(reader, ReaderState) else ReaderState(reader)
         self.index_state = index_state
         self.session_factory = session_factory
         self.limits = limits
+
+    def passages_for(self, reader: Reader) -> int:
+        """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
+        config, SmolLM2's prompt budget)."""
+        return (self.limits.reader_passages or getattr(reader, "n_passages", None)
+                or getattr(reader, "max_passages", None) or 3)
 
     def validate(self, question: str, top_k: int | None) -> tuple[str, int]:
         text = (question or "").strip()
@@ -107,6 +115,11 @@ class AnswerService:
             raise InvalidInputError(f"top_k {k} is out of range (1..{self.limits.max_top_k})")
         return text, k
 
+    @property
+    def reader(self) -> Reader:
+        """The reader serving now; a request takes it once (a swap may replace it at any moment)."""
+        return self.reader_state.reader()
+
     def answer(self, question: str, as_of: dt.date | None = None, top_k: int | None = None, *,
                snapshot: LoadedSnapshot | None = None, read: bool = True) -> AnswerResult:
         """Answer from the serving snapshot (or the one given, as evaluation does).
@@ -116,7 +129,8 @@ class AnswerService:
         t0 = time.perf_counter()
         text, k = self.validate(question, top_k)
         as_of = as_of or dt.datetime.now(dt.timezone.utc).date()
-        # Held for the whole request: a swap does not disturb it.
+        # Held for the whole request: a swap does not disturb them.
+        reader = self.reader
         snapshot = snapshot if snapshot is not None else self.index_state.current()
         if snapshot is None:
             raise IndexNotReadyError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
@@ -125,9 +139,10 @@ class AnswerService:
         if newest is not None and as_of > newest:
             notes.append(f"as_of {as_of} is after the newest indexed article ({newest}); "
                          "answered from what is indexed")
+        n_read = self.passages_for(reader)
         t1 = time.perf_counter()
-        with self.session_factory() as session:
-            passages = self.retriever.retrieve(session, snapshot, text, as_of, k)
+        with self.session_factory() as session:  # the reader may read deeper than top_k: show what it read
+            passages = self.retriever.retrieve(session, snapshot, text, as_of, max(k, n_read) if read else k)
         t2 = time.perf_counter()
         if not passages:
             notes.append(f"no indexed passage was published on or before {as_of}")
@@ -136,11 +151,11 @@ class AnswerService:
             answer_text = ""
         else:
             reader_input = [ReaderPassage(p.title, p.text, p.published)
-                            for p in passages[: self.limits.reader_passages]]
-            answer_text = self.reader.generate(text, as_of, reader_input).text
+                            for p in passages[:n_read]]
+            answer_text = reader.generate(text, as_of, reader_input).text
         t3 = time.perf_counter()
         versions = {"index_snapshot": snapshot.snapshot_id, "encoder": snapshot.manifest.encoder,
-                    "reader": self.reader.name}
+                    "reader": reader.name}
         timings = {"retrieve": round((t2 - t1) * 1000, 2), "read": round((t3 - t2) * 1000, 2),
                    "total": round((t3 - t0) * 1000, 2)}
         return AnswerResult(answer_text, as_of, passages, versions, timings, notes)

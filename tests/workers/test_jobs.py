@@ -17,7 +17,7 @@ from app.db.tables import Article, EvalRun, IndexSnapshot, Job
 from app.runtime import open_database
 from app.services.errors import InvalidInputError
 from workers.jobs import (
-    FINETUNE_UNAVAILABLE,
+    NO_ACTIVE_READER,
     monthly_ingest,
     previous_month,
     previous_quarter,
@@ -117,7 +117,7 @@ def test_monthly_ingest_reads_an_inbox_folder(use_env, tmp_path):
     assert result["counts"]["import"]["articles"]["inserted"] == 2
     assert result["counts"]["import"]["out_of_range"] == 1  # the June article waits for June
     assert result["counts"]["ingest"]["articles"] == 2 and result["counts"]["ingest"]["passages"] > 0
-    assert result["counts"]["finetune"] == {"policy": "always", "ran": False, "reason": FINETUNE_UNAVAILABLE}
+    assert result["counts"]["finetune"] == {"policy": "always", "ran": False, "reason": NO_ACTIVE_READER}
     assert {a.url for a in rows(settings, Article)} == {"id:inbox-1", "id:inbox-2"}
 
 

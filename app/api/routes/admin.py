@@ -6,11 +6,16 @@ import threading
 from fastapi import APIRouter, Request, status
 from sqlalchemy import select
 
-from app.api.deps import AdminDep, DatabaseDep, SessionDep
-from app.api.schemas import IngestRequest, JobPublic, JobStarted, SnapshotPublic
+from app.api.deps import AdminDep, DatabaseDep, SessionDep, SettingsDep
+from app.api.schemas import (FinetuneRequest, IngestRequest, JobPublic, JobStarted, ReaderActivatedPublic,
+                             ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic, SnapshotPublic)
+from app.db.base import utcnow
 from app.db.queries import create_job
 from app.db.tables import Job
-from app.services.errors import ConflictError, NotFoundError
+from app.services.errors import ConflictError, InvalidInputError, NotFoundError
+from app.services.reader_registry import (READER_TRAINING_LOCK, activate_version, active_version, check_servable,
+                                          get_version, list_versions)
+from indexer.dates import month_key, parse_month
 from workers.ingest import STAGE_WEIGHTS, check_month_request, ingest_lock_held, run_ingest_job
 from workers.progress import JobProgress
 
@@ -72,3 +77,102 @@ def get_index(request: Request) -> SnapshotPublic:
     return SnapshotPublic(snapshot_id=snap.snapshot_id, vectors=snap.index.ntotal,
                           shards=[e.key for e in snap.manifest.shards], encoder=snap.manifest.encoder,
                           newest_day=snap.newest_day)
+
+
+# ---- trained reader versions ---------------------------------------------------------------------
+
+def _serving(request: Request) -> ServingReaderPublic:
+    return ServingReaderPublic(**request.app.state.answers.reader_state.describe())
+
+
+@router.get("/models", response_model=ReaderModelsPublic)
+def list_models(request: Request, session: SessionDep) -> ReaderModelsPublic:
+    """Every trained reader version (newest first) and the reader serving in this process."""
+    versions = [ReaderVersionPublic.model_validate(r, from_attributes=True) for r in list_versions(session)]
+    return ReaderModelsPublic(versions=versions, serving=_serving(request))
+
+
+@router.post("/models/{version}/activate", response_model=ReaderActivatedPublic)
+def activate_model(version: str, request: Request, session: SessionDep, settings: SettingsDep) -> ReaderActivatedPublic:
+    """Make a ready version the active one; this process serves it at once, others within a poll."""
+    state = request.app.state.answers.reader_state
+    folder = check_servable(get_version(session, version), settings.models_dir)  # 404, 409
+    notes: list[str] = []
+    serving = state.current()
+    preload = state.follows_registry and (serving is None or serving.version != version)
+    if preload:
+        # Load before activating: a version that cannot load here never becomes the active one.
+        try:
+            state.preload(version, folder)
+        except Exception as exc:
+            log.exception("reader version %s failed to load", version)
+            raise ConflictError(f"reader version {version} could not be loaded ({type(exc).__name__}: {exc}); "
+                                "the active version is unchanged") from None
+    try:
+        activate_version(session, version, models_dir=settings.models_dir)
+        session.commit()
+    except BaseException:
+        state.discard_preloaded()
+        raise
+    if state.follows_registry:
+        state.refresh()
+    else:
+        notes.append(f"this process serves a fixed reader (SQA_READER={settings.reader}); "
+                     "servers with SQA_READER=auto serve the active version")
+    return ReaderActivatedPublic(version=version, active=True, serving=_serving(request), notes=notes)
+
+
+def _finish_job(sessions, job_id: int, *, error: str | None, version: str | None = None) -> None:
+    """Close a job row the training left open (it normally records its own end)."""
+    with sessions() as session, session.begin():
+        job = session.get(Job, job_id)
+        if job is None or job.state in ("succeeded", "failed", "interrupted"):
+            return
+        job.finished_at = utcnow()
+        if error is None:
+            job.state, job.progress, job.error = "succeeded", 1.0, None
+            job.message = f"new reader version {version}"
+            job.counts = {**(job.counts or {}), "version": version}
+        else:
+            job.state, job.error = "failed", error
+
+
+@router.post("/finetune", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
+def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep, settings: SettingsDep,
+                   db: DatabaseDep) -> JobStarted:
+    """Fine-tune the active trained reader on a month's news in the background; poll the returned job."""
+    from workers.jobs import job_running
+
+    month = month_key(parse_month(body.month))  # InvalidDateError: 422
+    parent = active_version(session)
+    if parent is None:
+        raise InvalidInputError("no trained reader to fine-tune: run `sqa train reader --until YYYY-MM-DD` first")
+    app = request.app
+
+    def work(job_id: int) -> None:
+        try:
+            from workers.train import run_finetune_job
+
+            version = run_finetune_job(settings, job_id, month=month)
+        except Exception as exc:
+            log.exception("finetune job %d failed", job_id)
+            _finish_job(db.sessions, job_id, error=str(exc) or type(exc).__name__)
+            return
+        _finish_job(db.sessions, job_id, error=None, version=version)
+        try:
+            app.state.answers.reader_state.refresh()  # serve the new version now if it was activated
+        except Exception:
+            log.exception("reader refresh after finetune job %d failed", job_id)
+
+    with app.state.training_guard:
+        thread = app.state.training_thread
+        if (thread is not None and thread.is_alive()) or job_running(settings, READER_TRAINING_LOCK):
+            raise ConflictError("a reader training or fine-tune is already running; poll GET /admin/jobs and try "
+                                "again when it ends")
+        job = create_job(session, "finetune", {"month": month, "parent_version": parent.version})
+        session.commit()
+        job_id = job.id
+        app.state.training_thread = threading.Thread(target=lambda: work(job_id), name=f"finetune-{job_id}",
+                                                     daemon=True)
+        app.state.training_thread.start()
+    return JobStarted(job_id=job_id, state="queued", status_url=f"/admin/jobs/{job_id}")

@@ -1,0 +1,144 @@
+"""The registry of trained reader versions (`reader_models` rows) and which one is active.
+
+A version is a folder under the models directory (SQA_HOME/models/<version>) plus a row naming
+its kind, lineage (parent version, data cut-off, fine-tune month), state and metrics. At most one
+row is active; servers with SQA_READER=auto serve it (app/services/reader_state.py).
+
+Functions take a session and flush; the caller commits (so an activation and whatever goes with
+it are one transaction).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+import secrets
+from pathlib import Path
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.db.tables import ReaderModel
+from app.services.errors import ConflictError, NotFoundError
+
+KINDS = ("fid", "extractive")
+STATES = ("training", "ready", "failed")
+# One reader training or fine-tune at a time per SQA_HOME: the file lock
+# workers.jobs.kind_lock(settings, READER_TRAINING_LOCK), held by whoever runs the training.
+READER_TRAINING_LOCK = "reader-training"
+
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_VERSION_MAX = 64  # reader_models.version is String(64)
+
+
+def new_version_name(kind: str, label: str) -> str:
+    """A fresh, unique-enough version name: new_version_name("fid", "2023-03-31") -> "fid-2023-03-31-1a2b3c".
+
+    Args:
+        kind: "fid" or "extractive".
+        label: what the version is (a data cut-off day, "ft-2023-04"); letters, digits, ".", "_", "-".
+    Returns:
+        "<kind>-<label>-<6 hex>", at most 64 characters.
+    """
+    _check_kind(kind)
+    if not _LABEL.match(label or ""):
+        raise ValueError(f"version label {label!r} must be letters, digits, '.', '_' or '-'")
+    name = f"{kind}-{label}-{secrets.token_hex(3)}"
+    if len(name) > _VERSION_MAX:
+        raise ValueError(f"version name {name!r} is longer than {_VERSION_MAX} characters: shorten the label")
+    return name
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"reader kind {kind!r} is unknown (use {' or '.join(KINDS)})")
+
+
+def version_dir(row: ReaderModel, models_dir: Path) -> Path:
+    """The version's folder (row.path is relative to the models directory)."""
+    return models_dir / row.path
+
+
+def register_version(session: Session, *, version: str, kind: str, path: str | Path,
+                     parent_version: str | None = None, trained_until: dt.date | None = None,
+                     month: str | None = None, metrics: dict | None = None, job_id: int | None = None,
+                     state: str = "ready", activate: bool = False, models_dir: Path | None = None) -> ReaderModel:
+    """Record a trained version; optionally make it the active one in the same transaction.
+
+    Args:
+        path: the version folder, relative to the models directory (an absolute path inside
+            `models_dir` is stored relative to it).
+        state: "ready" once the folder is complete; "training" or "failed" otherwise.
+        activate: also activate it (needs `models_dir`, to check the folder exists).
+    Raises:
+        ConflictError if the version name is taken; ValueError for a bad kind or state.
+    """
+    _check_kind(kind)
+    if state not in STATES:
+        raise ValueError(f"reader version state {state!r} is unknown (use {', '.join(STATES)})")
+    if not version or len(version) > _VERSION_MAX:
+        raise ValueError(f"version name {version!r} must be 1..{_VERSION_MAX} characters")
+    if session.scalar(select(ReaderModel.id).where(ReaderModel.version == version)) is not None:
+        raise ConflictError(f"reader version {version} is already registered")
+    p = Path(path)
+    if p.is_absolute() and models_dir is not None and p.is_relative_to(models_dir):
+        p = p.relative_to(models_dir)
+    row = ReaderModel(version=version, kind=kind, path=p.as_posix(), parent_version=parent_version,
+                      trained_until=trained_until, month=month, state=state, active=False,
+                      metrics=dict(metrics or {}), job_id=job_id)
+    session.add(row)
+    session.flush()
+    if activate:
+        if models_dir is None:
+            raise ValueError("register_version(activate=True) needs models_dir to check the version's folder")
+        return activate_version(session, version, models_dir=models_dir)
+    return row
+
+
+def list_versions(session: Session) -> list[ReaderModel]:
+    """Every version, newest first."""
+    return list(session.scalars(select(ReaderModel).order_by(ReaderModel.id.desc())))
+
+
+def get_version(session: Session, version: str) -> ReaderModel:
+    row = session.scalar(select(ReaderModel).where(ReaderModel.version == version))
+    if row is None:
+        raise NotFoundError(f"no reader version {version!r} (see `sqa models list` or GET /admin/models)")
+    return row
+
+
+def active_version(session: Session) -> ReaderModel | None:
+    return session.scalar(select(ReaderModel).where(ReaderModel.active.is_(True)))
+
+
+def check_servable(row: ReaderModel, models_dir: Path) -> Path:
+    """The version's folder if it can serve; ConflictError saying why not otherwise."""
+    if row.state != "ready":
+        raise ConflictError(f"reader version {row.version} is {row.state}, not ready: only a ready version "
+                            "can be activated")
+    folder = version_dir(row, models_dir)
+    if not folder.is_dir():
+        raise ConflictError(f"reader version {row.version}: its folder {folder} is missing; restore it or "
+                            "activate another version")
+    return folder
+
+
+def activate_version(session: Session, version: str, *, models_dir: Path) -> ReaderModel:
+    """Make `version` the only active version (flushes; commit to publish it).
+
+    Raises:
+        NotFoundError for an unknown version; ConflictError if it is not ready or its folder is missing.
+    """
+    row = get_version(session, version)
+    check_servable(row, models_dir)
+    # Serialise concurrent activations on PostgreSQL (SQLite has one writer anyway); the partial
+    # unique index would refuse a second active row regardless.
+    session.execute(select(ReaderModel.id).with_for_update())
+    session.execute(update(ReaderModel).where(ReaderModel.active.is_(True), ReaderModel.id != row.id)
+                    .values(active=False).execution_options(synchronize_session="fetch"))
+    row.active = True
+    session.flush()
+    return row
+
+
+# The brief's name; `activate_version` reads better at call sites that also hold an `activate` flag.
+activate = activate_version

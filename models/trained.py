@@ -1,0 +1,61 @@
+"""A trained reader version on disk: its weights, its model config and `reader.json` in one folder.
+
+`reader.json` says which kind of reader the folder holds ("fid" or "extractive") and how it was
+made (version, parent, cut-off date, data counts, validation scores); the model's own config file
+beside the weights decides its architecture on reload.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from models.readers import Reader
+
+INFO_FILE = "reader.json"
+KINDS = ("fid", "extractive")
+
+
+def read_reader_info(path: Path | str) -> dict:
+    path = Path(path)
+    info_file = path / INFO_FILE
+    if not info_file.exists():
+        raise FileNotFoundError(f"{path} is not a trained reader folder ({INFO_FILE} is missing)")
+    info = json.loads(info_file.read_text())
+    if info.get("kind") not in KINDS:
+        raise ValueError(f"{info_file}: kind {info.get('kind')!r} is unknown (expected one of {KINDS})")
+    return info
+
+
+def write_reader_info(path: Path | str, info: dict) -> None:
+    if info.get("kind") not in KINDS:
+        raise ValueError(f"kind {info.get('kind')!r} is unknown (expected one of {KINDS})")
+    path = Path(path)
+    tmp = path / (INFO_FILE + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2, default=str))
+    tmp.replace(path / INFO_FILE)
+
+
+def load_trained_model(path: Path | str, *, device: str = "cpu"):
+    """The network of a trained reader folder (FiDModel or SpanModel), for training to continue."""
+    info = read_reader_info(path)
+    if info["kind"] == "fid":
+        from models.fid import FiDModel
+
+        return FiDModel.load(path, device=device)
+    from models.extractive import SpanModel
+
+    return SpanModel.load(path, device=device)
+
+
+def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: int | None = None) -> Reader:
+    """A `Reader` over a trained folder, named "<kind>:<version>" so answers say what read them."""
+    info = read_reader_info(path)
+    model = load_trained_model(path, device=device)
+    name = f"{info['kind']}:{info.get('version') or Path(path).name}"
+    if info["kind"] == "fid":
+        from models.fid import FiDReader
+
+        return FiDReader(model, name=name, n_passages=max_passages)
+    from models.extractive import ExtractiveReader
+
+    return ExtractiveReader(model, name=name, n_passages=max_passages)

@@ -1,0 +1,235 @@
+"""Training loop shared by both trained readers (FiD and the extractive span reader).
+
+Plain PyTorch: AdamW with linear warm-up and decay, gradient clipping, validation by EM/F1 every
+`eval_every` steps, early stopping on validation F1, a wall-clock budget, and checkpoints that
+resume exactly (model, optimiser, scheduler, step, data order, best score).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from evaluation.metrics import exact_match, token_f1
+from models.readers import ReaderPassage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainExample:
+    qid: str
+    question: str
+    as_of: dt.date
+    answers: tuple[str, ...]
+    passages: tuple[ReaderPassage, ...]  # retrieval order, gold-containing passage ensured
+    source: str = "gold"  # "gold" | "self" (self-labeled)
+
+    def to_json(self) -> dict:
+        return {"qid": self.qid, "question": self.question, "as_of": self.as_of.isoformat(),
+                "answers": list(self.answers), "source": self.source,
+                "passages": [{"title": p.title, "text": p.text, "published": p.published.isoformat()}
+                             for p in self.passages]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainExample":
+        return cls(d["qid"], d["question"], dt.date.fromisoformat(d["as_of"]), tuple(d["answers"]),
+                   tuple(ReaderPassage(p["title"], p["text"], dt.date.fromisoformat(p["published"]))
+                         for p in d["passages"]), d.get("source", "gold"))
+
+
+def save_examples(path: Path, examples: Sequence[TrainExample]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for ex in examples:
+            f.write(json.dumps(ex.to_json()) + "\n")
+    tmp.replace(path)
+
+
+def load_examples(path: Path) -> list[TrainExample]:
+    with path.open() as f:
+        return [TrainExample.from_json(json.loads(line)) for line in f if line.strip()]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 1e-4
+    batch_size: int = 2  # questions per step (each with n_passages passages)
+    max_epochs: int = 3
+    warmup_steps: int = 50
+    eval_every: int = 200  # steps
+    patience: int = 3  # evaluations without a better validation F1 before stopping
+    max_minutes: float = 0.0  # wall-clock budget for this run (0: none)
+    grad_clip: float = 1.0
+    seed: int = 0
+    n_passages: int = 0  # passages per question in training (0: the model's own setting)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    epochs_done: float
+    best_step: int
+    best: dict  # validation metrics of the best checkpoint
+    history: list[dict] = field(default_factory=list)
+    stopped: str = ""  # "early stopping" | "budget" | "epochs"
+    seconds: float = 0.0
+
+
+Progress = Callable[[float, str], None]
+
+
+def score_predictions(predictions: Sequence[str], examples: Sequence[TrainExample]) -> dict:
+    n = len(examples)
+    if n == 0:
+        return {"n": 0, "em": 0.0, "f1": 0.0}
+    em = sum(exact_match(p, list(ex.answers)) for p, ex in zip(predictions, examples)) / n
+    f1 = sum(token_f1(p, list(ex.answers)) for p, ex in zip(predictions, examples)) / n
+    return {"n": n, "em": round(100 * em, 2), "f1": round(100 * f1, 2)}
+
+
+class ReaderTrainer:
+    """Trains a FiDModel or a SpanModel; `kind` picks how a batch becomes a loss or predictions."""
+
+    def __init__(self, model, kind: str, cfg: TrainConfig, out_dir: Path) -> None:
+        if kind not in ("fid", "extractive"):
+            raise ValueError(f"kind {kind!r} is unknown")
+        self.model, self.kind, self.cfg, self.out_dir = model, kind, cfg, Path(out_dir)
+        self.n = cfg.n_passages or model.config.n_passages
+
+    # ---- the two kinds ------------------------------------------------------------------
+    def _items(self, batch: Sequence[TrainExample]):
+        return [(ex.question, ex.as_of, ex.passages[: self.n]) for ex in batch]
+
+    def batch_loss(self, batch: Sequence[TrainExample]) -> torch.Tensor | None:
+        if self.kind == "fid":
+            ids, mask = self.model.encode_inputs(self._items(batch), self.n)
+            labels = self.model.encode_answers([ex.answers[0] for ex in batch])
+            return self.model.loss(ids, mask, labels)
+        span = self.model.encode_inputs(self._items(batch), self.n)
+        return self.model.loss(span, [ex.answers for ex in batch])
+
+    def predict(self, examples: Sequence[TrainExample], batch_size: int = 8) -> list[str]:
+        self.model.eval()
+        out: list[str] = []
+        for i in range(0, len(examples), batch_size):
+            items = self._items(examples[i:i + batch_size])
+            if self.kind == "fid":
+                out.extend(self.model.generate(items, self.n))
+            else:
+                out.extend(t for t, _ in self.model.extract(items, self.n))
+        return out
+
+    def evaluate(self, examples: Sequence[TrainExample]) -> dict:
+        return score_predictions(self.predict(examples), examples)
+
+    # ---- checkpoints --------------------------------------------------------------------
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / "checkpoint"
+
+    @property
+    def best_dir(self) -> Path:
+        return self.out_dir / "best"
+
+    def _save_checkpoint(self, opt, sched, state: dict) -> None:
+        tmp = self.out_dir / "checkpoint.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save(tmp / "model")
+        torch.save({"opt": opt.state_dict(), "sched": sched.state_dict(), **state}, tmp / "state.pt")
+        shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+        tmp.replace(self.ckpt_dir)
+
+    def _save_best(self) -> None:
+        tmp = self.out_dir / "best.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save(tmp)
+        shutil.rmtree(self.best_dir, ignore_errors=True)
+        tmp.replace(self.best_dir)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def train(self, train: Sequence[TrainExample], val: Sequence[TrainExample],
+              progress: Progress | None = None) -> TrainResult:
+        """Train to the end (epochs, early stopping or budget); resumes from `checkpoint/` when
+        one exists. The best model by validation F1 is left in `best/`."""
+        cfg = self.cfg
+        if not train:
+            raise ValueError("no training examples")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+        total = steps_per_epoch * cfg.max_epochs
+        opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
+                                weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - s / max(1, total)))
+        state = {"step": 0, "best_f1": -1.0, "best_step": 0, "best": {}, "bad_evals": 0, "history": [],
+                 "seconds": 0.0}
+        if (self.ckpt_dir / "state.pt").exists():
+            saved = torch.load(self.ckpt_dir / "state.pt", map_location="cpu", weights_only=False)
+            reloaded = type(self.model).load(self.ckpt_dir / "model", device=str(self.model.device))
+            self.model.load_state_dict(reloaded.state_dict())
+            opt.load_state_dict(saved.pop("opt"))
+            sched.load_state_dict(saved.pop("sched"))
+            state.update(saved)
+            log.info("resuming from step %d", state["step"])
+        t0 = time.monotonic() - state["seconds"]
+        stopped = "epochs"
+        while state["step"] < total:
+            epoch, offset = divmod(state["step"], steps_per_epoch)
+            order = list(range(len(train)))
+            random.Random(cfg.seed + epoch).shuffle(order)
+            self.model.train()
+            for s in range(offset, steps_per_epoch):
+                batch = [train[i] for i in order[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
+                loss = self.batch_loss(batch)
+                if loss is not None:
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                    opt.step()
+                opt.zero_grad(set_to_none=True)
+                sched.step()
+                state["step"] += 1
+                step = state["step"]
+                if progress and step % 10 == 0:
+                    progress(step / total, f"step {step}/{total} loss {loss.item() if loss is not None else 0:.3f}")
+                over_budget = cfg.max_minutes and time.monotonic() - t0 > cfg.max_minutes * 60
+                if step % cfg.eval_every == 0 or step == total or over_budget:
+                    metrics = self.evaluate(val) if val else {"n": 0, "em": 0.0, "f1": 0.0}
+                    metrics.update(step=step, loss=round(float(loss.item()) if loss is not None else 0.0, 4),
+                                   minutes=round((time.monotonic() - t0) / 60, 2))
+                    state["history"].append(metrics)
+                    log.info("eval %s", metrics)
+                    if progress:
+                        progress(step / total, f"step {step}/{total} validation EM {metrics['em']} F1 {metrics['f1']}")
+                    if metrics["f1"] > state["best_f1"] or not state["best"]:
+                        state.update(best_f1=metrics["f1"], best_step=step, best=metrics, bad_evals=0)
+                        self._save_best()
+                    else:
+                        state["bad_evals"] += 1
+                    state["seconds"] = time.monotonic() - t0
+                    self._save_checkpoint(opt, sched, state)
+                    self.model.train()
+                    if state["bad_evals"] >= cfg.patience:
+                        stopped = "early stopping"
+                    elif over_budget:
+                        stopped = "budget"
+                    if stopped != "epochs":
+                        break
+            if stopped != "epochs":
+                break
+        return TrainResult(steps=state["step"], epochs_done=round(state["step"] / steps_per_epoch, 2),
+                           best_step=state["best_step"], best=state["best"], history=state["history"],
+                           stopped=stopped, seconds=round(time.monotonic() - t0, 1))
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    return asdict(cfg)

@@ -1,0 +1,131 @@
+"""Reader training and fine-tuning jobs on the invented sample (hash encoder, tiny models)."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import torch
+
+from app.db.queries import create_job
+from app.runtime import open_database
+from app.services.reader_registry import active_version, list_versions
+from models.trained import load_trained_reader, read_reader_info
+from models.training import load_examples
+from workers.train import DataConfig, ReaderJobSpec, build_datasets, run_finetune_job, run_train_job
+
+TINY = dict(kind="extractive", n_passages=2, infer_passages=2, max_passage_tokens=64, max_epochs=1, eval_every=5,
+            max_self_articles=12, batch_size=2)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _job(settings, kind: str) -> int:
+    db = open_database(settings)
+    try:
+        with db.sessions() as session, session.begin():
+            return create_job(session, kind, {}).id
+    finally:
+        db.close()
+
+
+def _datasets(settings, until: dt.date, val_from: dt.date):
+    from app.runtime import build_encoder
+    from app.services.answering import DenseRetriever
+    from app.services.index_state import IndexState
+
+    db = open_database(settings)
+    encoder = build_encoder(settings)
+    state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
+    state.refresh()
+    try:
+        with db.sessions() as session:
+            return build_datasets(session, DenseRetriever(encoder), state.current(), train_from=dt.date(2024, 1, 1),
+                                  until=until, val_from=val_from, cfg=DataConfig(n_passages=2, max_self_articles=12))
+    finally:
+        db.close()
+
+
+def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
+    from evaluation.bakeoff import passage_body
+    from evaluation.metrics import answer_in_text
+
+    until, val_from = dt.date(2024, 3, 1), dt.date(2024, 2, 1)
+    train, val, counts = _datasets(loaded_settings, until, val_from)
+    assert train and val
+    assert all(ex.as_of < until for ex in train + val)
+    assert all(ex.as_of < val_from for ex in train if ex.source == "gold")
+    assert all(ex.as_of >= val_from and ex.source == "gold" for ex in val)
+    assert counts.self_labeled > 0 and counts.gold > 0
+    for ex in train + val:
+        assert all(p.published <= ex.as_of for p in ex.passages), ex.qid
+        assert len(ex.passages) <= 2
+        assert any(answer_in_text(list(ex.answers), passage_body(p.text, p.published)) for p in ex.passages), ex.qid
+
+
+def test_train_job_registers_an_active_version_that_answers(loaded_settings):
+    job_id = _job(loaded_settings, "train")
+    version = run_train_job(loaded_settings, job_id, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY))
+    db = open_database(loaded_settings)
+    try:
+        with db.sessions() as session:
+            row = active_version(session)
+            assert row is not None and row.version == version and row.trained_until == dt.date(2024, 3, 1)
+            assert row.metrics["train"] > 0 and "em" in row.metrics["validation"]
+    finally:
+        db.close()
+    folder = loaded_settings.models_dir / version
+    info = read_reader_info(folder)
+    assert info["kind"] == "extractive" and info["data"]["val"] > 0
+    assert not list((loaded_settings.work_dir / "train").glob("*"))  # work folder cleaned after success
+    reader = load_trained_reader(folder)
+    from models.readers import ReaderPassage
+
+    day = dt.date(2024, 2, 2)
+    p = ReaderPassage("t", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    assert isinstance(reader.generate("Who coaches the Harriers?", day, [p]).text, str)
+
+
+def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch):
+    import models.training as training
+
+    spec = ReaderJobSpec(**{**TINY, "max_epochs": 2})
+    calls = {"n": 0}
+    real = training.ReaderTrainer.batch_loss
+
+    def crash_after_three(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("killed")
+        return real(self, batch)
+
+    monkeypatch.setattr(training.ReaderTrainer, "batch_loss", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        run_train_job(loaded_settings, _job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
+    work = next((loaded_settings.work_dir / "train").iterdir())
+    assert (work / "train.jsonl").exists() and load_examples(work / "train.jsonl")
+    monkeypatch.setattr(training.ReaderTrainer, "batch_loss", real)
+    version = run_train_job(loaded_settings, _job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
+    info = read_reader_info(loaded_settings.models_dir / version)
+    assert info["data"]["data"] == "reused from an interrupted run"
+
+
+def test_finetune_continues_the_active_version(loaded_settings):
+    with pytest.raises(ValueError, match="no trained reader"):
+        run_finetune_job(loaded_settings, _job(loaded_settings, "finetune"), month="2024-03")
+    first = run_train_job(loaded_settings, _job(loaded_settings, "train"), until=dt.date(2024, 3, 1),
+                          spec=ReaderJobSpec(**TINY))
+    second = run_finetune_job(loaded_settings, _job(loaded_settings, "finetune"), month="2024-03")
+    db = open_database(loaded_settings)
+    try:
+        with db.sessions() as session:
+            rows = {r.version: r for r in list_versions(session)}
+            assert rows[second].parent_version == first and rows[second].month == "2024-03"
+            assert rows[second].active and not rows[first].active
+    finally:
+        db.close()
+    info = read_reader_info(loaded_settings.models_dir / second)
+    assert info["parent_version"] == first and info["data"]["self_labeled"] > 0
+
