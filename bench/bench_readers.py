@@ -100,6 +100,16 @@ def load_bench_reader(spec: str, *, device: str, passages: int):
     return load_reader(spec, device=device, max_passages=passages)
 
 
+def trained_info(spec: str) -> dict | None:
+    """kind, version and training cut of a `trained:DIR` reader (its reader.json), else None."""
+    if not spec.startswith("trained:"):
+        return None
+    from models.trained import read_reader_info
+
+    info = read_reader_info(Path(spec[len("trained:"):]).expanduser())
+    return {k: info.get(k) for k in ("kind", "version", "trained_until", "parent_version")}
+
+
 def load_questions(sessions, first: dt.date, last: dt.date) -> list[BenchQuestion]:
     from sqlalchemy import select
 
@@ -360,10 +370,15 @@ def main(argv: list[str] | None = None) -> int:
             cache = PartialCache(Path(f"{args.out}.partial.jsonl") if args.out else None)
             try:
                 for rs in args.reader_specs:
+                    info = trained_info(rs.spec)
+                    # trained_until is exclusive: the model saw what is dated before it
+                    if info and info.get("trained_until") and info["trained_until"] > str(args.first):
+                        notes.append(f"{rs.label} was trained on data up to {info['trained_until']}, after the "
+                                     f"window starts ({args.first}): not a held-out figure")
                     get_reader = functools.cache(functools.partial(
                         load_bench_reader, rs.spec, device=args.device, passages=args.passages))
                     run = run_reader(rs.label, rs.spec, [items[q.qid] for q in questions], cache, get_reader, bar=bar)
-                    rows.append(reader_row(rs.label, "reader", rs.spec, questions, run))
+                    rows.append({**reader_row(rs.label, "reader", rs.spec, questions, run), "reader_info": info})
                     if rs.label in args.gold:
                         with_gold = [q for q in questions if q.qid in gold]
                         label = f"{rs.label} (gold passage)"

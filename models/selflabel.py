@@ -15,10 +15,12 @@ Canada send ...?"); anything else is asked in situ ("... a trip to which city?")
 Quality matters more than quantity: each rule in RULES rejects a sentence or a candidate for a
 named reason, and GenerationStats counts the rejections by reason.
 
-Example:
-    >>> qs = list(generate_questions([ArticleText(url, title, text, dt.date(2023, 2, 14))]))
-    >>> qs[0].question, qs[0].answer, qs[0].answer_label
-    ('Which country will send 300 troops to Latvia in March?', 'Canada', 'GPE')
+Each sentence gives at most one question, chosen by the seed:
+    >>> text = "Trudeau said Canada will send 300 troops to Latvia in March."
+    >>> [(q.question, q.answer) for q in generate_questions([ArticleText(url, title, text, day)], seed=2)]
+    [('How many troops will Canada send to Latvia in March?', '300')]
+
+Throughput on CPU is about 8 articles/s (6,000 characters each, 2 busy cores): the parser dominates.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ RULES: dict[str, str] = {
     "unreliable_entity": "(c) a FAC, EVENT, WORK_OF_ART, LAW or PRODUCT that is not a multi-word title-case "
                          "name (the small model's weakest labels); a name the article also tags with "
                          "another label ('Brooks' ORG beside 'Garth Brooks' PERSON); a credit word "
-                         "(Reuters, Getty); a CARDINAL that is not a count (0.38)",
+                         "(Reuters, Getty); a CARDINAL that is not a count (0.38); a PERSON whose question says 'its'",
     "coordinated": "(c) the entity is a conjunct or an apposition: only part of the answer",
     "modifier": "(c) the entity modifies a noun ('the Denver-based firm', 'a $5 million deal')",
     "partial_entity": "(c) the entity misses proper-noun parts of its phrase ('Broncos' of 'Denver Broncos')",
@@ -480,6 +482,8 @@ def _subject_question(target: _Target, doc, clause: list[int], report: "Token | 
     inside = set() if report is None or report.i > target.start else {t.i for t in report.subtree}
     reported = _lower_first(_strip_edges([doc[i] for i in clause if i < target.start and i in inside]))
     preposed = _preposed([doc[i] for i in clause if i < target.start and i not in inside])
+    if rest and not isinstance(rest[0], str) and rest[0].dep_ == "advmod" and rest[0].lower_ in _CONNECTIVES:
+        rest = rest[1:]  # "Lloyd Austin meanwhile offered" -> "Who offered"
     if not rest:
         return []
     if len(target.wh) == 1 and rest[0].pos_ in ("AUX", "VERB") and _third_singular(rest[0]) != rest[0].text:
@@ -615,6 +619,8 @@ def _candidate(sent: "Span", ent: "Span", conflicts: set[str] = frozenset()) -> 
     kept = [t for t in items if not isinstance(t, str)]
     if any(t.text in _ASIDES for t in kept) or sum(t.text in _QUOTE_MARKS for t in kept) % 2:
         return "parenthetical"
+    if ent.label_ == "PERSON" and any(t.lower_ == "its" for t in kept):
+        return "unreliable_entity"  # "Who laid off half of its workforce?": Twitter tagged PERSON
     return _context_rejection(items, ent, verb) or (_render(items), fronted)
 
 
@@ -707,7 +713,7 @@ def generate_questions(articles: Iterable[ArticleLike], *, nlp=None, max_per_art
         raise ValueError(f"max_per_article must be a positive integer, not {max_per_article!r}")
     if not isinstance(max_chars, int) or max_chars < 1:
         raise ValueError(f"max_chars must be a positive integer, not {max_chars!r}")
-    nlp = nlp or load_nlp()
+    nlp = nlp if nlp is not None else load_nlp()
     stats = stats if stats is not None else GenerationStats()
     pending: dict[int, ArticleLike] = {}  # articles whose paragraphs are in the pipe
 
@@ -760,8 +766,10 @@ def sample_from_database(session, *, until: dt.date | None = None, month: str | 
     ids = sorted(session.scalars(query))
     rng = random.Random(seed)
     picked = sorted(rng.sample(ids, min(max_articles, len(ids))))
-    rows = session.scalars(select(Article).where(Article.id.in_(picked)).order_by(Article.id)) if picked else []
-    articles = [ArticleText(a.url, a.title or "", a.text or "", a.published) for a in rows]
+    articles = []
+    for k in range(0, len(picked), 500):  # SQLite allows at most 999 bound parameters
+        rows = session.scalars(select(Article).where(Article.id.in_(picked[k:k + 500])).order_by(Article.id))
+        articles.extend(ArticleText(a.url, a.title or "", a.text or "", a.published) for a in rows)
     stats = GenerationStats()
     questions = list(generate_questions(articles, seed=seed, stats=stats))
     sample = rng.sample(questions, min(n, len(questions)))

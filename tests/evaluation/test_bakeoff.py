@@ -238,6 +238,10 @@ def test_bench_readers_baselines_only_needs_no_index(sqlite_settings, sample_roo
     result = json.loads(out.read_text())
     assert result["retrieval"] is None
     assert [(r["system"], r["n"], r["answered"]) for r in result["rows"]] == [("sys_gen", 5, 3)]
+    # without the data the baseline rows are left out, and the output says why
+    assert main([*argv[:-4], "--data", str(tmp_path / "nowhere"), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["rows"] == [] and "no baseline results under" in result["notes"][0]
 
 
 def test_bench_readers_rejects_bad_arguments(capsys):
