@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     # trained version in the registry, else smollm2; the server follows activations), a trained
     # version's folder "fid:PATH" / "extractive:PATH" / "trained:PATH", or "version:NAME" (a
     # registered version, whether active or not). Only "auto" follows activations.
-    reader: str = "smollm2"
+    reader: str = "auto"
     device: str = "cpu"
     torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
 
