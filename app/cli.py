@@ -401,8 +401,8 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                                                                "from the packaged MiniLM)"),
                  max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none); the best checkpoint is kept"),
                  epochs: int = typer.Option(3, min=1), n_passages: int = typer.Option(5, min=1, max=100),
-                 seed: int = typer.Option(0), activate: Optional[bool] = typer.Option(
-                     None, "--activate/--no-activate", help="serve it when done (default: only if none is active)")
+                 seed: int = typer.Option(0), activate: bool = typer.Option(
+                     False, "--activate/--no-activate", help="make it the active version when done")
                  ) -> None:
     """Train a reader version; run the same command again to resume an interrupted run."""
     from workers.train import run_train_job

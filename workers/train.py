@@ -279,7 +279,7 @@ def _train_locked(settings, job_id: int, *, spec: ReaderJobSpec, label: str, wor
                 "train_seconds": result.seconds}
         write_reader_info(dest, info)
         with db.sessions() as session, session.begin():
-            make_active = activate if activate is not None else active_version(session) is None
+            make_active = bool(activate)  # a new version serves only once someone activates it
             register_version(session, version=version, kind=spec.kind, path=version, parent_version=parent,
                              trained_until=until, month=month, job_id=job_id, activate=make_active,
                              models_dir=settings.models_dir,

@@ -67,7 +67,8 @@ def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
 
 def test_train_job_registers_an_active_version_that_answers(loaded_settings):
     job_id = _job(loaded_settings, "train")
-    version = run_train_job(loaded_settings, job_id, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY))
+    version = run_train_job(loaded_settings, job_id, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY),
+                            activate=True)
     db = open_database(loaded_settings)
     try:
         with db.sessions() as session:
@@ -116,7 +117,7 @@ def test_finetune_continues_the_active_version(loaded_settings):
     with pytest.raises(ValueError, match="no trained reader"):
         run_finetune_job(loaded_settings, _job(loaded_settings, "finetune"), month="2024-03")
     first = run_train_job(loaded_settings, _job(loaded_settings, "train"), until=dt.date(2024, 3, 1),
-                          spec=ReaderJobSpec(**TINY))
+                          spec=ReaderJobSpec(**TINY), activate=True)
     second = run_finetune_job(loaded_settings, _job(loaded_settings, "finetune"), month="2024-03")
     db = open_database(loaded_settings)
     try:
