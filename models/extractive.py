@@ -16,26 +16,19 @@ from typing import Sequence
 
 import torch
 
-from models.readers import ReaderAnswer, ReaderPassage, check_passages, dated_question
+from models.readers import BatchedReader, Item, ReaderAnswer, ReaderPassage, dated_question
+from models.trained import SavedConfig
 
 CONFIG_FILE = "span_config.json"
 HEAD_FILE = "span_head.pt"
 
 
 @dataclass(frozen=True)
-class SpanConfig:
+class SpanConfig(SavedConfig):
     base: str = ""  # encoder folder it was warm-started from
     n_passages: int = 10
     max_passage_tokens: int = 192
     max_answer_tokens: int = 12
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "SpanConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass
@@ -201,23 +194,12 @@ class SpanModel(torch.nn.Module):
         return results
 
 
-class ExtractiveReader:
+class ExtractiveReader(BatchedReader):
     """The `Reader` backend over a loaded SpanModel."""
 
     def __init__(self, model: SpanModel, *, name: str = "extractive", n_passages: int | None = None) -> None:
-        self.model = model
-        self.name = name
-        self.n_passages = n_passages or model.config.n_passages
+        super().__init__(model, name=name, n_passages=n_passages)
 
-    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
-        return self.generate_batch([(question, as_of, passages)])[0]
-
-    def generate_batch(self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]]) -> list[ReaderAnswer]:
-        for _, as_of, passages in items:
-            check_passages(as_of, passages)
-        live = [i for i, (_, _, ps) in enumerate(items) if ps]
-        found = self.model.extract([items[i] for i in live], self.n_passages)
-        out = [ReaderAnswer(text="", raw="") for _ in items]
-        for i, (text, score) in zip(live, found):
-            out[i] = ReaderAnswer(text=text, raw=f"{text}\t{score:.3f}")
-        return out
+    def _read(self, items: Sequence[Item]) -> list[ReaderAnswer]:
+        return [ReaderAnswer(text=text, raw=f"{text}\t{score:.3f}")
+                for text, score in self.model.extract(items, self.n_passages)]

@@ -20,13 +20,14 @@ from typing import Sequence
 
 import torch
 
-from models.readers import ReaderAnswer, ReaderPassage, check_passages, dated_question
+from models.readers import BatchedReader, Item, ReaderAnswer, ReaderPassage, dated_question
+from models.trained import SavedConfig
 
 CONFIG_FILE = "fid_config.json"
 
 
 @dataclass(frozen=True)
-class FiDConfig:
+class FiDConfig(SavedConfig):
     backbone: str = "minilm"  # "minilm" | "seq2seq"
     base: str = ""  # the checkpoint it was warm-started from (informational after the first save)
     n_passages: int = 10  # passages fused per question
@@ -34,14 +35,6 @@ class FiDConfig:
     max_answer_tokens: int = 16
     num_beams: int = 1
     tie_encoder_decoder: bool = False  # minilm only: share encoder and decoder weights
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "FiDConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def fid_input(question: str, as_of: dt.date, passage: ReaderPassage) -> str:
@@ -206,26 +199,15 @@ def _set_special_tokens(model, tokenizer) -> None:
         cfg.pad_token_id = tokenizer.pad_token_id
 
 
-class FiDReader:
+class FiDReader(BatchedReader):
     """The `Reader` backend: a loaded FiDModel behind `generate(question, as_of, passages)`."""
 
     def __init__(self, model: FiDModel, *, name: str = "fid", n_passages: int | None = None) -> None:
-        self.model = model
-        self.name = name
-        self.n_passages = n_passages or model.config.n_passages
+        super().__init__(model, name=name, n_passages=n_passages)
 
-    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
-        return self.generate_batch([(question, as_of, passages)])[0]
-
-    def generate_batch(self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]]) -> list[ReaderAnswer]:
-        for _, as_of, passages in items:
-            check_passages(as_of, passages)
-        live = [i for i, (_, _, ps) in enumerate(items) if ps]
-        raw = self.model.generate([items[i] for i in live], self.n_passages)
-        out = [ReaderAnswer(text="", raw="") for _ in items]
-        for i, text in zip(live, raw):
-            out[i] = ReaderAnswer(text=recase(text, items[i][2][: self.n_passages]), raw=text)
-        return out
+    def _read(self, items: Sequence[Item]) -> list[ReaderAnswer]:
+        raw = self.model.generate(items, self.n_passages)
+        return [ReaderAnswer(text=recase(text, item[2][: self.n_passages]), raw=text) for item, text in zip(items, raw)]
 
 
 __all__ = ["FiDConfig", "FiDModel", "FiDReader", "fid_input", "recase"]

@@ -32,6 +32,35 @@ class Reader(Protocol):
     def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer: ...
 
 
+Item = tuple[str, dt.date, Sequence[ReaderPassage]]  # (question, as_of, passages)
+
+
+class BatchedReader:
+    """A trained reader over a loaded model: `generate` is one item of `generate_batch`, every
+    item's passages are checked against its as_of, and a question without passages gets an empty
+    answer without reaching the model. Subclasses implement `_read` for the items that have some."""
+
+    def __init__(self, model, *, name: str, n_passages: int | None = None) -> None:
+        self.model = model
+        self.name = name
+        self.n_passages = n_passages or model.config.n_passages
+
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
+        return self.generate_batch([(question, as_of, passages)])[0]
+
+    def generate_batch(self, items: Sequence[Item]) -> list[ReaderAnswer]:
+        for _, as_of, passages in items:
+            check_passages(as_of, passages)
+        live = [i for i, (_, _, ps) in enumerate(items) if ps]
+        out = [ReaderAnswer(text="", raw="") for _ in items]
+        for i, answer in zip(live, self._read([items[i] for i in live])):
+            out[i] = answer
+        return out
+
+    def _read(self, items: Sequence[Item]) -> list[ReaderAnswer]:
+        raise NotImplementedError
+
+
 def dated_question(question: str, as_of: dt.date) -> str:
     """'Today is Wednesday, May 6, 2020. <question>': the StreamingQA question format."""
     return f"Today is {format_long(as_of)}. {question.strip()}"

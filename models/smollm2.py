@@ -58,6 +58,7 @@ class SmolLM2Reader:
         self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, attn_implementation="eager").to(device).eval()
         self.device = device
         self.max_passages = max_passages
+        self.n_passages = max_passages  # what AnswerService gives it when SQA_READER_PASSAGES is 0
         self.max_passage_words = max_passage_words
         self.max_new_tokens = max_new_tokens
         self._lock = threading.Lock()  # one generation at a time: no thread oversubscription

@@ -13,7 +13,7 @@ import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -88,6 +88,16 @@ class TrainResult:
 Progress = Callable[[float, str], None]
 
 
+def _write_folder(dest: Path, write: Callable[[Path], None]) -> None:
+    """Write a folder beside `dest`, then put it in dest's place (a crash leaves the old one)."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.replace(dest)
+
+
 def score_predictions(predictions: Sequence[str], examples: Sequence[TrainExample]) -> dict:
     n = len(examples)
     if n == 0:
@@ -142,19 +152,14 @@ class ReaderTrainer:
         return self.out_dir / "best"
 
     def _save_checkpoint(self, opt, sched, state: dict) -> None:
-        tmp = self.out_dir / "checkpoint.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save(tmp / "model")
-        torch.save({"opt": opt.state_dict(), "sched": sched.state_dict(), **state}, tmp / "state.pt")
-        shutil.rmtree(self.ckpt_dir, ignore_errors=True)
-        tmp.replace(self.ckpt_dir)
+        def write(tmp: Path) -> None:
+            self.model.save(tmp / "model")
+            torch.save({"opt": opt.state_dict(), "sched": sched.state_dict(), **state}, tmp / "state.pt")
+
+        _write_folder(self.ckpt_dir, write)
 
     def _save_best(self) -> None:
-        tmp = self.out_dir / "best.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save(tmp)
-        shutil.rmtree(self.best_dir, ignore_errors=True)
-        tmp.replace(self.best_dir)
+        _write_folder(self.best_dir, self.model.save)
 
     # ---- the loop -----------------------------------------------------------------------
     def train(self, train: Sequence[TrainExample], val: Sequence[TrainExample],
@@ -230,6 +235,3 @@ class ReaderTrainer:
                            best_step=state["best_step"], best=state["best"], history=state["history"],
                            stopped=stopped, seconds=round(time.monotonic() - t0, 1))
 
-
-def config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)

@@ -174,6 +174,16 @@ class ReaderJobSpec:
     max_self_articles: int = 600
     seed: int = 0
 
+    @property
+    def learning_rate(self) -> float:
+        """`lr`, or the kind's default: the FiD decoder's fresh cross-attention wants more."""
+        return self.lr or (2e-4 if self.kind == "fid" else 5e-5)
+
+    def data_config(self, data: DataConfig | None = None) -> DataConfig:
+        """The data settings this spec implies (its passages, articles and seed win)."""
+        return replace(data or DataConfig(), n_passages=self.n_passages, max_self_articles=self.max_self_articles,
+                       seed=self.seed)
+
 
 def _digest(*parts) -> str:
     """A stable short key of the job's parameters (a rerun with the same ones resumes)."""
@@ -195,19 +205,6 @@ def _new_model(spec: ReaderJobSpec):
     raise ValueError(f"reader kind {spec.kind!r} is unknown (use fid or extractive)")
 
 
-def _set_job(settings, job_id: int, **fields) -> None:
-    from app.runtime import open_database
-
-    db = open_database(settings, migrate=False)
-    try:
-        with db.sessions() as session, session.begin():
-            job = session.get(Job, job_id)
-            for k, v in fields.items():
-                setattr(job, k, v)
-    finally:
-        db.close()
-
-
 def _train_and_register(settings, job_id: int, *, spec: ReaderJobSpec, label: str, work: Path, make_data,
                         model_factory, until: dt.date, month: str | None = None, parent: str | None = None,
                         activate: bool | None = None, progress=None) -> str:
@@ -226,7 +223,7 @@ def _train_locked(settings, job_id: int, *, spec: ReaderJobSpec, label: str, wor
     from app.runtime import build_encoder, open_database
     from app.services.answering import DenseRetriever
     from app.services.index_state import IndexState
-    from app.services.reader_registry import active_version, new_version_name, register_version
+    from app.services.reader_registry import new_version_name, register_version
     from models.trained import write_reader_info
 
     db = open_database(settings)
@@ -249,12 +246,13 @@ def _train_locked(settings, job_id: int, *, spec: ReaderJobSpec, label: str, wor
             save_examples(work / "train.jsonl", train)
             counts = {"train": len(train), "val": len(val), **asdict(dc)}
         log.info("training data: %s", counts)
-        _set_job(settings, job_id, counts=counts)
+        with db.sessions() as session, session.begin():
+            session.get(Job, job_id).counts = counts
         if not train:
             raise ValueError("no training examples: are the months before the cut ingested?")
         model = model_factory()
-        lr = spec.lr or (2e-4 if spec.kind == "fid" else 5e-5)
-        tcfg = TrainConfig(lr=lr, batch_size=spec.batch_size, max_epochs=spec.max_epochs, eval_every=spec.eval_every,
+        tcfg = TrainConfig(lr=spec.learning_rate, batch_size=spec.batch_size, max_epochs=spec.max_epochs,
+                           eval_every=spec.eval_every,
                            patience=spec.patience, max_minutes=spec.max_minutes, seed=spec.seed,
                            n_passages=spec.n_passages)
         trainer = ReaderTrainer(model, spec.kind, tcfg, work / "run")
@@ -298,8 +296,7 @@ def run_train_job(settings, job_id: int, *, until: dt.date, spec: ReaderJobSpec 
                   data: DataConfig | None = None, activate: bool | None = None, progress=None) -> str:
     """`sqa train reader --until D`: a new version trained on what is dated before `until`."""
     spec = spec or ReaderJobSpec()
-    data = replace(data or DataConfig(), n_passages=spec.n_passages, max_self_articles=spec.max_self_articles,
-                   seed=spec.seed)
+    data = spec.data_config(data)
     val_from = month_start(until - dt.timedelta(days=1))
     work = settings.work_dir / "train" / f"{spec.kind}-{until}-{_digest(spec, data)}"
 
@@ -340,10 +337,9 @@ def run_finetune_job(settings, job_id: int, *, month: str, spec: ReaderJobSpec |
         db.close()
     info = read_reader_info(parent_dir)
     base = ReaderJobSpec(**{k: v for k, v in (info.get("spec") or {}).items() if k in ReaderJobSpec.__dataclass_fields__})
-    spec = spec or replace(base, kind=kind, lr=(base.lr or (2e-4 if kind == "fid" else 5e-5)) / 2, max_epochs=1,
+    spec = spec or replace(base, kind=kind, lr=replace(base, kind=kind).learning_rate / 2, max_epochs=1,
                            max_self_articles=400, eval_every=100, patience=2, max_minutes=max_minutes)
-    data = replace(data or DataConfig(), n_passages=spec.n_passages, max_self_articles=spec.max_self_articles,
-                   seed=spec.seed)
+    data = spec.data_config(data)
     prev = month_start(first - dt.timedelta(days=1))
     work = settings.work_dir / "finetune" / f"{parent}-{month}"
 

@@ -100,8 +100,7 @@ class AnswerService:
     def passages_for(self, reader: Reader) -> int:
         """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
         config, SmolLM2's prompt budget)."""
-        return (self.limits.reader_passages or getattr(reader, "n_passages", None)
-                or getattr(reader, "max_passages", None) or 3)
+        return self.limits.reader_passages or getattr(reader, "n_passages", None) or 3
 
     def validate(self, question: str, top_k: int | None) -> tuple[str, int]:
         text = (question or "").strip()
