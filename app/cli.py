@@ -354,6 +354,51 @@ def replay(from_: str = typer.Option(..., "--from", help="YYYY-MM: the first mon
     _print_run(_job_run("replay", {"from": from_, "to": to, "max_questions": cfg.max_questions}, body))
 
 
+def _print_estimate(result: dict) -> None:
+    c = result["counts"]
+    typer.echo(f"pool {', '.join(result['config']['pool'])}: {c['pool']} questions; new sample "
+               f"{result['config']['new']}: {c['new']} questions (F1 in points; learner: candidate ranker, "
+               f"baseline: the majority training answer)")
+    typer.echo(f"{'split':12s} {'splits':>6s} {'n_test':>6s} {'estimate':>8s} {'std':>6s} {'min':>6s} {'max':>6s} "
+               f"{'baseline':>8s} {'err.red':>7s} {'vs new':>7s}")
+    for r in result["table"]:
+        typer.echo(f"{r['strategy']:12s} {r['splits']:6d} {r['n_test']:6d} {r['estimate']:8.2f} {r['std']:6.2f} "
+                   f"{r['min']:6.2f} {r['max']:6.2f} {r['baseline']:8.2f} {100 * r['error_reduction']:6.1f}% "
+                   f"{r['diff_from_temporal']:+7.2f}")
+
+
+@cli.command("estimate")
+@_guard
+def estimate(pool: str = typer.Option(..., help="question quarters to estimate from: 2022Q3,2022Q4 or 2022Q3..2023Q1"),
+             split: str = typer.Option("all", help="random | length | adversarial | temporal | all (comma-separated)"),
+             new: Optional[str] = typer.Option(None, help="YYYYQn: the new sample for the temporal split "
+                                               "(default: the quarter after the pool)"),
+             k: int = typer.Option(5, help="repeats of the random and adversarial splits"),
+             test_fraction: float = typer.Option(0.1, help="share of the pool held out"),
+             passages: int = typer.Option(10, min=1, max=50, help="retrieved passages per question"),
+             seed: int = typer.Option(0),
+             out: Optional[Path] = typer.Option(None, help="also write the result as JSON here")) -> None:
+    """Estimate performance on new questions from a pool, under random, length, adversarial and temporal splits."""
+    from evaluation.splits import STRATEGIES
+    from evaluation.temporal import quarter_index, shift_quarter
+    from workers.estimate import EstimateConfig, parse_pool, run_estimate
+
+    quarters = parse_pool(pool)
+    if not quarters:
+        fail("--pool names no quarter (e.g. --pool 2022Q3,2022Q4)")
+    strategies = STRATEGIES if split.strip() == "all" else tuple(x.strip() for x in split.split(",") if x.strip())
+    last = max(quarters, key=quarter_index)
+    cfg = EstimateConfig(pool=quarters, new=new or shift_quarter(last, 1),
+                         strategies=strategies, k=k, test_fraction=test_fraction, passages=passages, seed=seed)
+    s = _settings()
+    result = _job_run("estimate", {"pool": list(quarters), "new": cfg.new, "split": list(strategies)},
+                      lambda db, progress, job_id: run_estimate(s, db, cfg, progress), result_key="estimate")
+    _print_estimate(result)
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2))
+        typer.echo(f"written to {out}")
+
+
 @cli.command("report")
 @_guard
 def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for report.html, PNGs, summary.json")) -> None:

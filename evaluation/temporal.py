@@ -60,6 +60,11 @@ def _quarter_name(index: int) -> str:
     return f"{index // 4}Q{index % 4 + 1}"
 
 
+def shift_quarter(q: str, n: int) -> str:
+    """The quarter n quarters after q (before, for n < 0): shift_quarter("2022Q4", 1) == "2023Q1"."""
+    return _quarter_name(quarter_index(q) + n)
+
+
 def quarter_of(day: date | datetime | str) -> str:
     """The quarter of a date.
 
