@@ -18,8 +18,14 @@ from app.services.answering import AnswerLimits, AnswerService
 from app.services.index_state import IndexState
 from app.services.reader_registry import check_servable, get_version
 from app.services.reader_state import ReaderState, RegistrySource
+from app.services.retrieval import make_retriever
+from indexer.ivf import ShardPolicy
 from models.encoders import TextEncoder, load_encoder
 from models.readers import Reader, load_reader
+from evaluation.drift import parse_features
+from workers.drift import DriftConfig
+from workers.evaluate import EvalConfig
+from workers.transport import TransportConfig
 from workers.ingest import IngestConfig
 
 log = logging.getLogger(__name__)
@@ -109,10 +115,38 @@ def build_reader(settings: Settings, db: Database | None = None) -> Reader:
     return build_reader_state(settings, db).reader()
 
 
+def drift_config(settings: Settings) -> DriftConfig:
+    """SQA_DRIFT_FEATURES and SQA_DRIFT_ON_INGEST; profiles under SQA_HOME/drift/profiles."""
+    return DriftConfig(profiles_dir=settings.drift_dir / "profiles",
+                       features=parse_features(settings.drift_features), on_ingest=settings.drift_on_ingest,
+                       batch_size=settings.encode_batch_size)
+
+
+def transport_config(settings: Settings) -> TransportConfig:
+    """Where drift profiles are and the drift measure the F1 regression uses (SQA_DRIFT_MEASURE)."""
+    return TransportConfig(index_dir=settings.index_dir, profiles_dir=settings.drift_dir / "profiles",
+                           features=parse_features(settings.drift_features), measure=settings.drift_measure)
+
+
+def eval_config(settings: Settings, max_questions: int | None = None) -> EvalConfig:
+    """The evaluation settings: reader passages, questions per quarter (SQA_EVAL_MAX_QUESTIONS unless
+    given) and the drift section of the reports."""
+    return EvalConfig(reader_passages=settings.reader_passages,
+                      max_questions=settings.eval_max_questions if max_questions is None else max_questions,
+                      transport=transport_config(settings))
+
+
 def ingest_config(settings: Settings) -> IngestConfig:
     return IngestConfig(index_dir=settings.index_dir, work_dir=settings.work_dir,
                         batch_size=settings.encode_batch_size,
-                        checkpoint_every=settings.checkpoint_every)
+                        checkpoint_every=settings.checkpoint_every, drift=drift_config(settings),
+                        shard_policy=shard_policy(settings))
+
+
+def shard_policy(settings: Settings) -> ShardPolicy:
+    """SQA_IVF_MIN_VECTORS, SQA_IVF_COMPRESSED_MIN_VECTORS and SQA_IVF_CODEC."""
+    return ShardPolicy(ivf_min=settings.ivf_min_vectors, compressed_min=settings.ivf_compressed_min_vectors,
+                       codec=settings.ivf_codec)
 
 
 def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
@@ -120,8 +154,11 @@ def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
     """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names."""
     if reader is None:
         reader = build_reader_state(settings, db)
-    state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
+    state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim,
+                       lexical=settings.retriever != "dense")  # SQA_RETRIEVER
     limits = AnswerLimits(default_top_k=settings.top_k, max_top_k=settings.max_top_k,
                           reader_passages=settings.reader_passages, max_question_chars=settings.max_question_chars)
+    retriever = make_retriever(settings.retriever, encoder, fusion=settings.fusion,
+                               dense_weight=settings.fusion_dense_weight)
     return AnswerService(encoder=encoder, reader=reader, index_state=state, session_factory=db.sessions,
-                         limits=limits)
+                         limits=limits, retriever=retriever)

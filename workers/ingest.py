@@ -31,9 +31,12 @@ from indexer.chunking import chunk_texts
 from indexer.dates import EPOCH, day_number, month_end, month_key, month_start, next_month, parse_month
 from indexer.errors import IndexIntegrityError
 from indexer.ids import make_ids
+from indexer.ivf import ShardPolicy
+from indexer.lexical import Bm25Shard
 from indexer.shards import MonthShard
 from indexer.snapshot import Manifest, garbage_files, read_manifest, write_manifest, write_shard
 from models.encoders import TextEncoder
+from workers.drift import DriftConfig, drift_after_ingest
 from workers.locks import file_lock, lock_held
 from workers.progress import JobProgress, Progress
 
@@ -50,6 +53,8 @@ class IngestConfig:
     batch_size: int = 64
     checkpoint_every: int = 256  # passages per embedding checkpoint file
     keep_snapshots: int = 3  # older snapshots lose their files and passage rows
+    drift: DriftConfig | None = None  # compute each new month's drift after its commit (None: never)
+    shard_policy: ShardPolicy = ShardPolicy()  # flat or IVF by the shard's size (SQA_IVF_*)
 
 
 @dataclass(frozen=True)
@@ -226,7 +231,8 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
         days = np.array([day_number(r[3]) for r in rows], dtype=np.int64)
         ids = make_ids(days, np.asarray(pks, dtype=np.int64))  # (n,) day << 40 | primary key
         session.execute(update(Passage), [{"id": pk, "faiss_id": int(fid)} for pk, fid in zip(pks, ids)])
-        entry = write_shard(cfg.index_dir, MonthShard.build(plan.key, vectors, ids))
+        shard = MonthShard.build(plan.key, vectors, ids, spec=cfg.shard_policy.spec_for(len(ids), encoder.dim))
+        entry = write_shard(cfg.index_dir, shard, Bm25Shard.build(plan.key, texts, ids))  # + its BM25 file
         build = PurePosixPath(entry.file).name
         session.execute(update(Passage).where(Passage.build_id == tmp_build).values(build_id=build))
         manifest = base.with_shard(entry, drop=overlapping_keys(base, plan))
@@ -247,7 +253,25 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
                 _finish(job)
     shutil.rmtree(work, ignore_errors=True)
     collect_garbage(sf, cfg)
-    return {**counts, **timings}
+    result = {**counts, **timings}
+    if cfg.drift is not None and cfg.drift.on_ingest and not plan.key.startswith("history-"):
+        result["drift"] = drift_after_ingest(sf, cfg.index_dir, plan.key, cfg.drift)  # never raises
+        _record_drift(sf, job_id, plan.key, result["drift"])
+    return result
+
+
+def _record_drift(sf: sessionmaker[Session], job_id: int | None, key: str, drift: dict) -> None:
+    """Note the drift outcome in the job's counts for the shard (the job may already be finished)."""
+    if job_id is None:
+        return
+    try:
+        with sf() as session, session.begin():
+            job = session.get(Job, job_id)
+            counts = dict(job.counts or {})
+            counts[key] = {**counts.get(key, {}), "drift": drift}
+            job.counts = counts
+    except Exception:
+        log.exception("could not record the drift of %s on job %s", key, job_id)
 
 
 def _finish(job: Job) -> None:

@@ -105,3 +105,18 @@ class ReaderActivatedPublic(BaseModel):
 class FinetuneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     month: str = Field(description="YYYY-MM: fine-tune the active reader on this month's news.")
+
+
+class MonthDriftPublic(BaseModel):
+    month: str = Field(description="YYYY-MM: the month whose news is compared.")
+    reference: str = Field(description="previous | earlier | training: what it is compared with.")
+    reference_first: str = Field(description="YYYY-MM: the first month of the reference.")
+    reference_last: str = Field(description="YYYY-MM: the last month of the reference.")
+    reader_version: str | None = Field(description="The trained reader whose training months are the reference "
+                                                   "(training rows only).")
+    encoder: str
+    n_target: int = Field(description="Passages of the month.")
+    n_source: int = Field(description="Passages of the reference months.")
+    measures: dict[str, float] = Field(description="unseen_words, unseen_words_tokens, [unseen_entities, "
+                                                   "unseen_entities_tokens,] cosine, kl.")
+    computed_at: dt.datetime

@@ -98,6 +98,18 @@ class Settings(BaseSettings):
     # How often the API checks the database for a newer index snapshot (seconds; 0 = never).
     snapshot_poll_s: float = Field(default=5.0, ge=0)
 
+    # --- retrieval and shard index types (app/services/retrieval.py, indexer/ivf.py) ---
+    # What /v1/answers retrieves with: dense (FAISS), bm25 (per-shard BM25) or hybrid (both, fused).
+    retriever: Literal["dense", "bm25", "hybrid"] = "dense"
+    # How hybrid fuses the two rankings: rrf (reciprocal rank) or weighted (min-max normalised scores).
+    fusion: Literal["rrf", "weighted"] = "rrf"
+    fusion_dense_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # weighted: dense share, BM25 gets the rest
+    # A new shard is flat (exact) below ivf_min_vectors, IVF-Flat below ivf_compressed_min_vectors,
+    # and IVF with ivf_codec codes (sq8: 8-bit scalar, pq: product quantisation) from there.
+    ivf_min_vectors: int = Field(default=100_000, ge=1)
+    ivf_compressed_min_vectors: int = Field(default=1_000_000, ge=1)
+    ivf_codec: Literal["sq8", "pq"] = "sq8"
+
     # --- the scheduler process (`sqa worker`) ---
     # Where monthly news comes from: "realtimeqa:/path/to/clone" or "inbox:/path/to/folder" (a folder of
     # article JSONL files, plain or .gz). Empty: the monthly ingest indexes what is already imported.
@@ -110,8 +122,20 @@ class Settings(BaseSettings):
     misfire_grace_s: int = Field(default=6 * 3600, ge=1)
     # Fine-tune the reader after each monthly ingest: never | always | on-drift.
     finetune_policy: Literal["never", "always", "on-drift"] = "never"
+    # on-drift: fine-tune when the drift regression (workers/transport.py) predicts that the new
+    # month costs the active reader more than this many F1 points against its source quarter.
+    drift_drop_threshold: float = Field(default=2.0, ge=0.0)
+    # The drift measure the regression uses: cosine | kl | unseen_words | unseen_words_tokens | ...
+    drift_measure: Literal["cosine", "kl", "unseen_words", "unseen_words_tokens", "unseen_entities",
+                           "unseen_entities_tokens"] = "cosine"
     # Evaluation: questions answered by the reader per quarter (0: all); retrieval metrics cover all.
     eval_max_questions: int = Field(default=0, ge=0)
+
+    # --- drift of each new month (evaluation/drift.py) ---
+    # Compute a month's drift (against the previous, earlier and training months) after its ingest.
+    drift_on_ingest: bool = True
+    # Lexical features: "words", or "words,entities" (spaCy NER, about 75 passages/s: a minute per month).
+    drift_features: str = "words"
 
     @field_validator("home")
     @classmethod
@@ -124,6 +148,13 @@ class Settings(BaseSettings):
         parse_reader_spec(v)  # refuses a malformed spec or a missing folder now, not at the first question
         return v.strip()
 
+    @field_validator("drift_features")
+    @classmethod
+    def _drift_features(cls, v: str) -> str:
+        from evaluation.drift import parse_features  # numpy only: cheap
+
+        return ",".join(parse_features(v))
+
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         if self.env == "production" and not self.admin_token:
@@ -133,6 +164,13 @@ class Settings(BaseSettings):
             )
         if self.top_k > self.max_top_k:
             raise ValueError(f"SQA_TOP_K={self.top_k} is larger than SQA_MAX_TOP_K={self.max_top_k}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_shard_policy(self) -> "Settings":
+        if self.ivf_compressed_min_vectors < self.ivf_min_vectors:
+            raise ValueError(f"SQA_IVF_COMPRESSED_MIN_VECTORS={self.ivf_compressed_min_vectors} is below "
+                             f"SQA_IVF_MIN_VECTORS={self.ivf_min_vectors}")
         return self
 
     @property
@@ -155,6 +193,11 @@ class Settings(BaseSettings):
     def models_dir(self) -> Path:
         """Trained reader versions, one folder each (`reader_models.path` is relative to it)."""
         return self.home / "models"
+
+    @property
+    def drift_dir(self) -> Path:
+        """Month profiles for the drift measures (profiles/<month>.npz and .json.gz)."""
+        return self.home / "drift"
 
     @property
     def reader_spec(self) -> "ReaderSpec":

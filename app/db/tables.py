@@ -176,3 +176,27 @@ class ReaderModel(Base):
     metrics: Mapped[dict] = mapped_column(JSON, default=dict)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class MonthDrift(Base):
+    """How far a month's passages are from a reference set of months (evaluation/drift.py's measures).
+
+    reference: "previous" (the latest ingested month before it), "earlier" (every ingested month
+    before it) or "training" (the months the active trained reader was trained on, `reader_version`).
+    One row per (month, reference): a recompute replaces it.
+    """
+
+    __tablename__ = "month_drift"
+    __table_args__ = (UniqueConstraint("month", "reference"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    month: Mapped[str] = mapped_column(String(7))  # "YYYY-MM"
+    reference: Mapped[str] = mapped_column(String(16))  # previous | earlier | training
+    reference_first: Mapped[str] = mapped_column(String(7))
+    reference_last: Mapped[str] = mapped_column(String(7))
+    reader_version: Mapped[str | None] = mapped_column(String(64), nullable=True)  # "training" rows only
+    encoder: Mapped[str] = mapped_column(String(256))
+    n_target: Mapped[int] = mapped_column(Integer)  # passages of the month
+    n_source: Mapped[int] = mapped_column(Integer)  # passages of the reference months
+    measures: Mapped[dict] = mapped_column(JSON, default=dict)  # {"unseen_words": .., "cosine": .., "kl": ..}
+    computed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -3,19 +3,21 @@ from __future__ import annotations
 import logging
 import threading
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Query, Request, status
 from sqlalchemy import select
 
 from app.api.deps import AdminDep, DatabaseDep, SessionDep, SettingsDep
-from app.api.schemas import (FinetuneRequest, IngestRequest, JobPublic, JobStarted, ReaderActivatedPublic,
-                             ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic, SnapshotPublic)
+from app.api.schemas import (FinetuneRequest, IngestRequest, JobPublic, JobStarted, MonthDriftPublic,
+                             ReaderActivatedPublic, ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic,
+                             SnapshotPublic)
 from app.db.base import utcnow
 from app.db.queries import create_job
 from app.db.tables import Job
 from app.services.errors import ConflictError, InvalidInputError, NotFoundError
 from app.services.reader_registry import (READER_TRAINING_LOCK, activate_version, active_version, check_servable,
                                           get_version, list_versions)
-from indexer.dates import month_key, parse_month
+from indexer.dates import InvalidDateError, month_key, parse_month
+from workers.drift import REFERENCES, drift_rows
 from workers.ingest import STAGE_WEIGHTS, check_month_request, ingest_lock_held, run_ingest_job
 from workers.progress import JobProgress
 
@@ -67,6 +69,30 @@ def get_job(job_id: int, session: SessionDep) -> JobPublic:
     if job is None:
         raise NotFoundError(f"no job with id {job_id}")
     return _public(job)
+
+
+def _month_arg(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return month_key(parse_month(value))
+    except InvalidDateError:
+        raise InvalidInputError(f"{what} {value!r} is not a month (use YYYY-MM)") from None
+
+
+@router.get("/drift", response_model=list[MonthDriftPublic])
+def list_drift(session: SessionDep, from_: str | None = Query(None, alias="from", description="YYYY-MM: first month"),
+               to: str | None = Query(None, description="YYYY-MM: last month"),
+               reference: str | None = Query(None, description="previous | earlier | training")
+               ) -> list[MonthDriftPublic]:
+    """Each month's drift from its references, by month (`sqa drift` backfills months ingested before)."""
+    first, last = _month_arg(from_, "from"), _month_arg(to, "to")
+    if first and last and first > last:
+        raise InvalidInputError(f"from {first} is after to {last}")
+    if reference is not None and reference not in REFERENCES:
+        raise InvalidInputError(f"reference {reference!r} is unknown (use {', '.join(REFERENCES)})")
+    return [MonthDriftPublic.model_validate(r, from_attributes=True)
+            for r in drift_rows(session, first=first, last=last, reference=reference)]
 
 
 @router.get("/index", response_model=SnapshotPublic)
