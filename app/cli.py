@@ -311,14 +311,13 @@ def evaluate(quarter: str = typer.Option(..., help="YYYYQn: the question quarter
              max_questions: Optional[int] = typer.Option(None, help="questions the reader answers (default "
                                                          "SQA_EVAL_MAX_QUESTIONS; 0: all); recall covers all")) -> None:
     """Evaluate a quarter's questions (as of their own dates) against the serving index."""
-    from app.runtime import build_answer_service, build_encoder, build_reader
+    from app.runtime import build_answer_service, build_encoder, build_reader, eval_config
     from evaluation.temporal import quarter_bounds
-    from workers.evaluate import EvalConfig, evaluate_current
+    from workers.evaluate import evaluate_current
 
     quarter_bounds(quarter)
     s = _settings()
-    cfg = EvalConfig(reader_passages=s.reader_passages,
-                     max_questions=s.eval_max_questions if max_questions is None else max_questions)
+    cfg = eval_config(s, max_questions)
 
     def body(db, progress, job_id):
         service = build_answer_service(s, db, build_encoder(s), build_reader(s))
@@ -334,16 +333,14 @@ def replay(from_: str = typer.Option(..., "--from", help="YYYY-MM: the first mon
            max_questions: Optional[int] = typer.Option(None, help="questions per quarter the reader answers "
                                                        "(default SQA_EVAL_MAX_QUESTIONS; 0: all)")) -> None:
     """Replay the stream: ingest month by month, keep quarter-end states, evaluate the temporal grid."""
-    from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config
+    from app.runtime import build_answer_service, build_encoder, build_reader, eval_config, ingest_config
     from indexer.dates import parse_month
-    from workers.evaluate import EvalConfig
     from workers.replay import ReplayPlan, run_replay
 
     if parse_month(from_) > parse_month(to):
         fail(f"--from {from_} is after --to {to}")
     s = _settings()
-    cfg = EvalConfig(reader_passages=s.reader_passages,
-                     max_questions=s.eval_max_questions if max_questions is None else max_questions)
+    cfg = eval_config(s, max_questions)
     plan = ReplayPlan(from_, to)
 
     def body(db, progress, job_id):
@@ -399,22 +396,82 @@ def estimate(pool: str = typer.Option(..., help="question quarters to estimate f
         typer.echo(f"written to {out}")
 
 
+def _f(value, digits: int = 2, sign: bool = False) -> str:
+    if value is None or value != value:  # None or NaN
+        return "-"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def _print_transport(version: str, t: dict) -> None:
+    tr = t["transport"]
+    typer.echo(f"{version}: source {t['source']} (F1 {_f(tr['source_score'])}), tau_p mean {_f(tr['tau_p_mean'], 3)}, "
+               f"tau_var {_f(tr['tau_var'], 3)} over {tr['n']} quarter(s); drift measure {t['measure']}")
+    typer.echo(f"  {'quarter':8s} {'n':>5s} {'F1':>6s} {'tau_p':>6s}")
+    for q, row in t["quarters"].items():
+        typer.echo(f"  {q:8s} {row['n']:5d} {_f(row['f1']):>6s} {_f(tr['tau_p'].get(q), 3):>6s}")
+    typer.echo(f"  {'month':8s} {'n':>5s} {'F1':>6s} " + " ".join(f"{k:>10s}" for k in t["months"][0]
+                                                                  if k not in ("month", "quarter", "f1", "n")))
+    for m in t["months"]:
+        typer.echo(f"  {m['month']:8s} {m['n']:5d} {_f(m['f1']):>6s} " + " ".join(
+            f"{_f(v, 4):>10s}" for k, v in m.items() if k not in ("month", "quarter", "f1", "n")))
+    typer.echo(f"  {'predict':8s} {'drift':>8s} {'pred F1':>8s} {'actual':>7s} {'error':>7s} {'naive':>7s} {'n.err':>7s}")
+    for r in t["predictions"]:
+        typer.echo(f"  {r['quarter']:8s} {_f(r['drift'], 4):>8s} {_f(r['predicted_f1']):>8s} {_f(r['actual_f1']):>7s} "
+                   f"{_f(r['error'], sign=True):>7s} {_f(r['naive_f1']):>7s} {_f(r['naive_error'], sign=True):>7s}")
+    typer.echo(f"  mean |error|: regression {_f(t['mean_abs_error'])}, no-change forecast {_f(t['naive_mean_abs_error'])}")
+
+
+@cli.command("transport")
+@_guard
+def transport(version: Optional[str] = typer.Option(None, help="the version to report (\"<reader> @ <encoder>\"; "
+                                                    "default: every evaluated version)"),
+              measure: str = typer.Option("cosine", help="drift measure for the regression: cosine | kl | "
+                                          "unseen_words | unseen_words_tokens | unseen_entities | ..."),
+              source: Optional[str] = typer.Option(None, help="YYYYQn: the source quarter (default: the first evaluated)"),
+              out: Optional[Path] = typer.Option(None, help="also write the result as JSON here")) -> None:
+    """Transportability (tau_p, tau_var) per version and predicted against actual F1 per quarter."""
+    from app.runtime import open_database
+    from app.runtime import transport_config
+    from workers.transport import month_scores, profile_loader, transport_summary
+
+    s = _settings()
+    db = open_database(s)
+    try:
+        with db.sessions() as session:
+            scores = month_scores(session)
+            if version is not None and version not in scores:
+                fail(f"no evaluated questions for version {version!r} (have: {', '.join(sorted(scores)) or 'none'})")
+            load = profile_loader(session, transport_config(s))
+            results = {v: transport_summary(sc, load, measure=measure, source=source)
+                       for v, sc in sorted(scores.items()) if version is None or v == version}
+    finally:
+        db.close()
+    if not results:
+        fail("no evaluation results yet: run `sqa evaluate --quarter YYYYQn` for two or more quarters")
+    for v, t in results.items():
+        _print_transport(v, t)
+    if out is not None:
+        out.write_text(json.dumps(results, indent=2, default=str))
+        typer.echo(f"written to {out}")
+
+
 @cli.command("report")
 @_guard
 def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for report.html, PNGs, summary.json")) -> None:
     """Write an evaluation run's HTML report, plots and JSON summary (recomputed from stored results)."""
     from app.db.tables import EvalRun
-    from app.runtime import open_database
+    from app.runtime import eval_config, open_database
     from workers.evaluate import render_report
 
-    db = open_database(_settings())
+    s = _settings()
+    db = open_database(s)
     try:
         with db.sessions() as session:
             run = session.get(EvalRun, run_id)
             if run is None:
                 fail(f"no evaluation run with id {run_id}")
             title = f"Evaluation run {run_id} ({run.kind})"
-        _, files = render_report(db.sessions, run_id, out, title)
+        _, files = render_report(db.sessions, run_id, out, title, eval_config(s))
     finally:
         db.close()
     for name, path in files.items():
@@ -644,6 +701,71 @@ def selflabel(month: Optional[str] = typer.Option(None, help="YYYY-MM: articles 
                f"accepted {stats.accepted}")
     for reason, count in sorted(stats.rejected.items(), key=lambda kv: -kv[1]):
         typer.echo(f"  rejected {count:6d}  {reason}: {RULES[reason]}")
+
+
+# ---- drift of each month --------------------------------------------------------------------------
+
+def _print_drift(rows: list[dict]) -> None:
+    from evaluation.drift import DRIFT_MEASURES
+
+    measures = [m for m in DRIFT_MEASURES if any(m in r["measures"] for r in rows)]
+    typer.echo(f"{'month':7s}  {'reference':9s}  {'months':16s}  {'n':>6s}  {'n_ref':>7s}  "
+               + "  ".join(f"{m:>{max(len(m), 8)}s}" for m in measures))
+    for r in rows:
+        span = r["reference_first"] if r["reference_first"] == r["reference_last"] else \
+            f"{r['reference_first']}..{r['reference_last']}"
+        values = "  ".join(f"{r['measures'][m]:>{max(len(m), 8)}.4f}" if m in r["measures"] else
+                           f"{'-':>{max(len(m), 8)}s}" for m in measures)
+        typer.echo(f"{r['month']:7s}  {r['reference']:9s}  {span:16s}  {r['n_target']:6d}  {r['n_source']:7d}  "
+                   f"{values}")
+
+
+@cli.command("drift")
+@_guard
+def drift(month: Optional[str] = typer.Option(None, help="YYYY-MM: this month only"),
+          from_: Optional[str] = typer.Option(None, "--from", help="YYYY-MM: the first month (default: the "
+                                              "first ingested)"),
+          to: Optional[str] = typer.Option(None, help="YYYY-MM: the last month (default: the last ingested)"),
+          features: Optional[str] = typer.Option(None, help="words and/or entities, comma-separated "
+                                                 "(default SQA_DRIFT_FEATURES; entities are slow)"),
+          recompute: bool = typer.Option(False, "--recompute", help="rebuild the month profiles and replace "
+                                         "rows that are up to date")) -> None:
+    """Compute (backfill) each ingested month's drift from the previous, earlier and training months."""
+    import dataclasses
+
+    from app.runtime import drift_config, open_database
+    from evaluation.drift import parse_features
+    from indexer.dates import month_key, parse_month
+    from workers.drift import backfill_drift
+
+    if month and (from_ or to):
+        fail("give --month, or --from/--to, not both")
+    first = last = month_key(parse_month(month)) if month else None
+    if not month:
+        first = month_key(parse_month(from_)) if from_ else None
+        last = month_key(parse_month(to)) if to else None
+        if first and last and first > last:
+            fail(f"--from {first} is after --to {last}")
+    s = _settings()
+    cfg = drift_config(s)
+    if features is not None:
+        cfg = dataclasses.replace(cfg, features=parse_features(features))
+    bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
+
+    def progress(m: str, done: int, total: int) -> None:  # entities only: spaCy is the slow part
+        if bar:
+            typer.echo(f"\rentities of {m}: {done}/{total}", err=True, nl=done >= total)
+
+    db = open_database(s)
+    try:
+        rows = backfill_drift(db.sessions, s.index_dir, cfg, first=first, last=last, recompute=recompute,
+                              progress=progress)
+    finally:
+        db.close()
+    if not rows:
+        typer.echo("no drift to show: the first ingested month has no earlier month (and no trained reader is active)")
+        return
+    _print_drift(rows)
 
 
 def main() -> None:

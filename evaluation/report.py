@@ -182,8 +182,31 @@ def _grid_html(grid: TemporalGrid, metric: str) -> str:
     return "\n".join(parts)
 
 
+def _transport_html(t: dict) -> str:
+    """Drift per month, tau_p / tau_var, and the predicted against the measured F1 per quarter."""
+    tr = t["transport"]
+    measures = [k for k in (t["months"][0] if t["months"] else {}) if k not in ("month", "quarter", "f1", "n")]
+    parts = [f"<p>Version {_e(t.get('version', ''))}: source quarter {_e(t['source'])} (F1 {_num(tr['source_score'], 2)}); "
+             f"tau_p mean {_num(tr['tau_p_mean'])}, tau_var {_num(tr['tau_var'])} over {tr['n']} quarter(s). "
+             f"Drift of each month against the source quarter's months; the regression uses "
+             f"<b>{_e(t['measure'])}</b>.</p>",
+             _table(["quarter", "n", "F1", "tau_p"],
+                    [[q, str(r["n"]), _num(r["f1"], 2), _num(tr["tau_p"].get(q))] for q, r in t["quarters"].items()]),
+             _table(["month", "n", "F1"] + measures,
+                    [[m["month"], str(m["n"]), _num(m["f1"], 2)] + [_num(m[k], 4) for k in measures]
+                     for m in t["months"]]),
+             "<h3>Predicted (before answering) against measured F1</h3>",
+             "<p>Each quarter is predicted from the months of earlier quarters only; the no-change forecast "
+             "(the previous quarter's F1) is the baseline to beat.</p>",
+             _table(["quarter", "drift", "predicted", "measured", "error", "no-change", "its error"],
+                    [[r["quarter"], _num(r["drift"], 4), _num(r["predicted_f1"], 2), _num(r["actual_f1"], 2),
+                      _num(r["error"], 2), _num(r["naive_f1"], 2), _num(r["naive_error"], 2)]
+                     for r in t["predictions"]])]
+    return "\n".join(parts)
+
+
 def write_report(out_dir: Path, *, title: str, summary: dict, grid: TemporalGrid | None,
-                 by_quarter: list[dict] | None, metric: str = "f1") -> dict[str, Path]:
+                 by_quarter: list[dict] | None, metric: str = "f1", transport: dict | None = None) -> dict[str, Path]:
     """Write report.html, its PNG plots and summary.json into out_dir.
 
     Args:
@@ -194,6 +217,8 @@ def write_report(out_dir: Path, *, title: str, summary: dict, grid: TemporalGrid
         by_quarter: rows {"quarter", "subset", "n", <metric>: value}; None takes
             grid.by_quarter() (state of the question's own quarter) when a grid is given.
         metric: the metric plotted and tabled (the grid's first metric if it lacks this one).
+        transport: workers.transport.transport_summary of the run's version (drift, tau, predicted
+            against measured F1), or None to leave that section out.
 
     Returns:
         {"html", "summary"} plus one entry per plot written ("by_quarter", "heatmap", "lag",
@@ -217,7 +242,8 @@ def write_report(out_dir: Path, *, title: str, summary: dict, grid: TemporalGrid
             paths[key] = written
 
     document = {"title": title, "metric": metric, "summary": jsonable(summary),
-                "grid": grid.summary() if grid is not None else None, "by_quarter": jsonable(by_quarter)}
+                "grid": grid.summary() if grid is not None else None, "by_quarter": jsonable(by_quarter),
+                "transport": jsonable(transport)}
     paths["summary"] = out_dir / "summary.json"
     paths["summary"].write_text(json.dumps(document, indent=2, default=str, allow_nan=False), encoding="utf-8")
 
@@ -227,6 +253,8 @@ def write_report(out_dir: Path, *, title: str, summary: dict, grid: TemporalGrid
              _by_quarter_html(by_quarter, metric) if by_quarter else "<p>No per-quarter scores.</p>"]
     if grid is not None:
         parts += ["<h2>Temporal grid</h2>", _grid_html(grid, metric)]
+    if transport is not None:
+        parts += ["<h2>Drift and transportability</h2>", _transport_html(transport)]
     parts += ["<h2>Plots</h2>"] + [f'<p><img src="{_e(paths[k].name)}" alt="{_e(k)}"></p>'
                                     for k in _PLOTS if k in paths]
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:.5em 0}"

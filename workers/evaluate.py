@@ -27,6 +27,7 @@ from evaluation.metrics import answer_in_text, days_between, exact_match, token_
 from evaluation.report import write_report
 from evaluation.subsets import needs_choices
 from evaluation.temporal import TemporalGrid, jsonable, quarter_bounds, quarter_index, quarter_of
+from workers.transport import TransportConfig, version_transport
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class EvalConfig:
     reader_passages: int = 0  # 0: the reader's own number
     max_questions: int = 0  # questions per test quarter that the reader answers (0: all)
     seed: int = 0
+    transport: TransportConfig | None = None  # adds drift and transportability to the report
 
 
 def classify_subset(question: Question, published: dict[str, tuple[dt.date, str]]) -> str:
@@ -168,20 +170,34 @@ def run_rows(session: Session, run_id: int) -> list[dict]:
     return out
 
 
-def render_report(sf: sessionmaker[Session], run_id: int, out: Path, title: str) -> tuple[dict, dict[str, Path]]:
+def render_report(sf: sessionmaker[Session], run_id: int, out: Path, title: str, cfg: EvalConfig | None = None
+                  ) -> tuple[dict, dict[str, Path]]:
     """Grid scores, lag tables, DS/AS from the stored results, and the report files in `out`."""
     with sf() as session:
         rows = run_rows(session, run_id)
     grid = TemporalGrid.from_results(rows)
     summary = jsonable(grid.summary())
     summary["counts"] = {"results": len(rows), "answered_by_reader": sum("f1" in r["metrics"] for r in rows)}
-    return summary, write_report(out, title=title, summary=summary, grid=grid, by_quarter=None)
+    transport = run_transport(sf, run_id, cfg.transport) if cfg is not None and cfg.transport else None
+    return summary, write_report(out, title=title, summary=summary, grid=grid, by_quarter=None, transport=transport)
 
 
-def summarise_run(sf: sessionmaker[Session], run_id: int, reports_dir: Path, title: str) -> dict:
+def run_transport(sf: sessionmaker[Session], run_id: int, cfg: TransportConfig) -> dict | None:
+    """Drift, transportability and predicted F1 of the run's version over every quarter evaluated
+    with it; None (logged) when there is too little to say, which never fails a report."""
+    try:
+        with sf() as session:
+            return version_transport(session, session.get(EvalRun, run_id).params or {}, cfg)
+    except Exception as exc:  # drift profiles missing, an unreadable shard...: the report goes on without it
+        log.warning("no drift/transportability section in the report of run %d: %s", run_id, exc)
+        return None
+
+
+def summarise_run(sf: sessionmaker[Session], run_id: int, reports_dir: Path, title: str,
+                  cfg: EvalConfig | None = None) -> dict:
     """Render the run's report under reports_dir and store its summary on the run."""
     out = reports_dir / f"run-{run_id}"
-    summary, files = render_report(sf, run_id, out, title)
+    summary, files = render_report(sf, run_id, out, title, cfg)
     with sf() as session, session.begin():
         run = session.get(EvalRun, run_id)
         run.summary, run.report_dir = summary, str(out)
@@ -236,7 +252,7 @@ def complete_run(sf: sessionmaker[Session], service: AnswerService, run_id: int,
     try:
         for test_quarter, states in work.items():
             evaluate_states(sf, service, run_id, test_quarter, states, cfg, progress=progress)
-        summarise_run(sf, run_id, reports_dir, title)
+        summarise_run(sf, run_id, reports_dir, title, cfg)
     except BaseException as exc:
         finish_run(sf, run_id, str(exc) or type(exc).__name__)
         raise
@@ -246,12 +262,12 @@ def complete_run(sf: sessionmaker[Session], service: AnswerService, run_id: int,
 
 def run_quarterly_evaluation(settings, quarter: str, *, job_id: int | None = None) -> int:
     """Entry point for the scheduler and the admin API: builds what it needs from the settings."""
-    from app.runtime import build_answer_service, build_encoder, build_reader, open_database
+    from app.runtime import build_answer_service, build_encoder, build_reader, eval_config, open_database
 
     db = open_database(settings)
     try:
         service = build_answer_service(settings, db, build_encoder(settings), build_reader(settings))
-        cfg = EvalConfig(reader_passages=settings.reader_passages, max_questions=settings.eval_max_questions)
+        cfg = eval_config(settings)
         return evaluate_current(db.sessions, service, quarter, cfg, settings.reports_dir, job_id=job_id)
     finally:
         db.close()

@@ -27,7 +27,7 @@ from app.core.config import Settings, get_settings
 from app.db.base import utcnow
 from app.db.queries import create_job
 from app.db.tables import Article, EvalRun, Job
-from app.runtime import Database, build_encoder, ingest_config, open_database
+from app.runtime import Database, build_encoder, ingest_config, open_database, transport_config
 from app.services.errors import InvalidInputError, NoArticlesError
 from indexer.dates import month_end, month_key, month_start, parse_month
 from indexer.importers import read_articles_jsonl, read_realtimeqa
@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 MONTHLY_INGEST = "monthly-ingest"
 QUARTERLY_EVALUATION = "quarterly-evaluation"
 NO_ACTIVE_READER = "no trained reader is active: run `sqa train reader --until YYYY-MM-DD` first"
-ON_DRIFT_UNAVAILABLE = "the on-drift policy needs the drift model, which is not built yet"
+NO_EVALUATION = ("the on-drift policy predicts from evaluated quarters, and {name} has none yet: run `sqa evaluate "
+                 "--quarter YYYYQn` with it serving")
 
 
 # ---- periods ---------------------------------------------------------------------------------------
@@ -232,15 +233,17 @@ def _finetune(settings: Settings, db: Database, month: str, ingested: dict | Non
     policy = settings.finetune_policy
     if policy == "never":
         return {"policy": policy, "ran": False}
-    if policy == "on-drift":
-        log.warning("SQA_FINETUNE_POLICY=on-drift: %s", ON_DRIFT_UNAVAILABLE)
-        return {"policy": policy, "ran": False, "reason": ON_DRIFT_UNAVAILABLE}
     if ingested is None:
         return {"policy": policy, "ran": False, "reason": f"no articles in {month}"}
     with db.sessions() as session:
-        if active_version(session) is None:
-            log.warning("SQA_FINETUNE_POLICY=always: %s", NO_ACTIVE_READER)
+        active = active_version(session)
+        if active is None:
+            log.warning("SQA_FINETUNE_POLICY=%s: %s", policy, NO_ACTIVE_READER)
             return {"policy": policy, "ran": False, "reason": NO_ACTIVE_READER}
+        decision = drift_decision(settings, session, active, month) if policy == "on-drift" else {}
+    if policy == "on-drift" and not decision.get("finetune"):
+        log.info("SQA_FINETUNE_POLICY=on-drift: not fine-tuning on %s: %s", month, decision.get("reason"))
+        return {"policy": policy, "ran": False, **decision}
     from workers.train import run_finetune_job
 
     with db.sessions() as session, session.begin():
@@ -258,7 +261,32 @@ def _finetune(settings: Settings, db: Database, month: str, ingested: dict | Non
     with db.sessions() as session, session.begin():
         job = session.get(Job, job_id)
         job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, f"version {version}", utcnow()
-    return {"policy": policy, "ran": True, "job_id": job_id, "version": version}
+    return {"policy": policy, "ran": True, "job_id": job_id, "version": version, **decision}
+
+
+def drift_decision(settings: Settings, session: Session, active, month: str) -> dict:
+    """on-drift: fine-tune when the predicted F1 drop of the new month exceeds SQA_DRIFT_DROP_THRESHOLD.
+
+    The regression is fitted on the active version's own evaluated months (workers/transport.py);
+    a version never evaluated has nothing to predict from, so it is not fine-tuned (say so).
+    """
+    from workers.transport import month_scores, predicted_drop, profile_loader
+
+    name = f"{active.kind}:{active.version}"
+    scores = {v: sc for v, sc in month_scores(session).items() if v.split(" @ ")[0] == name}
+    if not scores:
+        return {"finetune": False, "reason": NO_EVALUATION.format(name=name)}
+    version = max(scores, key=lambda v: sum(m.n for m in scores[v].values()))  # the most evaluated encoder
+    try:
+        p = predicted_drop(scores[version], profile_loader(session, transport_config(settings)), month,
+                           measure=settings.drift_measure)
+    except ValueError as exc:
+        return {"finetune": False, "reason": f"no drift prediction: {exc}"}
+    threshold = settings.drift_drop_threshold
+    verdict = "exceeds" if p["predicted_drop"] > threshold else "is within"
+    return {"finetune": p["predicted_drop"] > threshold, "prediction": p,
+            "reason": f"predicted F1 drop {p['predicted_drop']:.2f} {verdict} the threshold {threshold:.2f} "
+                      f"({settings.drift_measure} drift {p['drift']:.4f} from {p['source']})"}
 
 
 def _ingest_month(settings: Settings, db: Database, run: JobRun, month: str) -> str:

@@ -1,9 +1,7 @@
-"""Replay and evaluation on a small stream written here: one cup final a month, each won by someone
-new, and a question at the end of each month. The index of the quarter before cannot know the
+"""Replay and evaluation on the cup stream (tests/workers/conftest.py): one cup final a month, each
+won by someone new, and a question at the end of each month. The index of the quarter before cannot know the
 winner; the index of the question's own quarter can; a later index adds nothing (time filter)."""
 from __future__ import annotations
-
-import datetime as dt
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,35 +10,15 @@ from sqlalchemy import func, select
 from app.db.tables import EvalResult, EvalRun, IndexSnapshot
 from app.main import create_app
 from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
-from indexer.records import ArticleRecord, QuestionRecord
 from workers.evaluate import EvalConfig, evaluate_current
 from workers.imports import store_records
 from workers.replay import ReplayPlan, run_replay
 
-WINNERS = {dt.date(2023, 7, 20): "Lena Hartwig", dt.date(2023, 10, 20): "Ada Quist",
-           dt.date(2023, 11, 20): "Bram Oyelaran", dt.date(2023, 12, 20): "Cato Venn",
-           dt.date(2024, 1, 20): "Dora Maelstrom", dt.date(2024, 2, 20): "Emil Rautio",
-           dt.date(2024, 3, 20): "Fenna Iwu"}
-
-
-def stream() -> tuple[list[ArticleRecord], list[QuestionRecord]]:
-    articles, questions = [], []
-    for day, name in WINNERS.items():
-        url = f"https://cup.example/{day.isoformat()}"
-        articles.append(ArticleRecord(url, f"{name} wins the Quillon Cup",
-                                      f"The Quillon Cup final on Saturday was won by {name}. The crowd cheered. "
-                                      f"{name} lifted the trophy in the rain.", day, "test"))
-        if day.month >= 10 or day.year == 2024:
-            questions.append(QuestionRecord(f"cup-{day.isoformat()}", "Who won the Quillon Cup final this month?",
-                                            day + dt.timedelta(days=5), (name,), "test",
-                                            meta={"search_result_urls": [url]}))
-    return articles, questions
-
 
 @pytest.fixture
-def replayed(settings):
+def replayed(settings, cup_stream):
     db = open_database(settings)
-    store_records(db.sessions, *stream())
+    store_records(db.sessions, *cup_stream)
     service = build_answer_service(settings, db, build_encoder(settings), build_reader(settings))
     cfg = EvalConfig(top_k=5, reader_passages=1)
     run_id = run_replay(db.sessions, service, ingest_config(settings), ReplayPlan("2023-10", "2024-03"), cfg,

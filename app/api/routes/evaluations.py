@@ -84,10 +84,11 @@ def start_evaluation(body: EvaluationRequest, request: Request, settings: Settin
     app = request.app
 
     def work() -> None:
-        from workers.evaluate import EvalConfig, evaluate_current
+        from app.runtime import eval_config
+        from workers.evaluate import evaluate_current
 
         try:
-            cfg = EvalConfig(reader_passages=settings.reader_passages, max_questions=settings.eval_max_questions)
+            cfg = eval_config(settings)
             evaluate_current(app.state.db.sessions, app.state.answers, body.quarter, cfg, settings.reports_dir)
         except Exception:
             log.exception("evaluation of %s failed", body.quarter)
