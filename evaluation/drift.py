@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import secrets
 from collections import Counter
@@ -44,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from indexer.atomic import write_atomic
 
 FEATURE_KINDS = ("words", "entities")
 # Every measure drift_between can return, in a stable order (unseen_entities* only when both
@@ -291,19 +292,6 @@ def drift_between(target: MonthProfile, source: MonthProfile, *, var_floor: floa
 
 # ---- files ---------------------------------------------------------------------------------------
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def profile_files(stem: Path) -> tuple[Path, Path]:
     """(<stem>.npz, <stem>.json.gz)."""
     stem = Path(stem)
@@ -326,8 +314,8 @@ def save_profile(profile: MonthProfile, stem: Path) -> tuple[Path, Path]:
     body = {"format": PROFILE_FORMAT, "token": token, "months": list(profile.months), "n": profile.n,
             "dim": profile.dim, "encoder": profile.encoder, "meta": profile.meta,
             "counts": {k: dict(c) for k, c in profile.counts.items()}}
-    _write_atomic(npz_path, buf.getvalue())
-    _write_atomic(json_path, gzip.compress(json.dumps(body, ensure_ascii=False).encode("utf-8"), mtime=0))
+    write_atomic(npz_path, buf.getvalue())
+    write_atomic(json_path, gzip.compress(json.dumps(body, ensure_ascii=False).encode("utf-8"), mtime=0))
     return npz_path, json_path
 
 

@@ -120,3 +120,22 @@ def client(loaded_settings):
 
     with TestClient(create_app(loaded_settings)) as c:
         yield c
+
+
+@pytest.fixture
+def sqa(monkeypatch, tmp_path):
+    """Run `sqa ARGS...` in this process over a fresh SQA_HOME (tmp_path/home) with the fast fakes;
+    returns click's Result (exit_code, output)."""
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+    from app.core.config import get_settings
+
+    monkeypatch.setenv("SQA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SQA_ENCODER", "hash")
+    monkeypatch.setenv("SQA_READER", "first-entity")
+    monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
+    get_settings.cache_clear()
+    runner = CliRunner()
+    yield lambda *args: runner.invoke(cli, list(args))
+    get_settings.cache_clear()

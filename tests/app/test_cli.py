@@ -2,27 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
-
-from app.cli import cli
-from app.core.config import get_settings
-
-runner = CliRunner()
 
 
-@pytest.fixture
-def sqa(monkeypatch, tmp_path):
-    monkeypatch.setenv("SQA_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SQA_ENCODER", "hash")
-    monkeypatch.setenv("SQA_READER", "first-entity")
-    monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
-    get_settings.cache_clear()
-
-    def run(*args: str):
-        return runner.invoke(cli, list(args))
-
-    yield run
-    get_settings.cache_clear()
 
 
 def test_cli_import_realtimeqa_reports_skips_and_is_idempotent(sqa, fixtures_dir):

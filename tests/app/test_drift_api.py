@@ -3,34 +3,21 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import inspect
-from typer.testing import CliRunner
 
-from app.cli import cli
-from app.core.config import Settings, get_settings
+from app.core.config import Settings
 from app.db.engine import make_engine
 from app.db.migrate import upgrade
 
 ADMIN = {"X-Admin-Token": "test-admin-token"}
-runner = CliRunner()
 
 
 @pytest.fixture
-def sqa(monkeypatch, tmp_path, sample_root):
+def sqa(sqa, monkeypatch, sample_root):
     """`sqa` over the sample, imported and ingested with drift at ingest turned off."""
-    monkeypatch.setenv("SQA_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SQA_ENCODER", "hash")
-    monkeypatch.setenv("SQA_READER", "first-entity")
     monkeypatch.setenv("SQA_DRIFT_ON_INGEST", "false")
-    monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
-    get_settings.cache_clear()
-
-    def run(*args: str):
-        return runner.invoke(cli, list(args))
-
-    assert run("import", "realtimeqa", str(sample_root)).exit_code == 0
-    assert run("ingest", "--through", "2024-03").exit_code == 0
-    yield run
-    get_settings.cache_clear()
+    assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
+    assert sqa("ingest", "--through", "2024-03").exit_code == 0
+    return sqa
 
 
 def test_cli_drift_backfills_and_prints_a_table(sqa):

@@ -20,7 +20,6 @@ from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from typer.testing import CliRunner
 
 import models.trained
 from app.core.config import Settings, get_settings, parse_reader_spec
@@ -497,18 +496,6 @@ def test_api_finetune_failure_is_recorded_on_the_job(auto_client, loaded_setting
 
 
 # ---- sqa models ---------------------------------------------------------------------------------------
-
-@pytest.fixture
-def sqa(monkeypatch, tmp_path):
-    monkeypatch.setenv("SQA_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SQA_ENCODER", "hash")
-    monkeypatch.setenv("SQA_READER", "first-entity")
-    monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
-    get_settings.cache_clear()
-    runner = CliRunner()
-    yield lambda *args: runner.invoke(__import__("app.cli", fromlist=["cli"]).cli, list(args))
-    get_settings.cache_clear()
-
 
 def test_cli_models_list_and_activate(sqa):
     r = sqa("models", "list")

@@ -4,24 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from app.cli import cli
-from app.core.config import get_settings
 from workers.estimate import EstimateConfig, parse_pool
 
-runner = CliRunner()
-
-
-@pytest.fixture
-def sqa(monkeypatch, tmp_path):
-    monkeypatch.setenv("SQA_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SQA_ENCODER", "hash")
-    monkeypatch.setenv("SQA_READER", "first-entity")
-    monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
-    get_settings.cache_clear()
-    yield lambda *args: runner.invoke(cli, list(args))
-    get_settings.cache_clear()
 
 
 def test_parse_pool_accepts_lists_and_ranges():

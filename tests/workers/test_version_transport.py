@@ -132,7 +132,6 @@ def test_cli_transport_prints_tau_and_predictions(evaluated, tmp_path):
 
 def _activate_fake_version(settings, reader_name_in_runs: str):
     """An active reader_models row, and the stored evaluation runs relabelled as answered by it."""
-    from sqlalchemy import update
 
     from app.db.tables import ReaderModel
 
