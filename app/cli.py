@@ -229,10 +229,30 @@ def index_status() -> None:
         typer.echo(f"snapshot {snap.snapshot_id}: {snap.index.ntotal} vectors, encoder {snap.manifest.encoder}, "
                    f"newest day {snap.newest_day}")
         for e in snap.manifest.shards:
-            typer.echo(f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}")
+            typer.echo(f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}  {e.index.kind}"
+                       f"{'' if e.bm25 else '  (no BM25: sqa index bm25)'}")
         typer.echo("files and database agree")
     finally:
         db.close()
+
+
+@index_cli.command("bm25")
+@_guard
+def index_bm25() -> None:
+    """Build the BM25 files of shards ingested before BM25 existed (SQA_RETRIEVER=bm25|hybrid needs them)."""
+    from app.runtime import open_database
+    from workers.lexical import build_missing_lexical
+
+    s = _settings()
+    db = open_database(s)
+    try:
+        out = build_missing_lexical(db.sessions, s.index_dir)
+    finally:
+        db.close()
+    if not out["built"]:
+        typer.echo(f"every shard of snapshot {out['snapshot']} already has its BM25 index")
+    else:
+        typer.echo(f"BM25 for {', '.join(out['built'])} ({out['passages']} passages); snapshot {out['snapshot']}")
 
 
 def _encoder_identity(s: Settings) -> dict:
@@ -484,25 +504,33 @@ train_cli = typer.Typer(no_args_is_help=True, help="Train models on what is date
 cli.add_typer(train_cli, name="train")
 
 
-def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int, base: Optional[str], seed: int):
+def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: Optional[str], seed: int):
     from workers.train import ReaderJobSpec
 
-    if kind not in ("fid", "extractive"):
-        fail(f"--kind {kind!r} is unknown (use fid or extractive)")
+    if kind not in ("fid", "extractive", "ranker"):
+        fail(f"--kind {kind!r} is unknown (use fid, extractive or ranker)")
+    if kind == "ranker":  # reads the same number of passages in training and serving
+        from workers.train_ranker import PASSAGES, SELF_ARTICLES
+
+        n = n_passages or PASSAGES
+        return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed)
     if base and not Path(base).is_dir():
         fail(f"--base {base} is not a folder (a local T5/BART checkpoint is expected)")
-    return ReaderJobSpec(kind=kind, max_minutes=max_minutes, max_epochs=epochs, n_passages=n_passages,
+    return ReaderJobSpec(kind=kind, max_minutes=max_minutes, max_epochs=epochs, n_passages=n_passages or 5,
                          backbone="seq2seq" if base else "minilm", base=base or "", seed=seed)
 
 
 @train_cli.command("reader")
 @_guard
 def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
-                 kind: str = typer.Option("extractive", help="extractive (measures best on this machine) | fid"),
+                 kind: str = typer.Option("extractive", help="extractive | fid | ranker (entity ranker: "
+                                                              "fits in seconds, measures best on this machine)"),
                  base: Optional[str] = typer.Option(None, help="fid: a local T5/BART folder (default: warm start "
                                                                "from the packaged MiniLM)"),
                  max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none); the best checkpoint is kept"),
-                 epochs: int = typer.Option(3, min=1), n_passages: int = typer.Option(5, min=1, max=100),
+                 epochs: int = typer.Option(3, min=1),
+                 n_passages: Optional[int] = typer.Option(None, min=1, max=100, help="passages per training "
+                                                          "question (default 5; ranker: 10, also when serving)"),
                  seed: int = typer.Option(0), activate: bool = typer.Option(
                      False, "--activate/--no-activate", help="make it the active version when done")
                  ) -> None:

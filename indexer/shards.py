@@ -1,7 +1,9 @@
 """Month shards of passage vectors and the date-filtered search that fans out over them.
 
-A `MonthShard` owns one exact inner-product index with its id map (ids from `indexer.ids`, so
-the publication day is in the id). A `ShardedIndex` is the immutable set of shards of one
+A `MonthShard` owns one inner-product index with its ids (ids from `indexer.ids`, so the
+publication day is in the id): exact flat by default, or an IVF index for large shards (its
+`ShardSpec`, from `indexer.ivf`, which also documents how IVF shards keep recall under a date
+filter). A `ShardedIndex` is the immutable set of shards of one
 snapshot: a query searches every shard that starts on or before `as_of`, restricts only the
 boundary shard (the one holding `as_of` itself) with an id range, and merges the per-shard
 top-k with `faiss.ResultHeap`, as faiss `contrib/exhaustive_search.py` does.
@@ -10,6 +12,7 @@ Example:
     >>> shard = MonthShard.build("2023-04", vectors, ids)    # (n, d) float32, (n,) int64
     >>> index = ShardedIndex([history, shard])
     >>> scores, ids = index.search(queries, dt.date(2023, 4, 14), 10)   # (nq, 10), (nq, 10)
+    >>> big = MonthShard.build("2023-05", vectors, ids, spec=ivf_spec("ivf-flat", len(ids), 384))
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from indexer.dates import from_day_number, month_end, parse_month
+from indexer.dates import day_number, from_day_number, month_end, parse_month
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ids import id_day, id_day_numbers, ids_from, ids_through
+from indexer.ivf import FLAT, ShardSpec, build_ivf, ivf_list_ids, ivf_search_params, spec_of
 
 # A key is also the start of the shard's file name: "2023-04", "history-2023-01".
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -82,25 +86,35 @@ def empty_results(nq: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class MonthShard:
-    """One exact inner-product index over the passages of a span of days (normally a month).
+    """One inner-product index over the passages of a span of days (normally a month).
 
     Build with `MonthShard.build` or `MonthShard.load`; the instance is never mutated after that,
-    so any number of threads may search it at once.
+    so any number of threads may search it at once. `spec` says whether the index is exact (flat:
+    an IndexIDMap2 over an IndexFlatIP) or an IVF index holding the ids itself, its lists sorted by id.
     """
 
-    def __init__(self, key: str, index: faiss.IndexIDMap2, min_day: dt.date, max_day: dt.date):
+    def __init__(self, key: str, index: faiss.Index, min_day: dt.date, max_day: dt.date, *,
+                 spec: ShardSpec = FLAT, ids: np.ndarray | None = None):
         self.key = check_key(key)
         self.min_day = min_day
         self.max_day = max_day
         self.dim = int(index.d)
+        self.spec = spec
         self._index = index
+        # Passages per day, for the share of the shard a date filter keeps: (u,) day numbers, (u,) cumulative counts.
+        days, counts = np.unique(id_day_numbers(self.ids() if ids is None else ids), return_counts=True)
+        self._days, self._cum = days, np.cumsum(counts)
 
     def __repr__(self) -> str:
-        return f"MonthShard({self.key!r}, {self.ntotal} vectors, {self.min_day}..{self.max_day}, dim={self.dim})"
+        return (f"MonthShard({self.key!r}, {self.ntotal} vectors, {self.min_day}..{self.max_day}, dim={self.dim}, "
+                f"{self.spec.kind})")
 
     @classmethod
-    def build(cls, key: str, vectors: np.ndarray, ids: np.ndarray) -> MonthShard:
-        """Index `vectors` (n, dim) float32 under `ids` (n,) int64; the day span comes from the ids."""
+    def build(cls, key: str, vectors: np.ndarray, ids: np.ndarray, *, spec: ShardSpec = FLAT) -> MonthShard:
+        """Index `vectors` (n, dim) float32 under `ids` (n,) int64; the day span comes from the ids.
+
+        `spec` picks the index type (`indexer.ivf.ShardPolicy.spec_for` chooses it by size).
+        """
         check_key(key)
         if not isinstance(vectors, np.ndarray) or vectors.dtype != np.float32 or vectors.ndim != 2:
             raise ValueError(f"shard {key}: vectors must be a 2-d float32 array, got {_describe(vectors)}")
@@ -127,17 +141,29 @@ class MonthShard:
                 f"shard {key}: passages published {min_day}..{max_day} do not belong in it "
                 f"(it holds {lo or 'anything'}..{hi})"
             )
-        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))  # keeps a reference to the flat index
-        index.add_with_ids(np.ascontiguousarray(vectors), np.ascontiguousarray(ids))
-        return cls(key, index, min_day, max_day)
+        if spec.is_ivf:
+            order = np.argsort(ids, kind="stable")  # id order: every inverted list sorted by day
+            ids = np.ascontiguousarray(ids[order])
+            index = build_ivf(vectors[order], ids, spec)
+        else:
+            index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))  # keeps a reference to the flat index
+            index.add_with_ids(np.ascontiguousarray(vectors), np.ascontiguousarray(ids))
+        return cls(key, index, min_day, max_day, spec=spec, ids=ids)
 
     @property
     def ntotal(self) -> int:
         return int(self._index.ntotal)
 
     def ids(self) -> np.ndarray:
-        """(ntotal,) int64 ids in insertion order (a copy)."""
+        """(ntotal,) int64 ids (a copy): insertion order for flat shards, list by list for IVF ones."""
+        if self.spec.is_ivf:
+            return ivf_list_ids(self._index)[0]
         return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+
+    def count_through(self, as_of: dt.date) -> int:
+        """Passages of this shard published on or before `as_of`."""
+        i = int(np.searchsorted(self._days, day_number(as_of), side="right"))
+        return int(self._cum[i - 1]) if i else 0
 
     def search(self, queries: np.ndarray, k: int, as_of: dt.date | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product among passages published on or before `as_of` (all if None).
@@ -155,7 +181,12 @@ class MonthShard:
         if as_of is not None and as_of < self.min_day:
             return empty_results(q.shape[0], k)
         params = None
-        if as_of is not None and as_of < self.max_day:
+        boundary = as_of is not None and as_of < self.max_day
+        if self.spec.is_ivf:  # nprobe raised by 1/share in the boundary shard (indexer.ivf)
+            share = self.count_through(as_of) / self.ntotal if boundary else 1.0
+            params = ivf_search_params(self.spec, share, ids_from(self.min_day),
+                                       ids_through(as_of) if boundary else None)
+        elif boundary:
             # Boundary shard: only ids of days <= as_of. Other shards are searched unfiltered
             # (a selector costs a per-id check and keeps FAISS off its BLAS path).
             selector = faiss.IDSelectorRange(ids_from(self.min_day), ids_through(as_of))
@@ -179,6 +210,7 @@ class MonthShard:
         min_day: dt.date,
         max_day: dt.date,
         source: str = "<bytes>",
+        spec: ShardSpec = FLAT,
     ) -> MonthShard:
         """Deserialise a shard and check it against what its manifest entry says (see `load`)."""
         where = f"shard {key} ({source})"
@@ -186,10 +218,16 @@ class MonthShard:
             index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
         except RuntimeError as exc:
             raise IndexIntegrityError(f"{where} is not a readable FAISS index ({exc}); {REBUILD_HINT}") from None
-        if not isinstance(index, faiss.IndexIDMap2) or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        expected = "an inner-product IndexIDMap2" if not spec.is_ivf else f"an inner-product {spec}"
+        try:
+            found = spec_of(index, spec.nprobe) if spec.is_ivf and isinstance(index, faiss.IndexIVF) else None
+        except ValueError:  # an IVF type shards never use
+            found = None
+        if (index.metric_type != faiss.METRIC_INNER_PRODUCT
+                or (spec.is_ivf and found != spec) or (not spec.is_ivf and not isinstance(index, faiss.IndexIDMap2))):
             raise IndexIntegrityError(
-                f"{where} holds a {type(index).__name__} (metric {index.metric_type}), "
-                f"expected an inner-product IndexIDMap2; {REBUILD_HINT}"
+                f"{where} holds a {type(index).__name__} (metric {index.metric_type}"
+                f"{f', {found}' if found else ''}), expected {expected}; {REBUILD_HINT}"
             )
         if index.d != dim:
             raise IndexIntegrityError(f"{where} has dimension {index.d}, the manifest says {dim}; {REBUILD_HINT}")
@@ -197,7 +235,12 @@ class MonthShard:
             raise IndexIntegrityError(
                 f"{where} holds {index.ntotal} vectors, the manifest says {expected_count}; {REBUILD_HINT}"
             )
-        ids = faiss.vector_to_array(index.id_map).astype(np.int64, copy=False)
+        if spec.is_ivf:
+            ids, ordered = ivf_list_ids(index)
+            if not ordered:  # the date filter binary-searches each list: it must be sorted
+                raise IndexIntegrityError(f"{where}: an inverted list is not sorted by id; {REBUILD_HINT}")
+        else:
+            ids = faiss.vector_to_array(index.id_map).astype(np.int64, copy=False)
         lo, hi = ids_from(min_day), ids_through(max_day)
         outside = np.flatnonzero((ids < lo) | (ids >= hi))
         if outside.size:
@@ -209,7 +252,7 @@ class MonthShard:
             )
         if np.unique(ids).size != ids.size:
             raise IndexIntegrityError(f"{where} holds duplicate ids; {REBUILD_HINT}")
-        return cls(key, index, min_day, max_day)
+        return cls(key, index, min_day, max_day, spec=spec, ids=ids)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the shard to `path` (not atomic: `indexer.snapshot.write_shard` is)."""
@@ -225,8 +268,9 @@ class MonthShard:
         *,
         min_day: dt.date,
         max_day: dt.date,
+        spec: ShardSpec = FLAT,
     ) -> MonthShard:
-        """Read a shard file and check its count, dimension and that every id lies in [min_day, max_day].
+        """Read a shard file and check its type, count, dimension and that every id lies in [min_day, max_day].
 
         Raises:
             IndexIntegrityError: the file is missing or unreadable, or disagrees with the arguments.
@@ -235,7 +279,8 @@ class MonthShard:
             data = Path(path).read_bytes()
         except OSError as exc:
             raise IndexIntegrityError(f"shard {key}: cannot read {path} ({exc.strerror}); {REBUILD_HINT}") from None
-        return cls.from_bytes(data, key, expected_count, dim, min_day=min_day, max_day=max_day, source=str(path))
+        return cls.from_bytes(data, key, expected_count, dim, min_day=min_day, max_day=max_day, source=str(path),
+                              spec=spec)
 
 
 class ShardedIndex:

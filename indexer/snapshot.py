@@ -2,7 +2,9 @@
 
     index_dir/
       shards/<key>.<8 hex>.faiss        one MonthShard each, never rewritten
-      snapshots/<snapshot_id>.json      a Manifest: the shard files, their sha256, counts, encoder
+      shards/<key>.<8 hex>.bm25         its BM25 index (same build id), when the shard has one
+      snapshots/<snapshot_id>.json      a Manifest: the shard files, their sha256, counts, index
+                                        type (flat or IVF, `indexer.ivf.ShardSpec`), encoder
 
 A new month or a rebuilt month writes new shard files and a new manifest (temp file, fsync,
 rename, fsync the directory), so a crash leaves either the old snapshot or the new one, never a
@@ -20,7 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import re
 import secrets
 import threading
@@ -29,18 +30,20 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from indexer.atomic import TMP_SUFFIX as _TMP_SUFFIX, write_atomic
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
+from indexer.ivf import FLAT, ShardSpec
+from indexer.lexical import Bm25Shard, LexicalIndex
 from indexer.shards import MonthShard, ShardedIndex, check_key
 
 __all__ = [
-    "IndexIntegrityError", "ShardEntry", "Manifest", "ShardCache",
-    "write_shard", "write_manifest", "read_manifest", "garbage_files",
+    "IndexIntegrityError", "LexicalMissingError", "FileRef", "ShardEntry", "Manifest", "ShardCache",
+    "write_shard", "write_lexical", "write_manifest", "read_manifest", "garbage_files",
 ]
 
 MANIFEST_FORMAT = 1
 SHARDS_DIR = "shards"
 SNAPSHOTS_DIR = "snapshots"
-_TMP_SUFFIX = ".tmp"  # temp files: ".<final name>.<8 hex>.tmp" beside the final file
 _SNAPSHOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -49,9 +52,31 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _check_rel_path(key: str, file: object) -> None:
+    p = PurePosixPath(file) if isinstance(file, str) else None
+    if p is None or p.is_absolute() or ".." in p.parts or not p.parts or "\\" in file:
+        raise ValueError(f"shard {key}: file {file!r} must be a relative path inside the index directory")
+
+
+class LexicalMissingError(IndexIntegrityError):
+    """A snapshot has shards without a BM25 index (built before BM25 existed)."""
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file that belongs to a shard (its BM25 index), relative to the index directory."""
+
+    file: str
+    sha256: str
+
+
 @dataclass(frozen=True)
 class ShardEntry:
-    """One shard file of a snapshot, as the manifest records it."""
+    """One shard file of a snapshot, as the manifest records it.
+
+    `index` is the FAISS index type (omitted from the JSON for flat shards, so older manifests
+    read unchanged); `bm25` the shard's BM25 file, None in snapshots built before it existed.
+    """
 
     key: str
     file: str  # relative to the index directory, '/'-separated: "shards/2023-04.1a2b3c4d.faiss"
@@ -60,14 +85,21 @@ class ShardEntry:
     min_day: str  # ISO date of the earliest passage
     max_day: str  # ISO date of the latest passage
     dim: int
+    index: ShardSpec = FLAT
+    bm25: FileRef | None = None
 
     def __post_init__(self):
         check_key(self.key)
-        p = PurePosixPath(self.file) if isinstance(self.file, str) else None
-        if p is None or p.is_absolute() or ".." in p.parts or not p.parts or "\\" in self.file:
-            raise ValueError(f"shard {self.key}: file {self.file!r} must be a relative path inside the index directory")
-        if not isinstance(self.sha256, str) or not _SHA_RE.match(self.sha256):
-            raise ValueError(f"shard {self.key}: sha256 {self.sha256!r} is not 64 lowercase hex digits")
+        _check_rel_path(self.key, self.file)
+        for sha in (self.sha256, self.bm25.sha256 if self.bm25 else None):
+            if sha is not None and (not isinstance(sha, str) or not _SHA_RE.match(sha)):
+                raise ValueError(f"shard {self.key}: sha256 {sha!r} is not 64 lowercase hex digits")
+        if not isinstance(self.index, ShardSpec):
+            raise ValueError(f"shard {self.key}: index {self.index!r} must be a ShardSpec")
+        if self.bm25 is not None:
+            if not isinstance(self.bm25, FileRef):
+                raise ValueError(f"shard {self.key}: bm25 {self.bm25!r} must be a FileRef")
+            _check_rel_path(self.key, self.bm25.file)
         if not _is_int(self.count) or self.count < 1:
             raise ValueError(f"shard {self.key}: count {self.count!r} must be a positive integer")
         if not _is_int(self.dim) or self.dim < 1:
@@ -83,6 +115,27 @@ class ShardEntry:
             return dt.date.fromisoformat(self.min_day), dt.date.fromisoformat(self.max_day)
         except (TypeError, ValueError):
             raise ValueError(f"shard {self.key}: days {self.min_day!r}..{self.max_day!r} are not YYYY-MM-DD") from None
+
+    @property
+    def faiss_part(self) -> ShardEntry:
+        """The entry without its BM25 file: what identifies the FAISS shard file."""
+        return replace(self, bm25=None)
+
+    def to_dict(self) -> dict:
+        body = asdict(self)
+        if self.index == FLAT:
+            del body["index"]
+        if self.bm25 is None:
+            del body["bm25"]
+        return body
+
+    @classmethod
+    def from_dict(cls, body: dict) -> ShardEntry:
+        body = dict(body)
+        index = body.pop("index", None)
+        bm25 = body.pop("bm25", None)
+        return cls(**body, index=FLAT if index is None else ShardSpec(**index),
+                   bm25=None if bm25 is None else FileRef(**bm25))
 
 
 def _utc_now() -> dt.datetime:
@@ -166,7 +219,7 @@ class Manifest:
 
     def to_json(self) -> str:
         body = {"format": MANIFEST_FORMAT, **asdict(self), "total": self.total}
-        body["shards"] = [asdict(e) for e in self.shards]
+        body["shards"] = [e.to_dict() for e in self.shards]
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -178,7 +231,7 @@ class Manifest:
                 raise ValueError(f"not a format {MANIFEST_FORMAT} index manifest")
             total = body.pop("total", None)
             body.pop("format")
-            shards = tuple(ShardEntry(**e) for e in body.pop("shards"))
+            shards = tuple(ShardEntry.from_dict(e) for e in body.pop("shards"))
             manifest = cls(**body, shards=shards)
             if total is not None and total != manifest.total:
                 raise ValueError(f"total {total} is not the sum of shard counts {manifest.total}")
@@ -191,42 +244,15 @@ def _sha256(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable: fsync the directory entry (a no-op where directories can't be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data) -> None:
-    """Write `data` to a temp file beside `path`, fsync, rename over `path`, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def write_shard(index_dir: Path, shard: MonthShard) -> ShardEntry:
-    """Write `shard` to a new file under index_dir/shards/ and return its manifest entry."""
+def write_shard(index_dir: Path, shard: MonthShard, lexical: Bm25Shard | None = None) -> ShardEntry:
+    """Write `shard` (and its BM25 index) to new files under index_dir/shards/; returns its manifest entry."""
     directory = Path(index_dir) / SHARDS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     while (path := directory / f"{shard.key}.{secrets.token_hex(4)}.faiss").exists():
         pass  # never overwrite an existing (immutable) shard file
     data = shard.to_bytes()  # (nbytes,) uint8
-    _write_atomic(path, data)
-    return ShardEntry(
+    write_atomic(path, data)
+    entry = ShardEntry(
         key=shard.key,
         file=f"{SHARDS_DIR}/{path.name}",
         sha256=_sha256(data),
@@ -234,7 +260,21 @@ def write_shard(index_dir: Path, shard: MonthShard) -> ShardEntry:
         min_day=shard.min_day.isoformat(),
         max_day=shard.max_day.isoformat(),
         dim=shard.dim,
+        index=shard.spec,
     )
+    return entry if lexical is None else write_lexical(index_dir, entry, lexical)
+
+
+def write_lexical(index_dir: Path, entry: ShardEntry, lexical: Bm25Shard) -> ShardEntry:
+    """Write `lexical` beside the shard file `entry` names (same build id, ".bm25"); returns the entry
+    with it. The BM25 index must hold exactly the shard's passages (checked here by count)."""
+    if lexical.key != entry.key or lexical.ntotal != entry.count:
+        raise ValueError(f"BM25 index {lexical.key} ({lexical.ntotal} passages) does not match shard "
+                         f"{entry.key} ({entry.count} vectors)")
+    path = (Path(index_dir) / entry.file).with_suffix(".bm25")
+    data = lexical.to_bytes()
+    write_atomic(path, data)  # a rebuild of the same shard's BM25 replaces it whole
+    return replace(entry, bm25=FileRef(f"{SHARDS_DIR}/{path.name}", _sha256(data)))
 
 
 def write_manifest(index_dir: Path, manifest: Manifest) -> tuple[Path, str]:
@@ -251,7 +291,7 @@ def write_manifest(index_dir: Path, manifest: Manifest) -> tuple[Path, str]:
         if path.read_bytes() == data:
             return path, _sha256(data)
         raise FileExistsError(f"snapshot {manifest.snapshot_id} already exists at {path} with other contents")
-    _write_atomic(path, data)
+    write_atomic(path, data)
     return path, _sha256(data)
 
 
@@ -276,6 +316,7 @@ class ShardCache:
     def __init__(self):
         self._lock = threading.Lock()
         self._loaded: dict[Path, tuple[ShardEntry, MonthShard]] = {}
+        self._lexical: dict[Path, tuple[FileRef, Bm25Shard]] = {}
 
     def __len__(self) -> int:
         return len(self._loaded)
@@ -289,7 +330,7 @@ class ShardCache:
         with self._lock:
             cached = self._loaded.get(path)
             if cached is not None:
-                if cached[0] != entry:
+                if cached[0] != entry.faiss_part:
                     raise IndexIntegrityError(
                         f"{where} was loaded as {cached[0]} and is now described as {entry}; "
                         f"shard files must never be rewritten; {REBUILD_HINT}"
@@ -307,10 +348,49 @@ class ShardCache:
                 )
             min_day, max_day = entry.span
             shard = MonthShard.from_bytes(
-                data, entry.key, entry.count, entry.dim, min_day=min_day, max_day=max_day, source=str(path)
+                data, entry.key, entry.count, entry.dim, min_day=min_day, max_day=max_day, source=str(path),
+                spec=entry.index,
             )
-            self._loaded[path] = (entry, shard)
+            self._loaded[path] = (entry.faiss_part, shard)
             return shard
+
+    def get_lexical(self, index_dir: Path, entry: ShardEntry) -> Bm25Shard:
+        """The BM25 index of shard `entry`, loaded and verified (sha256, count, days) once."""
+        if entry.bm25 is None:
+            raise LexicalMissingError(f"shard {entry.key} has no BM25 index")
+        path = (Path(index_dir) / entry.bm25.file).resolve()
+        where = f"BM25 index of shard {entry.key} ({entry.bm25.file} in {index_dir})"
+        with self._lock:
+            cached = self._lexical.get(path)
+            if cached is not None and cached[0] == entry.bm25:
+                return cached[1]
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise IndexIntegrityError(f"{where} cannot be read ({exc.strerror}); {REBUILD_HINT}") from None
+            if _sha256(data) != entry.bm25.sha256:
+                raise IndexIntegrityError(f"{where} has sha256 {_sha256(data)}, the manifest says "
+                                          f"{entry.bm25.sha256}; {REBUILD_HINT}")
+            shard = Bm25Shard.from_bytes(data, entry.key, entry.count, source=str(path))
+            if (shard.min_day, shard.max_day) != entry.span:
+                raise IndexIntegrityError(f"{where} spans {shard.min_day}..{shard.max_day}, the shard "
+                                          f"{entry.min_day}..{entry.max_day}; {REBUILD_HINT}")
+            self._lexical[path] = (entry.bm25, shard)
+            return shard
+
+    def open_lexical(self, index_dir: Path, manifest: Manifest) -> LexicalIndex:
+        """The BM25 indexes of every shard of `manifest`.
+
+        Raises:
+            LexicalMissingError: some shards have none (name them; `sqa index bm25` builds them).
+            IndexIntegrityError: a BM25 file is missing, changed or disagrees with its shard.
+        """
+        missing = [e.key for e in manifest.shards if e.bm25 is None]
+        if missing:
+            raise LexicalMissingError(
+                f"index snapshot {manifest.snapshot_id} has no BM25 index for shard(s) {', '.join(missing)} "
+                "(built before BM25 existed): build them with `sqa index bm25`, or set SQA_RETRIEVER=dense")
+        return LexicalIndex(self.get_lexical(index_dir, e) for e in manifest.shards)
 
     def open_snapshot(
         self,
@@ -337,15 +417,18 @@ class ShardCache:
     def retain(self, index_dir: Path, keep: Iterable[Manifest]) -> int:
         """Forget shards no kept manifest uses (after a snapshot swap); returns how many."""
         paths = {(Path(index_dir) / e.file).resolve() for m in keep for e in m.shards}
+        paths |= {(Path(index_dir) / e.bm25.file).resolve() for m in keep for e in m.shards if e.bm25}
         with self._lock:
             gone = [p for p in self._loaded if p not in paths]
             for p in gone:
                 del self._loaded[p]
+            for p in [p for p in self._lexical if p not in paths]:
+                del self._lexical[p]
         return len(gone)
 
 
 def garbage_files(index_dir: Path, keep: Iterable[Manifest], *, min_age_s: float = 3600.0) -> list[Path]:
-    """Shard and manifest files (and stray temp files) that no kept manifest references.
+    """Shard, BM25 and manifest files (and stray temp files) that no kept manifest references.
 
     Files younger than `min_age_s` are left alone: they may belong to an ingest still writing
     its snapshot. Only names this module writes are considered. Deleting is the caller's job.
@@ -355,8 +438,9 @@ def garbage_files(index_dir: Path, keep: Iterable[Manifest], *, min_age_s: float
         raise ValueError("garbage_files needs at least one manifest to keep (else everything is garbage)")
     index_dir = Path(index_dir)
     referenced = {(index_dir / e.file).resolve() for m in keep for e in m.shards}
+    referenced |= {(index_dir / e.bm25.file).resolve() for m in keep for e in m.shards if e.bm25}
     referenced |= {(index_dir / SNAPSHOTS_DIR / m.file_name).resolve() for m in keep}
-    patterns = {SHARDS_DIR: ("*.faiss", f".*{_TMP_SUFFIX}"), SNAPSHOTS_DIR: ("*.json", f".*{_TMP_SUFFIX}")}
+    patterns = {SHARDS_DIR: ("*.faiss", "*.bm25", f".*{_TMP_SUFFIX}"), SNAPSHOTS_DIR: ("*.json", f".*{_TMP_SUFFIX}")}
     now = time.time()
     found = []
     for sub, globs in patterns.items():

@@ -54,17 +54,25 @@ class AnswerLimits:
 
 
 class DenseRetriever:
-    """Encodes the dated question and searches the snapshot's shards up to as_of."""
+    """Encodes the dated question and searches the snapshot's shards up to as_of.
+
+    Other retrievers (BM25, hybrid: `app.services.retrieval`) have the same two methods.
+    """
+
+    name = "dense"
 
     def __init__(self, encoder: TextEncoder) -> None:
         self.encoder = encoder
 
+    def search(self, snapshot: LoadedSnapshot, question: str, as_of: dt.date, k: int) -> list[tuple[int, float]]:
+        """(faiss id, score) hits, best first."""
+        qvec = self.encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
+        scores, ids = snapshot.index.search(qvec, as_of, k)  # (1, k) each, -1 padded
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+
     def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
                  top_k: int) -> list[RetrievedPassage]:
-        qvec = self.encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
-        scores, ids = snapshot.index.search(qvec, as_of, top_k)  # (1, k) each, -1 padded
-        hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
-        return fetch_passages(session, hits, as_of)
+        return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
 
 def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.date) -> list[RetrievedPassage]:
@@ -89,9 +97,10 @@ def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.da
 
 class AnswerService:
     def __init__(self, *, encoder: TextEncoder, reader: Reader | ReaderState, index_state: IndexState,
-                 session_factory: sessionmaker[Session], limits: AnswerLimits) -> None:
-        """`reader`: a Reader that serves for good, or a ReaderState that may swap readers."""
-        self.retriever = DenseRetriever(encoder)
+                 session_factory: sessionmaker[Session], limits: AnswerLimits, retriever=None) -> None:
+        """`reader`: a Reader that serves for good, or a ReaderState that may swap readers.
+        `retriever`: DenseRetriever(encoder) when None (SQA_RETRIEVER: `app.services.retrieval`)."""
+        self.retriever = retriever if retriever is not None else DenseRetriever(encoder)
         self.reader_state = reader if isinstance(reader, ReaderState) else ReaderState(reader)
         self.index_state = index_state
         self.session_factory = session_factory
@@ -154,7 +163,7 @@ class AnswerService:
             answer_text = reader.generate(text, as_of, reader_input).text
         t3 = time.perf_counter()
         versions = {"index_snapshot": snapshot.snapshot_id, "encoder": snapshot.manifest.encoder,
-                    "reader": reader.name}
+                    "reader": reader.name, "retriever": self.retriever.name}
         timings = {"retrieve": round((t2 - t1) * 1000, 2), "read": round((t3 - t2) * 1000, 2),
                    "total": round((t3 - t0) * 1000, 2)}
         return AnswerResult(answer_text, as_of, passages, versions, timings, notes)

@@ -16,8 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.tables import IndexSnapshot
+from indexer.lexical import LexicalIndex
 from indexer.shards import ShardedIndex
-from indexer.snapshot import IndexIntegrityError, Manifest, ShardCache, read_manifest
+from indexer.snapshot import IndexIntegrityError, LexicalMissingError, Manifest, ShardCache, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ class LoadedSnapshot:
     manifest: Manifest
     index: ShardedIndex
     loaded_at: dt.datetime
+    lexical: LexicalIndex | None = None  # the BM25 shards, when opened with lexical=True and all exist
+    lexical_error: str | None = None  # why `lexical` is None although it was asked for
 
     @property
     def newest_day(self) -> dt.date | None:
@@ -44,8 +47,12 @@ def latest_snapshot_row(session: Session) -> IndexSnapshot | None:
 
 
 def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *, encoder: str,
-                      dim: int) -> LoadedSnapshot:
-    """Check the manifest file against the database row, then open and verify its shards."""
+                      dim: int, lexical: bool = False) -> LoadedSnapshot:
+    """Check the manifest file against the database row, then open and verify its shards.
+
+    `lexical` opens the BM25 shards too; a snapshot built before BM25 existed still opens (dense
+    search works) with `lexical_error` saying how to build them.
+    """
     path = index_dir / row.manifest_file
     if not path.exists():
         raise IndexIntegrityError(
@@ -56,14 +63,25 @@ def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *,
             f"snapshot {row.snapshot_id}: manifest says {manifest.snapshot_id} with {manifest.total} vectors, "
             f"the database says {row.snapshot_id} with {row.total}; {REBUILD_HINT}")
     index = cache.open_snapshot(index_dir, manifest, expected_encoder=encoder, expected_dim=dim)
-    return LoadedSnapshot(row.id, row.snapshot_id, manifest, index, dt.datetime.now(dt.timezone.utc))
+    lexical_index, lexical_error = None, None
+    if lexical:
+        try:
+            lexical_index = cache.open_lexical(index_dir, manifest)
+        except LexicalMissingError as exc:
+            lexical_error = str(exc)
+            log.warning("%s", exc)
+    return LoadedSnapshot(row.id, row.snapshot_id, manifest, index, dt.datetime.now(dt.timezone.utc),
+                          lexical_index, lexical_error)
 
 
 class IndexState:
     """Holds the serving snapshot; `refresh` swaps in a newer one atomically."""
 
-    def __init__(self, session_factory: sessionmaker[Session], index_dir: Path, *, encoder: str, dim: int) -> None:
+    def __init__(self, session_factory: sessionmaker[Session], index_dir: Path, *, encoder: str, dim: int,
+                 lexical: bool = False) -> None:
+        """`lexical`: open each snapshot's BM25 shards too (SQA_RETRIEVER bm25 or hybrid)."""
         self._session_factory = session_factory
+        self._lexical = lexical
         self._index_dir = index_dir
         self._encoder = encoder
         self._dim = dim
@@ -76,7 +94,8 @@ class IndexState:
 
     def open(self, row: IndexSnapshot) -> LoadedSnapshot:
         """Load any recorded snapshot (a replay's quarter-end state) without serving it."""
-        return open_snapshot_row(row, self._index_dir, self._cache, encoder=self._encoder, dim=self._dim)
+        return open_snapshot_row(row, self._index_dir, self._cache, encoder=self._encoder, dim=self._dim,
+                                 lexical=self._lexical)
 
     def refresh(self) -> bool:
         """Load the newest snapshot if it is not the one serving. Returns True if it swapped.
