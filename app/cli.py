@@ -523,7 +523,7 @@ def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | N
 @train_cli.command("reader")
 @_guard
 def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
-                 kind: str = typer.Option("extractive", help="extractive | fid | ranker (entity ranker: "
+                 kind: str = typer.Option("ranker", help="ranker | extractive | fid (ranker: an entity ranker that "
                                                               "fits in seconds, measures best on this machine)"),
                  base: Optional[str] = typer.Option(None, help="fid: a local T5/BART folder (default: warm start "
                                                                "from the packaged MiniLM)"),

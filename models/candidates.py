@@ -135,11 +135,13 @@ def candidates(item: RankerItem) -> list[_Candidate]:
     return list(found.values())
 
 
-def features(item: RankerItem, c: _Candidate, wh: str, head: str) -> dict[str, float]:
+def features(item: RankerItem, c: _Candidate, wh: str, head: str, *, use_score: bool = True) -> dict[str, float]:
+    """A candidate's feature row. `use_score=False` leaves the retrieval score out (a reader is given
+    passages in rank order but not their scores, so a served ranker must not learn from them)."""
     qwords = set(words(item.question))
     cwords = words(c.text)
     in_question = bool(cwords) and all(w in qwords for w in cwords)
-    return {
+    row = {
         f"type={c.label}": 1.0,
         f"wh={wh}|type={c.label}": 1.0,
         f"head={head}|type={c.label}": 1.0 if head else 0.0,
@@ -154,6 +156,9 @@ def features(item: RankerItem, c: _Candidate, wh: str, head: str) -> dict[str, f
         f"len={min(len(cwords), 5)}": 1.0,
         "log_days_old": math.log1p(max(c.days_old, 0)),
     }
+    if not use_score:
+        del row["score"]
+    return row
 
 
 def is_positive(candidate: str, answers: Sequence[str]) -> bool:
@@ -163,20 +168,24 @@ def is_positive(candidate: str, answers: Sequence[str]) -> bool:
 class CandidateRanker:
     """fit(items) learns a logistic regression over candidate features; predict(items) gives answers.
 
+    `use_score=False` learns without the retrieval score (what a served reader can see). A fitted
+    ranker is plain JSON (`to_json`/`from_json`): the vocabulary, coefficients and intercept.
+
     Example:
         >>> ranker = CandidateRanker().fit(train_items)
         >>> ranker.predict(test_items)[:2]
         ['Denver Nuggets', '7']
     """
 
-    def __init__(self, *, c: float = 1.0, seed: int = 0) -> None:
-        self.c, self.seed = c, seed
+    def __init__(self, *, c: float = 1.0, seed: int = 0, use_score: bool = True) -> None:
+        self.c, self.seed, self.use_score = c, seed, use_score
         self._vec = self._model = None
 
-    def _rows(self, item: RankerItem) -> tuple[list[_Candidate], list[dict[str, float]]]:
+    def rows(self, item: RankerItem) -> tuple[list[_Candidate], list[dict[str, float]]]:
+        """The item's candidates and their feature rows, in the same order."""
         wh, head = question_type(item.question)
         cands = candidates(item)
-        return cands, [features(item, c, wh, head) for c in cands]
+        return cands, [features(item, c, wh, head, use_score=self.use_score) for c in cands]
 
     def fit(self, items: Iterable[RankerItem]) -> CandidateRanker:
         from sklearn.feature_extraction import DictVectorizer
@@ -184,7 +193,7 @@ class CandidateRanker:
 
         feats, labels = [], []
         for item in items:
-            cands, rows = self._rows(item)
+            cands, rows = self.rows(item)
             feats.extend(rows)
             labels.extend(int(is_positive(c.text, item.answers)) for c in cands)
         if len(set(labels)) < 2:
@@ -195,17 +204,51 @@ class CandidateRanker:
         return self
 
     def predict(self, items: Iterable[RankerItem]) -> list[str]:
+        return [text for text, _ in self.predict_scored(items)]
+
+    def predict_scored(self, items: Iterable[RankerItem]) -> list[tuple[str, float]]:
+        """(best candidate, its probability) per item; ("", 0.0) for an item without candidates."""
         if self._model is None:
             raise RuntimeError("fit the ranker before predicting")
         out = []
         for item in items:
-            cands, rows = self._rows(item)
+            cands, rows = self.rows(item)
             if not cands:
-                out.append("")
+                out.append(("", 0.0))
                 continue
             probs = self._model.predict_proba(self._vec.transform(rows))[:, 1]
-            out.append(cands[int(np.argmax(probs))].text)
+            best = int(np.argmax(probs))
+            out.append((cands[best].text, float(probs[best])))
         return out
+
+    def to_json(self) -> dict:
+        """The fitted ranker as JSON-able values (no pickle): settings, vocabulary, weights."""
+        if self._model is None:
+            raise RuntimeError("fit the ranker before saving it")
+        return {"c": self.c, "seed": self.seed, "use_score": self.use_score,
+                "vocabulary": list(self._vec.feature_names_), "classes": [int(k) for k in self._model.classes_],
+                "coef": [float(w) for w in self._model.coef_[0]], "intercept": float(self._model.intercept_[0])}
+
+    @classmethod
+    def from_json(cls, data: dict) -> CandidateRanker:
+        """A ranker that predicts exactly as the one `to_json` wrote (the same arrays, the same code)."""
+        from sklearn.feature_extraction import DictVectorizer
+        from sklearn.linear_model import LogisticRegression
+
+        names, coef = list(data["vocabulary"]), list(data["coef"])
+        if len(names) != len(coef) or not names:
+            raise ValueError(f"a saved ranker needs one coefficient per feature ({len(names)} features, "
+                             f"{len(coef)} coefficients)")
+        ranker = cls(c=data.get("c", 1.0), seed=data.get("seed", 0), use_score=data.get("use_score", True))
+        vec = DictVectorizer()
+        vec.feature_names_, vec.vocabulary_ = names, {n: i for i, n in enumerate(names)}
+        model = LogisticRegression(C=ranker.c, random_state=ranker.seed)
+        model.classes_ = np.asarray(data.get("classes", [0, 1]))
+        model.coef_ = np.asarray([coef], dtype=np.float64)
+        model.intercept_ = np.asarray([data["intercept"]], dtype=np.float64)
+        model.n_features_in_ = len(names)
+        ranker._vec, ranker._model = vec, model
+        return ranker
 
 
 class MajorityAnswer:

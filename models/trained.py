@@ -1,6 +1,6 @@
 """A trained reader version on disk: its weights, its model config and `reader.json` in one folder.
 
-`reader.json` says which kind of reader the folder holds ("fid" or "extractive") and how it was
+`reader.json` says which kind of reader the folder holds ("fid", "extractive" or "ranker") and how it was
 made (version, parent, cut-off date, data counts, validation scores); the model's own config file
 beside the weights decides its architecture on reload.
 """
@@ -26,7 +26,9 @@ class SavedConfig:
     def from_json(cls, data: dict):
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-KINDS = ("fid", "extractive")
+
+
+KINDS = ("fid", "extractive", "ranker")
 
 
 def read_reader_info(path: Path | str) -> dict:
@@ -50,8 +52,12 @@ def write_reader_info(path: Path | str, info: dict) -> None:
 
 
 def load_trained_model(path: Path | str, *, device: str = "cpu"):
-    """The network of a trained reader folder (FiDModel or SpanModel), for training to continue."""
+    """The model of a trained reader folder (FiDModel, SpanModel or RankerModel)."""
     info = read_reader_info(path)
+    if info["kind"] == "ranker":
+        from models.ranker import RankerModel
+
+        return RankerModel.load(path)
     if info["kind"] == "fid":
         from models.fid import FiDModel
 
@@ -70,6 +76,10 @@ def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: 
         from models.fid import FiDReader
 
         return FiDReader(model, name=name, n_passages=max_passages)
+    if info["kind"] == "ranker":
+        from models.ranker import CandidateReader
+
+        return CandidateReader(model, name=name, n_passages=max_passages)
     from models.extractive import ExtractiveReader
 
     return ExtractiveReader(model, name=name, n_passages=max_passages)

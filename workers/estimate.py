@@ -5,30 +5,29 @@ new sample (a later quarter), as in Søgaard et al.'s Table 2.
 The learner trained on each split is the candidate ranker (models/candidates.py): fast enough to
 train once per split. Every question is retrieved once, as of its own date, with the serving
 index, and the retrieved passages are annotated with spaCy once; both go to a cache file under
-SQA_HOME/work/estimate/ that is appended as it goes, so an interrupted run resumes where it stopped.
+SQA_HOME/work/estimate/ that is appended as it goes, so an interrupted run resumes where it stopped
+(workers/ranker_items.py, shared with `sqa train reader --kind ranker`).
 """
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import logging
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from app.core.config import Settings
 from app.db.tables import Question
-from app.runtime import Database, build_answer_service, build_encoder
-from evaluation.bakeoff import generation_subset, passage_body
+from app.runtime import Database
+from evaluation.bakeoff import generation_subset
 from evaluation.splits import (STRATEGIES, Split, adversarial_splits, length_split, random_splits, run_splits,
                                summarise, temporal_split)
 from evaluation.temporal import quarter_index, quarter_range
-from models.candidates import CandidateRanker, MajorityAnswer, RankerItem, annotate_passages, annotated, mean_f1
+from models.candidates import CandidateRanker, MajorityAnswer, RankerItem, mean_f1
 from workers.evaluate import quarter_questions
 from workers.progress import Progress
+from workers.ranker_items import prepare_items
 
 log = logging.getLogger(__name__)
 
@@ -75,69 +74,6 @@ def _questions(session, quarters: Sequence[str]) -> list[Question]:
     rows = [q for quarter in quarters for q in quarter_questions(session, quarter)]
     kept, _ = generation_subset(rows)
     return kept
-
-
-class ItemCache:
-    """Retrieved-and-annotated questions, one JSON line each, keyed by question id."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.records: dict[str, dict] = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a crash: redo that question
-                    continue
-                self.records[rec["qid"]] = rec
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def add(self, records: list[dict]) -> None:
-        with self.path.open("a") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
-                self.records[rec["qid"]] = rec
-
-
-def cache_path(settings: Settings, snapshot_id: str, passages: int) -> Path:
-    key = hashlib.sha256(f"{snapshot_id}|{passages}".encode()).hexdigest()[:16]
-    return settings.work_dir / "estimate" / f"items-{key}.jsonl"
-
-
-def prepare_items(settings: Settings, db: Database, questions: list[Question], passages: int,
-                  progress: Progress, *, batch: int = 32) -> tuple[dict[str, RankerItem], np.ndarray]:
-    """Retrieve and annotate each question once (cached); returns items by qid and (n, dim) embeddings."""
-    from models.readers import FirstEntityReader
-    from models.selflabel import load_nlp
-
-    encoder = build_encoder(settings)
-    service = build_answer_service(settings, db, encoder, reader=FirstEntityReader())
-    service.index_state.refresh()
-    snap = service.index_state.current()
-    if snap is None:
-        raise ValueError(f"no index snapshot in {settings.home}: run `sqa ingest` first")
-    cache = ItemCache(cache_path(settings, snap.snapshot_id, passages))
-    todo = [q for q in questions if q.qid not in cache.records]
-    progress.stage("retrieve+annotate", len(questions))
-    progress.advance(len(questions) - len(todo))
-    nlp = load_nlp() if todo else None
-    for i in range(0, len(todo), batch):
-        chunk = todo[i:i + batch]
-        found = [service.answer(q.text, q.asked, passages, snapshot=snap, read=False).passages for q in chunk]
-        bodies = [passage_body(p.text, p.published) for ps in found for p in ps]
-        notes = iter(annotate_passages(nlp, bodies))
-        records = [{"qid": q.qid, "question": q.text, "asked": q.asked.isoformat(), "answers": list(q.answers),
-                    "passages": [{"score": p.score, "days_old": (q.asked - p.published).days, **next(notes)}
-                                 for p in ps]} for q, ps in zip(chunk, found)]
-        cache.add(records)
-        progress.advance(len(chunk))
-    items = {}
-    for q in questions:
-        rec = cache.records[q.qid]
-        items[q.qid] = RankerItem(q.qid, rec["question"], tuple(rec["answers"]), tuple(
-            annotated(p, rank=r, score=p["score"], days_old=p["days_old"]) for r, p in enumerate(rec["passages"])))
-    vectors = encoder.encode_queries([q.text for q in questions]) if questions else np.zeros((0, encoder.dim))
-    return items, np.asarray(vectors)
 
 
 def make_splits(cfg: EstimateConfig, pool: list[RankerItem], embeddings: np.ndarray, n_new: int) -> list[Split]:

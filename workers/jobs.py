@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 MONTHLY_INGEST = "monthly-ingest"
 QUARTERLY_EVALUATION = "quarterly-evaluation"
 NO_ACTIVE_READER = "no trained reader is active: run `sqa train reader --until YYYY-MM-DD` first"
+RANKER_REFIT = ("the active reader is a ranker, which is refitted rather than fine-tuned: run "
+                "`sqa train reader --kind ranker --until YYYY-MM-DD --activate`")
 NO_EVALUATION = ("the on-drift policy predicts from evaluated quarters, and {name} has none yet: run `sqa evaluate "
                  "--quarter YYYYQn` with it serving")
 
@@ -240,6 +242,9 @@ def _finetune(settings: Settings, db: Database, month: str, ingested: dict | Non
         if active is None:
             log.warning("SQA_FINETUNE_POLICY=%s: %s", policy, NO_ACTIVE_READER)
             return {"policy": policy, "ran": False, "reason": NO_ACTIVE_READER}
+        if active.kind == "ranker":  # refitted on gold questions, never fine-tuned on a month
+            log.info("SQA_FINETUNE_POLICY=%s: %s", policy, RANKER_REFIT)
+            return {"policy": policy, "ran": False, "reason": RANKER_REFIT}
         decision = drift_decision(settings, session, active, month) if policy == "on-drift" else {}
     if policy == "on-drift" and not decision.get("finetune"):
         log.info("SQA_FINETUNE_POLICY=on-drift: not fine-tuning on %s: %s", month, decision.get("reason"))

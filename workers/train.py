@@ -159,7 +159,7 @@ def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date
 
 @dataclass(frozen=True)
 class ReaderJobSpec:
-    kind: str = "fid"  # fid | extractive
+    kind: str = "fid"  # fid | extractive | ranker (workers/train_ranker.py)
     n_passages: int = 5  # in training; inference uses `infer_passages`
     infer_passages: int = 10
     max_passage_tokens: int = 192
@@ -202,7 +202,7 @@ def _new_model(spec: ReaderJobSpec):
 
         return SpanModel.warm_start(SpanConfig(n_passages=spec.infer_passages,
                                                max_passage_tokens=spec.max_passage_tokens))
-    raise ValueError(f"reader kind {spec.kind!r} is unknown (use fid or extractive)")
+    raise ValueError(f"reader kind {spec.kind!r} is unknown (use fid, extractive or ranker)")
 
 
 def _train_and_register(settings, job_id: int, *, spec: ReaderJobSpec, label: str, work: Path, make_data,
@@ -297,6 +297,11 @@ def run_train_job(settings, job_id: int, *, until: dt.date, spec: ReaderJobSpec 
     """`sqa train reader --until D`: a new version trained on what is dated before `until`."""
     spec = spec or ReaderJobSpec()
     data = spec.data_config(data)
+    if spec.kind == "ranker":  # no network to train: a logistic regression (workers/train_ranker.py)
+        from workers.train_ranker import run_ranker_job
+
+        return run_ranker_job(settings, job_id, until=until, spec=spec, data=data, activate=activate,
+                              progress=progress)
     val_from = month_start(until - dt.timedelta(days=1))
     work = settings.work_dir / "train" / f"{spec.kind}-{until}-{_digest(spec, data)}"
 
@@ -335,6 +340,9 @@ def run_finetune_job(settings, job_id: int, *, month: str, spec: ReaderJobSpec |
             parent, kind = row.version, row.kind
     finally:
         db.close()
+    if kind == "ranker":
+        raise ValueError(f"the active version {parent} is a ranker, which is refitted rather than fine-tuned: "
+                         f"run `sqa train reader --kind ranker --until {next_month(first)}`")
     info = read_reader_info(parent_dir)
     base = ReaderJobSpec(**{k: v for k, v in (info.get("spec") or {}).items() if k in ReaderJobSpec.__dataclass_fields__})
     spec = spec or replace(base, kind=kind, lr=replace(base, kind=kind).learning_rate / 2, max_epochs=1,

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.db.tables import ReaderModel
 from app.services.errors import ConflictError, NotFoundError
 
-KINDS = ("fid", "extractive")
+KINDS = ("fid", "extractive", "ranker")
 STATES = ("training", "ready", "failed")
 # One reader training or fine-tune at a time per SQA_HOME: the file lock
 # workers.jobs.kind_lock(settings, READER_TRAINING_LOCK), held by whoever runs the training.
@@ -34,7 +34,7 @@ def new_version_name(kind: str, label: str) -> str:
     """A fresh, unique-enough version name: new_version_name("fid", "2023-03-31") -> "fid-2023-03-31-1a2b3c".
 
     Args:
-        kind: "fid" or "extractive".
+        kind: "fid", "extractive" or "ranker".
         label: what the version is (a data cut-off day, "ft-2023-04"); letters, digits, ".", "_", "-".
     Returns:
         "<kind>-<label>-<6 hex>", at most 64 characters.

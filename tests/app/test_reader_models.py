@@ -495,6 +495,16 @@ def test_api_finetune_failure_is_recorded_on_the_job(auto_client, loaded_setting
     assert reader_used(auto_client) == "trained-fid-base-000001"
 
 
+def test_api_finetune_refuses_an_active_ranker(auto_client, loaded_settings, loads, fake_train):
+    db = auto_client.app.state.db
+    make_version(loaded_settings, db, "ranker-base-000001", kind="ranker")
+    assert auto_client.post("/admin/models/ranker-base-000001/activate", headers=ADMIN).status_code == 200
+    assert reader_used(auto_client) == "trained-ranker-base-000001"
+    r = auto_client.post("/admin/finetune", json={"month": "2024-02"}, headers=ADMIN)
+    assert r.status_code == 422 and "refitted rather than fine-tuned" in r.json()["detail"]
+    assert fake_train.calls == []
+
+
 # ---- sqa models ---------------------------------------------------------------------------------------
 
 def test_cli_models_list_and_activate(sqa):

@@ -18,6 +18,7 @@ from app.runtime import open_database
 from app.services.errors import InvalidInputError
 from workers.jobs import (
     NO_ACTIVE_READER,
+    RANKER_REFIT,
     monthly_ingest,
     previous_month,
     previous_quarter,
@@ -119,6 +120,23 @@ def test_monthly_ingest_reads_an_inbox_folder(use_env, tmp_path):
     assert result["counts"]["ingest"]["articles"] == 2 and result["counts"]["ingest"]["passages"] > 0
     assert result["counts"]["finetune"] == {"policy": "always", "ran": False, "reason": NO_ACTIVE_READER}
     assert {a.url for a in rows(settings, Article)} == {"id:inbox-1", "id:inbox-2"}
+
+
+@pytest.mark.parametrize("policy", ["always", "on-drift"])
+def test_monthly_ingest_never_fine_tunes_an_active_ranker(use_env, tmp_path, policy):
+    from app.db.tables import ReaderModel
+
+    inbox = tmp_path / "inbox"
+    write_inbox(inbox, [article(1, "2024-05-03"), article(2, "2024-05-20")])
+    settings = use_env(news_source=f"inbox:{inbox}", finetune_policy=policy)
+    db = open_database(settings)
+    with db.sessions() as session, session.begin():
+        session.add(ReaderModel(version="r1", kind="ranker", path="r1", state="ready", active=True, metrics={}))
+    db.close()
+    result = monthly_ingest("2024-05")
+    assert result["state"] == "succeeded"
+    assert result["counts"]["finetune"] == {"policy": policy, "ran": False, "reason": RANKER_REFIT}
+    assert rows(settings, Job, Job.kind == "finetune") == []
 
 
 def test_monthly_ingest_runs_a_failed_month_again(use_env, tmp_path):

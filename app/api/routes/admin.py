@@ -173,6 +173,9 @@ def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep,
     parent = active_version(session)
     if parent is None:
         raise InvalidInputError("no trained reader to fine-tune: run `sqa train reader --until YYYY-MM-DD` first")
+    if parent.kind == "ranker":
+        raise InvalidInputError(f"the active version {parent.version} is a ranker, which is refitted rather than "
+                                "fine-tuned: run `sqa train reader --kind ranker --until YYYY-MM-DD`")
     app = request.app
 
     def work(job_id: int) -> None:

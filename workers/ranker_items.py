@@ -1,0 +1,127 @@
+"""The candidate ranker's input, made once per question: retrieved as of the question's own date
+with the serving index, the passages annotated with spaCy. Shared by `sqa estimate`
+(workers/estimate.py) and `sqa train reader --kind ranker` (workers/train_ranker.py).
+
+Both go to a cache file under SQA_HOME/work/estimate/, keyed by the index snapshot and the number
+of passages, appended as it goes, so an interrupted run resumes where it stopped and a training
+run reuses what an estimate retrieved (and the other way round).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from app.core.config import Settings
+from app.runtime import Database, build_answer_service, build_encoder
+from evaluation.bakeoff import passage_body
+from models.candidates import RankerItem, annotate_passages, annotated
+from workers.progress import Progress
+
+
+class ItemQuestion(Protocol):
+    """What a question needs to become an item (the ORM Question has it; so does `PlainQuestion`)."""
+
+    qid: str
+    text: str
+    asked: dt.date
+    answers: Sequence[str]
+
+
+@dataclass(frozen=True)
+class PlainQuestion:
+    """A question that is not a database row (a self-labeled one)."""
+
+    qid: str
+    text: str
+    asked: dt.date
+    answers: tuple[str, ...]
+
+
+class ItemCache:
+    """Retrieved-and-annotated questions, one JSON line each, keyed by question id."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: dict[str, dict] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a crash: redo that question
+                    continue
+                self.records[rec["qid"]] = rec
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, records: list[dict]) -> None:
+        """Append records with one write on an O_APPEND file, so that two processes filling the same
+        cache (an estimate and a training) do not interleave inside a line."""
+        data = "".join(json.dumps(rec) + "\n" for rec in records).encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        for rec in records:
+            self.records[rec["qid"]] = rec
+
+
+def cache_path(settings: Settings, snapshot_id: str, passages: int) -> Path:
+    key = hashlib.sha256(f"{snapshot_id}|{passages}".encode()).hexdigest()[:16]
+    return settings.work_dir / "estimate" / f"items-{key}.jsonl"
+
+
+def prepare_items(settings: Settings, db: Database, questions: Sequence[ItemQuestion], passages: int,
+                  progress: Progress, *, batch: int = 32, embed: bool = True
+                  ) -> tuple[dict[str, RankerItem], np.ndarray | None]:
+    """Retrieve and annotate each question once (cached).
+
+    Args:
+        questions: ORM Questions or PlainQuestions, each retrieved as of its `asked` day.
+        passages: retrieved passages per question (part of the cache key).
+        embed: also encode the questions (the adversarial splits need them).
+    Returns:
+        (items by qid, (n, dim) question embeddings in input order, or None when `embed` is false).
+    """
+    from models.readers import FirstEntityReader
+    from models.selflabel import load_nlp
+
+    encoder = build_encoder(settings)
+    service = build_answer_service(settings, db, encoder, reader=FirstEntityReader())
+    service.index_state.refresh()
+    snap = service.index_state.current()
+    if snap is None:
+        raise ValueError(f"no index snapshot in {settings.home}: run `sqa ingest` first")
+    cache = ItemCache(cache_path(settings, snap.snapshot_id, passages))
+    todo = [q for q in questions if q.qid not in cache.records]
+    progress.stage("retrieve+annotate", len(questions))
+    progress.advance(len(questions) - len(todo))
+    nlp = load_nlp() if todo else None
+    for i in range(0, len(todo), batch):
+        chunk = todo[i:i + batch]
+        found = [service.answer(q.text, q.asked, passages, snapshot=snap, read=False).passages for q in chunk]
+        bodies = [passage_body(p.text, p.published) for ps in found for p in ps]
+        notes = iter(annotate_passages(nlp, bodies))
+        records = [{"qid": q.qid, "question": q.text, "asked": q.asked.isoformat(), "answers": list(q.answers),
+                    "passages": [{"score": p.score, "days_old": (q.asked - p.published).days, **next(notes)}
+                                 for p in ps]} for q, ps in zip(chunk, found)]
+        cache.add(records)
+        progress.advance(len(chunk))
+    items = {}
+    for q in questions:
+        rec = cache.records[q.qid]
+        items[q.qid] = RankerItem(q.qid, rec["question"], tuple(rec["answers"]), tuple(
+            annotated(p, rank=r, score=p["score"], days_old=p["days_old"]) for r, p in enumerate(rec["passages"])))
+    if not embed:
+        return items, None
+    vectors = encoder.encode_queries([q.text for q in questions]) if questions else np.zeros((0, encoder.dim))
+    return items, np.asarray(vectors)
