@@ -218,11 +218,24 @@ def _train_and_register(settings, job_id: int, *, spec: ReaderJobSpec, label: st
                              activate=activate, progress=progress)
 
 
+def serving_snapshot(settings, db):
+    """(encoder, the serving snapshot) for building training data; ValueError when nothing is indexed."""
+    from app.runtime import build_encoder
+    from app.services.index_state import IndexState
+
+    encoder = build_encoder(settings)
+    state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
+    state.refresh()
+    snapshot = state.current()
+    if snapshot is None:
+        raise ValueError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+    return encoder, snapshot
+
+
 def _train_locked(settings, job_id: int, *, spec: ReaderJobSpec, label: str, work: Path, make_data, model_factory,
                   until: dt.date, month: str | None, parent: str | None, activate: bool | None, progress) -> str:
-    from app.runtime import build_encoder, open_database
+    from app.runtime import open_database
     from app.services.answering import DenseRetriever
-    from app.services.index_state import IndexState
     from app.services.reader_registry import new_version_name, register_version
     from models.trained import write_reader_info
 
@@ -234,12 +247,7 @@ def _train_locked(settings, job_id: int, *, spec: ReaderJobSpec, label: str, wor
             train, val = load_examples(work / "train.jsonl"), load_examples(work / "val.jsonl")
             counts = {"train": len(train), "val": len(val), "data": "reused from an interrupted run"}
         else:
-            encoder = build_encoder(settings)
-            state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
-            state.refresh()
-            snapshot = state.current()
-            if snapshot is None:
-                raise ValueError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+            encoder, snapshot = serving_snapshot(settings, db)
             with db.sessions() as session:
                 train, val, dc = make_data(session, DenseRetriever(encoder), snapshot, progress)
             save_examples(work / "val.jsonl", val)

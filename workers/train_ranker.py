@@ -84,23 +84,17 @@ def run_ranker_job(settings, job_id: int, *, until: dt.date, spec, data, activat
 
 
 def _train(settings, job_id: int, *, until: dt.date, spec, data, activate: bool | None, progress) -> str:
-    from app.runtime import build_encoder, open_database
-    from app.services.index_state import IndexState
+    from app.runtime import open_database
     from app.services.reader_registry import new_version_name, register_version
     from models.ranker import RankerConfig, RankerModel
     from models.trained import write_reader_info
-    from workers.train import gold_questions, indexed_start, self_labeled
+    from workers.train import gold_questions, indexed_start, self_labeled, serving_snapshot
 
     val_from = month_start(until - dt.timedelta(days=1))
     db = open_database(settings)
     try:
         t0 = time.perf_counter()
-        encoder = build_encoder(settings)
-        state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
-        state.refresh()
-        snapshot = state.current()
-        if snapshot is None:
-            raise ValueError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+        encoder, snapshot = serving_snapshot(settings, db)
         first = indexed_start(snapshot)
         if first >= val_from:
             raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "

@@ -31,3 +31,20 @@ def stream() -> tuple[list[ArticleRecord], list[QuestionRecord]]:
 @pytest.fixture
 def cup_stream() -> tuple[list[ArticleRecord], list[QuestionRecord]]:
     return stream()
+
+
+@pytest.fixture
+def new_job():
+    """A function that creates a queued job row of a kind and returns its id."""
+    from app.db.queries import create_job
+    from app.runtime import open_database
+
+    def make(settings, kind: str = "train") -> int:
+        db = open_database(settings)
+        try:
+            with db.sessions() as session, session.begin():
+                return create_job(session, kind, {}).id
+        finally:
+            db.close()
+
+    return make

@@ -6,7 +6,6 @@ import datetime as dt
 import pytest
 import torch
 
-from app.db.queries import create_job
 from app.runtime import open_database
 from app.services.reader_registry import active_version, list_versions
 from models.trained import load_trained_reader, read_reader_info
@@ -20,15 +19,6 @@ TINY = dict(kind="extractive", n_passages=2, infer_passages=2, max_passage_token
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
-
-
-def _job(settings, kind: str) -> int:
-    db = open_database(settings)
-    try:
-        with db.sessions() as session, session.begin():
-            return create_job(session, kind, {}).id
-    finally:
-        db.close()
 
 
 def _datasets(settings, until: dt.date, val_from: dt.date):
@@ -65,8 +55,8 @@ def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
         assert any(answer_in_text(list(ex.answers), passage_body(p.text, p.published)) for p in ex.passages), ex.qid
 
 
-def test_train_job_registers_an_active_version_that_answers(loaded_settings):
-    job_id = _job(loaded_settings, "train")
+def test_train_job_registers_an_active_version_that_answers(loaded_settings, new_job):
+    job_id = new_job(loaded_settings, "train")
     version = run_train_job(loaded_settings, job_id, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY),
                             activate=True)
     db = open_database(loaded_settings)
@@ -89,7 +79,7 @@ def test_train_job_registers_an_active_version_that_answers(loaded_settings):
     assert isinstance(reader.generate("Who coaches the Harriers?", day, [p]).text, str)
 
 
-def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch):
+def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch, new_job):
     import models.training as training
 
     spec = ReaderJobSpec(**{**TINY, "max_epochs": 2})
@@ -104,21 +94,21 @@ def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch):
 
     monkeypatch.setattr(training.ReaderTrainer, "batch_loss", crash_after_three)
     with pytest.raises(KeyboardInterrupt):
-        run_train_job(loaded_settings, _job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
+        run_train_job(loaded_settings, new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
     work = next((loaded_settings.work_dir / "train").iterdir())
     assert (work / "train.jsonl").exists() and load_examples(work / "train.jsonl")
     monkeypatch.setattr(training.ReaderTrainer, "batch_loss", real)
-    version = run_train_job(loaded_settings, _job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
+    version = run_train_job(loaded_settings, new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
     info = read_reader_info(loaded_settings.models_dir / version)
     assert info["data"]["data"] == "reused from an interrupted run"
 
 
-def test_finetune_continues_the_active_version(loaded_settings):
+def test_finetune_continues_the_active_version(loaded_settings, new_job):
     with pytest.raises(ValueError, match="no trained reader"):
-        run_finetune_job(loaded_settings, _job(loaded_settings, "finetune"), month="2024-03")
-    first = run_train_job(loaded_settings, _job(loaded_settings, "train"), until=dt.date(2024, 3, 1),
+        run_finetune_job(loaded_settings, new_job(loaded_settings, "finetune"), month="2024-03")
+    first = run_train_job(loaded_settings, new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1),
                           spec=ReaderJobSpec(**TINY), activate=True)
-    second = run_finetune_job(loaded_settings, _job(loaded_settings, "finetune"), month="2024-03")
+    second = run_finetune_job(loaded_settings, new_job(loaded_settings, "finetune"), month="2024-03")
     db = open_database(loaded_settings)
     try:
         with db.sessions() as session:

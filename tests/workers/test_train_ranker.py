@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from app.db.queries import create_job
 from app.runtime import build_answer_service, build_encoder, open_database
 from app.services.reader_registry import active_version
 from evaluation.bakeoff import generation_subset
@@ -20,15 +19,6 @@ from workers.train_ranker import _NoProgress
 
 UNTIL = dt.date(2024, 3, 1)
 RANKER = dict(kind="ranker", n_passages=10, infer_passages=10, max_self_articles=0)
-
-
-def _job(settings, kind: str = "train") -> int:
-    db = open_database(settings)
-    try:
-        with db.sessions() as session, session.begin():
-            return create_job(session, kind, {}).id
-    finally:
-        db.close()
 
 
 def _gold(db):
@@ -79,9 +69,9 @@ def test_ranker_training_and_serving_compute_the_same_features(loaded_settings):
         assert answer == ranker.predict([trained])[0]
 
 
-def test_train_job_ranker_registers_a_version_that_serves(loaded_settings):
+def test_train_job_ranker_registers_a_version_that_serves(loaded_settings, new_job):
     spec = ReaderJobSpec(**{**RANKER, "max_self_articles": 12})
-    version = run_train_job(loaded_settings, _job(loaded_settings), until=UNTIL, spec=spec, activate=True)
+    version = run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=spec, activate=True)
     assert version.startswith("ranker-2024-03-01-")
     db = open_database(loaded_settings)
     try:
@@ -106,24 +96,24 @@ def test_train_job_ranker_registers_a_version_that_serves(loaded_settings):
     assert isinstance(reader.generate("Who coaches the Harriers?", day, [p]).text, str)
 
 
-def test_train_job_ranker_rerun_reuses_the_item_cache(loaded_settings, monkeypatch):
-    first = run_train_job(loaded_settings, _job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
+def test_train_job_ranker_rerun_reuses_the_item_cache(loaded_settings, monkeypatch, new_job):
+    first = run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
     import models.selflabel
 
     def no_spacy():
         raise AssertionError("the rerun must reuse the cached annotations")
 
     monkeypatch.setattr(models.selflabel, "load_nlp", no_spacy)
-    second = run_train_job(loaded_settings, _job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
+    second = run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
     assert second != first
     a, b = (json.loads((loaded_settings.models_dir / v / "ranker.json").read_text()) for v in (first, second))
     assert a == b  # same data, same fit
 
 
-def test_finetune_refuses_a_ranker(loaded_settings):
-    run_train_job(loaded_settings, _job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER), activate=True)
+def test_finetune_refuses_a_ranker(loaded_settings, new_job):
+    run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER), activate=True)
     with pytest.raises(ValueError, match="refitted rather than fine-tuned"):
-        run_finetune_job(loaded_settings, _job(loaded_settings, "finetune"), month="2024-03")
+        run_finetune_job(loaded_settings, new_job(loaded_settings, "finetune"), month="2024-03")
 
 
 def test_cli_train_reader_ranker_serves_once_activated(sqa, sample_root, monkeypatch):
