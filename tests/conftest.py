@@ -139,3 +139,20 @@ def sqa(monkeypatch, tmp_path):
     runner = CliRunner()
     yield lambda *args: runner.invoke(cli, list(args))
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def wait_job():
+    """A function that polls GET /admin/jobs/{id} until the job ends (or fails the test after `timeout` s)."""
+    import time
+
+    def wait(client, job_id, timeout=60.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = client.get(f"/admin/jobs/{job_id}", headers={"X-Admin-Token": "test-admin-token"}).json()
+            if job["state"] in ("succeeded", "failed", "interrupted"):
+                return job
+            time.sleep(0.05)
+        raise AssertionError(f"job {job_id} did not finish: {job}")
+
+    return wait

@@ -20,14 +20,13 @@ import numpy as np
 from app.core.config import Settings
 from app.db.tables import Question
 from app.runtime import Database
-from evaluation.bakeoff import generation_subset
 from evaluation.splits import (STRATEGIES, Split, adversarial_splits, length_split, random_splits, run_splits,
                                summarise, temporal_split)
-from evaluation.temporal import quarter_index, quarter_range
+from evaluation.temporal import quarter_bounds, quarter_index, quarter_range
 from models.candidates import CandidateRanker, MajorityAnswer, RankerItem, mean_f1
-from workers.evaluate import quarter_questions
 from workers.progress import Progress
 from workers.ranker_items import prepare_items
+from workers.train import gold_questions
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +70,16 @@ def parse_pool(value: str) -> tuple[str, ...]:
 
 
 def _questions(session, quarters: Sequence[str]) -> list[Question]:
-    rows = [q for quarter in quarters for q in quarter_questions(session, quarter)]
-    kept, _ = generation_subset(rows)
-    return kept
+    """The generation-subset questions of the quarters, in date order."""
+    out = []
+    for quarter in quarters:
+        first, last = quarter_bounds(quarter)
+        out += gold_questions(session, first, last + dt.timedelta(days=1))[0]
+    return out
 
 
-def make_splits(cfg: EstimateConfig, pool: list[RankerItem], embeddings: np.ndarray, n_new: int) -> list[Split]:
+def make_splits(cfg: EstimateConfig, pool: list[RankerItem], embeddings: np.ndarray | None, n_new: int
+                ) -> list[Split]:
     splits: list[Split] = []
     for strategy in cfg.strategies:
         if strategy == "random":
@@ -113,10 +116,11 @@ def run_estimate(settings: Settings, db: Database, cfg: EstimateConfig, progress
                          "(`sqa import realtimeqa ...`) or widen --pool")
     if "temporal" in cfg.strategies and not new_q:
         raise ValueError(f"the new sample {cfg.new} has no usable questions")
-    items, vectors = prepare_items(settings, db, pool_q + new_q, cfg.passages, progress)
+    adversarial = "adversarial" in cfg.strategies  # the only strategy that needs question embeddings
+    items, vectors = prepare_items(settings, db, pool_q + new_q, cfg.passages, progress, embed=adversarial)
     pool = [items[q.qid] for q in pool_q]
     new = [items[q.qid] for q in new_q]
-    splits = make_splits(cfg, pool, vectors[:len(pool)], len(new))
+    splits = make_splits(cfg, pool, vectors[:len(pool)] if adversarial else None, len(new))
     progress.stage("train+score", len(splits))
     scores = []
     for split in splits:

@@ -9,7 +9,6 @@ against the months of the version's source quarter (its first evaluated quarter)
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from app.db.tables import EvalResult, EvalRun, Question
 from evaluation.drift import MonthProfile, drift_between
-from evaluation.temporal import quarter_index, quarter_of
-from evaluation.transport import PeriodScore, fit_drop_model, predict_quarter, quarter_f1, transportability, walk_forward
+from evaluation.temporal import quarter_bounds, quarter_index, quarter_of
+from evaluation.transport import PeriodScore, fit_drop_model, quarter_f1, transportability, walk_forward
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,9 @@ def month_scores(session: Session) -> dict[str, dict[str, MonthScores]]:
 
 
 def _months_of(quarter: str) -> list[str]:
-    year, q = int(quarter[:4]), int(quarter[5])
-    return [f"{year}-{3 * (q - 1) + i:02d}" for i in (1, 2, 3)]
+    """"2023Q2" -> ["2023-04", "2023-05", "2023-06"] (ValueError for a malformed quarter)."""
+    first, _ = quarter_bounds(quarter)
+    return [f"{first.year}-{first.month + i:02d}" for i in range(3)]
 
 
 def transport_summary(scores: dict[str, MonthScores], load: ProfileLoader, *, measure: str = DEFAULT_MEASURE,
@@ -81,7 +81,7 @@ def transport_summary(scores: dict[str, MonthScores], load: ProfileLoader, *, me
     """
     if not scores:
         raise ValueError("no evaluated questions for this version: run `sqa evaluate --quarter ...` first")
-    quarters = sorted({quarter_of(dt.date.fromisoformat(m + "-01")) for m in scores}, key=quarter_index)
+    quarters = sorted({quarter_of(m + "-01") for m in scores}, key=quarter_index)
     source = source or quarters[0]
     source_profiles = [p for p in (load(m) for m in _months_of(source)) if p is not None]
     if not source_profiles:
@@ -91,7 +91,7 @@ def transport_summary(scores: dict[str, MonthScores], load: ProfileLoader, *, me
     months = sorted(set(scores) | set(extra_months or []))
     periods, missing = [], []
     for m in months:
-        quarter = quarter_of(dt.date.fromisoformat(m + "-01"))
+        quarter = quarter_of(m + "-01")
         if quarter_index(quarter) < quarter_index(source):
             continue
         profile = load(m)
@@ -137,9 +137,8 @@ def predicted_drop(scores: dict[str, MonthScores], load: ProfileLoader, month: s
     known = [m for m in summary["months"] if m["f1"] is not None and m["n"] > 0 and m["month"] < month]
     model = fit_drop_model([m[measure] for m in known], [source_f1 - m["f1"] for m in known], [m["n"] for m in known])
     drop = model.predict(target[measure])
-    predicted = predict_quarter(source_f1, model, [PeriodScore(month, target["quarter"], target[measure], None, 0)])
     return {"month": month, "drift": target[measure], "measure": measure, "predicted_drop": drop,
-            "predicted_f1": predicted, "source": summary["source"], "source_f1": source_f1,
+            "predicted_f1": source_f1 - drop, "source": summary["source"], "source_f1": source_f1,
             "n_points": model.n_points}
 
 

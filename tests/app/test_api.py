@@ -152,17 +152,7 @@ def test_admin_unknown_job_is_404(client):
     assert r.status_code == 404 and "no job with id 999999" in r.json()["detail"]
 
 
-def wait_job(client, job_id, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/admin/jobs/{job_id}", headers=ADMIN).json()
-        if job["state"] in ("succeeded", "failed", "interrupted"):
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
-
-
-def test_admin_ingest_runs_in_background_and_swaps_snapshot(client, loaded_settings):
+def test_admin_ingest_runs_in_background_and_swaps_snapshot(client, loaded_settings, wait_job):
     old = client.get("/readyz").json()["snapshot"]
     r = client.post("/admin/ingest", json={"month": "2024-02"}, headers=ADMIN)
     assert r.status_code == 202, r.text

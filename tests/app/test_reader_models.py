@@ -411,16 +411,6 @@ def test_api_a_fixed_reader_process_records_the_activation_but_keeps_its_reader(
 
 # ---- POST /admin/finetune -------------------------------------------------------------------------------
 
-def wait_job(client, job_id, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/admin/jobs/{job_id}", headers=ADMIN).json()
-        if job["state"] in ("succeeded", "failed", "interrupted"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
-
-
 @pytest.fixture
 def fake_train(monkeypatch):
     """workers.train with a run_finetune_job that waits for `release`, then registers and activates
@@ -452,7 +442,8 @@ def fake_train(monkeypatch):
     return module
 
 
-def test_api_finetune_runs_in_background_and_serves_the_new_version(auto_client, loaded_settings, loads, fake_train):
+def test_api_finetune_runs_in_background_and_serves_the_new_version(auto_client, loaded_settings, loads, fake_train,
+                                                                     wait_job):
     db = auto_client.app.state.db
     r = auto_client.post("/admin/finetune", json={"month": "2024-02"}, headers=ADMIN)
     assert r.status_code == 422 and "no trained reader to fine-tune: run `sqa train reader" in r.json()["detail"]
@@ -471,7 +462,7 @@ def test_api_finetune_runs_in_background_and_serves_the_new_version(auto_client,
     busy = auto_client.post("/admin/finetune", json={"month": "2024-03"}, headers=ADMIN)
     assert busy.status_code == 409 and "already running" in busy.json()["detail"]
     fake_train.release.set()
-    job = wait_job(auto_client, job_id)
+    job = wait_job(auto_client, job_id, timeout=30.0)
     assert job["state"] == "succeeded" and job["kind"] == "finetune", job
     assert job["params"] == {"month": "2024-02", "parent_version": "fid-base-000001"}
     new = job["counts"]["version"]
@@ -482,7 +473,7 @@ def test_api_finetune_runs_in_background_and_serves_the_new_version(auto_client,
     assert versions[new]["active"] and reader_used(auto_client) == f"trained-{new}"
 
 
-def test_api_finetune_failure_is_recorded_on_the_job(auto_client, loaded_settings, loads, fake_train):
+def test_api_finetune_failure_is_recorded_on_the_job(auto_client, loaded_settings, loads, fake_train, wait_job):
     db = auto_client.app.state.db
     make_version(loaded_settings, db, "fid-base-000001")
     assert auto_client.post("/admin/models/fid-base-000001/activate", headers=ADMIN).status_code == 200
@@ -490,7 +481,7 @@ def test_api_finetune_failure_is_recorded_on_the_job(auto_client, loaded_setting
     fake_train.release.set()
     r = auto_client.post("/admin/finetune", json={"month": "2024-02"}, headers=ADMIN)
     assert r.status_code == 202, r.text
-    job = wait_job(auto_client, r.json()["job_id"])
+    job = wait_job(auto_client, r.json()["job_id"], timeout=30.0)
     assert job["state"] == "failed" and "out of memory while fine-tuning" in job["error"]
     assert reader_used(auto_client) == "trained-fid-base-000001"
 

@@ -44,16 +44,26 @@ def start_ingest(body: IngestRequest, request: Request, session: SessionDep, db:
             log.exception("ingest job %d failed", job_id)
 
     plan = check_month_request(session, cfg.index_dir, encoder, body.month)  # 422 before any job exists
-    with app.state.ingest_guard:
-        thread = app.state.ingest_thread
-        if (thread is not None and thread.is_alive()) or ingest_lock_held(cfg.index_dir):
-            raise ConflictError("an ingest is already running; poll GET /admin/jobs and try again when it ends")
-        job = create_job(session, "ingest", {"month": plan.key})
+    return _start_in_background(app, session, "ingest", "ingest", {"month": plan.key}, work,
+                                busy=lambda: ingest_lock_held(cfg.index_dir),
+                                conflict="an ingest is already running; poll GET /admin/jobs and try again when "
+                                         "it ends")
+
+
+def _start_in_background(app, session, slot: str, kind: str, params: dict, work, *, busy, conflict: str) -> JobStarted:
+    """Create a queued job and run `work(job_id)` on a thread, one at a time per slot ("ingest" or
+    "training": app.state.<slot>_guard and <slot>_thread); ConflictError (409) while that slot's
+    thread lives or `busy()` says another process holds its lock."""
+    with getattr(app.state, f"{slot}_guard"):
+        thread = getattr(app.state, f"{slot}_thread")
+        if (thread is not None and thread.is_alive()) or busy():
+            raise ConflictError(conflict)
+        job = create_job(session, kind, params)
         session.commit()
         job_id = job.id
-        app.state.ingest_thread = threading.Thread(target=lambda: work(job_id), name=f"ingest-{job_id}",
-                                                   daemon=True)
-        app.state.ingest_thread.start()
+        thread = threading.Thread(target=lambda: work(job_id), name=f"{kind}-{job_id}", daemon=True)
+        setattr(app.state, f"{slot}_thread", thread)
+        thread.start()
     return JobStarted(job_id=job_id, state="queued", status_url=f"/admin/jobs/{job_id}")
 
 
@@ -193,15 +203,8 @@ def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep,
         except Exception:
             log.exception("reader refresh after finetune job %d failed", job_id)
 
-    with app.state.training_guard:
-        thread = app.state.training_thread
-        if (thread is not None and thread.is_alive()) or job_running(settings, READER_TRAINING_LOCK):
-            raise ConflictError("a reader training or fine-tune is already running; poll GET /admin/jobs and try "
-                                "again when it ends")
-        job = create_job(session, "finetune", {"month": month, "parent_version": parent.version})
-        session.commit()
-        job_id = job.id
-        app.state.training_thread = threading.Thread(target=lambda: work(job_id), name=f"finetune-{job_id}",
-                                                     daemon=True)
-        app.state.training_thread.start()
-    return JobStarted(job_id=job_id, state="queued", status_url=f"/admin/jobs/{job_id}")
+    params = {"month": month, "parent_version": parent.version}
+    return _start_in_background(app, session, "training", "finetune", params, work,
+                                busy=lambda: job_running(settings, READER_TRAINING_LOCK),
+                                conflict="a reader training or fine-tune is already running; poll GET /admin/jobs "
+                                         "and try again when it ends")
