@@ -212,6 +212,41 @@ def index_rebuild() -> None:
     _run_ingest({"rebuild": True})
 
 
+@index_cli.command("reencode")
+@_guard
+def index_reencode(encoder: str = typer.Option(..., help="the encoder to switch to: a trained version "
+                                               "(`sqa encoders list`), minilm, or a folder")) -> None:
+    """Re-encode every shard with another encoder and switch the index to it in one snapshot; run the
+    same command again to resume an interrupted run."""
+    _reencode(encoder)
+
+
+def _reencode(spec: str) -> None:
+    from app.runtime import ingest_config, open_database
+    from models.encoders import load_encoder
+    from workers.reencode import reencode
+
+    s = _settings()
+    try:
+        enc = load_encoder(spec, device=s.device, encoders_dir=s.encoders_dir)
+    except (ValueError, RuntimeError) as exc:
+        fail(str(exc))
+    db = open_database(s)
+    try:
+        job = reencode(db.sessions, enc, ingest_config(s), bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+    finally:
+        db.close()
+    c, t = job.counts or {}, job.timings or {}
+    if not c.get("snapshot"):
+        typer.echo(job.message)
+        return
+    typer.echo(f"re-encoded {c['passages']} passages in {c['shards']} shards with {c['encoder']} "
+               f"({t.get('passages_per_s')} passages/s); snapshot {c['snapshot']} serves")
+    if s.encoder != "auto":
+        typer.echo(f"SQA_ENCODER is pinned to {s.encoder}: set it to auto (or {c['encoder']}) so that the "
+                   "server and the ingests use the new encoder")
+
+
 @index_cli.command("status")
 @_guard
 def index_status() -> None:
@@ -544,6 +579,71 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                                                                   activate=activate, progress=progress),
                        result_key="version")
     typer.echo(f"reader version {version} trained; `sqa models list` shows it")
+
+
+@train_cli.command("retriever")
+@_guard
+def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
+                    towers: str = typer.Option("shared", help="shared (one encoder for questions and passages) | "
+                                                              "separate (a question tower and a passage tower)"),
+                    epochs: int = typer.Option(2, min=1),
+                    batch_size: int = typer.Option(32, min=2, help="questions a step (in-batch negatives)"),
+                    lr: float = typer.Option(2e-5, min=0.0),
+                    max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget (0: none); the best "
+                                                                         "validated state is kept"),
+                    self_articles: int = typer.Option(1500, min=0, help="articles sampled for self-labeled questions"),
+                    hard_negatives: bool = typer.Option(True, "--hard-negatives/--no-hard-negatives",
+                                                        help="add each question's best BM25 passage without the answer"),
+                    seed: int = typer.Option(0),
+                    switch: bool = typer.Option(False, "--switch/--no-switch", help="re-encode the index with the new "
+                                                "version when done (`sqa index reencode`)")) -> None:
+    """Fine-tune the question and passage encoders (DPR) and save them as an encoder version;
+    run the same command again to resume an interrupted run."""
+    from models.dpr import DprConfig
+    from models.encoders import read_encoder_info
+    from workers.train_retriever import RetrieverDataConfig, describe, run_train_retriever_job
+
+    day = _day(until, "--until")
+    try:
+        cfg = DprConfig(towers=towers, epochs=epochs, batch_size=batch_size, lr=lr, max_minutes=max_minutes,
+                        hard_negatives=hard_negatives, seed=seed)
+    except ValueError as exc:
+        fail(str(exc))
+    data = RetrieverDataConfig(max_self_articles=self_articles, seed=seed)
+    version = _job_run("train-retriever", {"until": str(day), "towers": towers},
+                       lambda db, progress, job_id: run_train_retriever_job(_settings(), job_id, until=day, cfg=cfg,
+                                                                            data=data, progress=progress),
+                       result_key="version")
+    typer.echo(f"encoder version {version} trained; validation (gold questions of the month before the cut, "
+               "pooled BM25 + dense candidates):")
+    typer.echo(describe(read_encoder_info(_settings().encoders_dir / version)))
+    if switch:
+        _reencode(version)
+    else:
+        typer.echo(f"switch the index to it with `sqa index reencode --encoder {version}`")
+
+
+encoders_cli = typer.Typer(no_args_is_help=True, help="Retriever encoder versions (`sqa train retriever`).")
+cli.add_typer(encoders_cli, name="encoders")
+
+
+@encoders_cli.command("list")
+@_guard
+def encoders_list() -> None:
+    """Trained encoder versions with their validation figures; * marks the one the index uses."""
+    from app.runtime import index_encoder_name
+    from models.encoders import list_encoder_versions
+
+    s = _settings()
+    serving = index_encoder_name(s)
+    typer.echo(f"{'*' if serving == 'all-MiniLM-L6-v2' else ' '} all-MiniLM-L6-v2  (packaged, untuned)")
+    for info in list_encoder_versions(s.encoders_dir):
+        best = info.get("validation", {}).get("best", {})
+        typer.echo(f"{'*' if serving == info['version'] else ' '} {info['version']}  towers {info.get('towers')}  "
+                   f"trained until {info.get('trained_until')}  validation recall@5 {best.get('recall@5')} "
+                   f"recall@20 {best.get('recall@20')}")
+    if serving is None:
+        typer.echo("(no index yet)")
 
 
 @cli.command("finetune")

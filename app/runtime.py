@@ -20,7 +20,7 @@ from app.services.reader_registry import check_servable, get_version
 from app.services.reader_state import ReaderState, RegistrySource
 from app.services.retrieval import make_retriever
 from indexer.ivf import ShardPolicy
-from models.encoders import TextEncoder, load_encoder
+from models.encoders import TextEncoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
 from evaluation.drift import parse_features
 from workers.drift import DriftConfig
@@ -56,8 +56,55 @@ def configure_torch(settings: Settings) -> None:
 
 
 def build_encoder(settings: Settings) -> TextEncoder:
+    """SQA_ENCODER's encoder; with "auto", the one the serving index records (MiniLM for a new index)."""
     configure_torch(settings)
-    return load_encoder(settings.encoder, device=settings.device)
+    if settings.encoder == AUTO_ENCODER:
+        name = index_encoder_name(settings)
+        if name is not None:
+            return resolve_encoder(name, encoders_dir=settings.encoders_dir, device=settings.device)
+        return load_encoder("minilm", device=settings.device)
+    return load_encoder(settings.encoder, device=settings.device, encoders_dir=settings.encoders_dir)
+
+
+AUTO_ENCODER = "auto"
+
+
+def index_encoder_name(settings: Settings) -> str | None:
+    """The encoder the newest serving snapshot was built with, None while there is none."""
+    from sqlalchemy import inspect
+
+    from app.services.index_state import latest_snapshot_row
+
+    engine = make_engine(settings.db_url)
+    try:
+        if not inspect(engine).has_table("index_snapshots"):
+            return None
+        with make_session_factory(engine)() as session:
+            row = latest_snapshot_row(session)
+            return row.encoder if row is not None else None
+    finally:
+        engine.dispose()
+
+
+class EncoderResolver:
+    """Encoder by the name an index snapshot records, loaded once each (SQA_ENCODER=auto)."""
+
+    def __init__(self, settings: Settings, *known: TextEncoder) -> None:
+        self._settings = settings
+        self._cache = {e.name: e for e in known}
+
+    def __call__(self, name: str) -> TextEncoder:
+        if name not in self._cache:
+            self._cache[name] = resolve_encoder(name, encoders_dir=self._settings.encoders_dir,
+                                                device=self._settings.device)
+        return self._cache[name]
+
+
+def index_state(settings: Settings, db: "Database", encoder: TextEncoder, *, lexical: bool = False) -> IndexState:
+    """The IndexState for `encoder`: pinned to it, or (SQA_ENCODER=auto) each snapshot with its own encoder."""
+    resolver = EncoderResolver(settings, encoder) if settings.encoder == AUTO_ENCODER else None
+    return IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim, lexical=lexical,
+                      resolver=resolver)
 
 
 FALLBACK_READER = "smollm2"  # what SQA_READER=auto serves while no trained version is active
@@ -154,8 +201,7 @@ def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
     """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names."""
     if reader is None:
         reader = build_reader_state(settings, db)
-    state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim,
-                       lexical=settings.retriever != "dense")  # SQA_RETRIEVER
+    state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")  # SQA_RETRIEVER
     limits = AnswerLimits(default_top_k=settings.top_k, max_top_k=settings.max_top_k,
                           reader_passages=settings.reader_passages, max_question_chars=settings.max_question_chars)
     retriever = make_retriever(settings.retriever, encoder, fusion=settings.fusion,

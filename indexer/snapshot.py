@@ -75,7 +75,10 @@ class ShardEntry:
     """One shard file of a snapshot, as the manifest records it.
 
     `index` is the FAISS index type (omitted from the JSON for flat shards, so older manifests
-    read unchanged); `bm25` the shard's BM25 file, None in snapshots built before it existed.
+    read unchanged); `bm25` the shard's BM25 file, None in snapshots built before it existed;
+    `encoder` the encoder version that made its vectors (None in shards written before it was
+    recorded: the manifest's encoder); `rows` the build id of the passage rows its ids point to,
+    when they are another shard file's (a re-encoded shard keeps the rows of the shard it replaced).
     """
 
     key: str
@@ -87,9 +90,15 @@ class ShardEntry:
     dim: int
     index: ShardSpec = FLAT
     bm25: FileRef | None = None
+    encoder: str | None = None
+    rows: str | None = None
 
     def __post_init__(self):
         check_key(self.key)
+        for name in ("encoder", "rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not _SNAPSHOT_ID_RE.match(value)):
+                raise ValueError(f"shard {self.key}: {name} {value!r} must be letters, digits, '.', '-' or '_'")
         _check_rel_path(self.key, self.file)
         for sha in (self.sha256, self.bm25.sha256 if self.bm25 else None):
             if sha is not None and (not isinstance(sha, str) or not _SHA_RE.match(sha)):
@@ -117,6 +126,11 @@ class ShardEntry:
             raise ValueError(f"shard {self.key}: days {self.min_day!r}..{self.max_day!r} are not YYYY-MM-DD") from None
 
     @property
+    def build(self) -> str:
+        """The build id of the passage rows this shard's ids point to (`Passage.build_id`)."""
+        return self.rows or PurePosixPath(self.file).name
+
+    @property
     def faiss_part(self) -> ShardEntry:
         """The entry without its BM25 file: what identifies the FAISS shard file."""
         return replace(self, bm25=None)
@@ -125,8 +139,9 @@ class ShardEntry:
         body = asdict(self)
         if self.index == FLAT:
             del body["index"]
-        if self.bm25 is None:
-            del body["bm25"]
+        for name in ("bm25", "encoder", "rows"):
+            if body[name] is None:
+                del body[name]
         return body
 
     @classmethod
@@ -178,6 +193,8 @@ class Manifest:
         for e in shards:
             if e.dim != self.dim:
                 raise ValueError(f"shard {e.key} has dim {e.dim}, the manifest {self.dim}")
+            if e.encoder is not None and e.encoder != self.encoder:  # a query never mixes encoders
+                raise ValueError(f"shard {e.key} was encoded with {e.encoder}, the manifest's encoder is {self.encoder}")
         for prev, cur in zip(shards, shards[1:]):
             if cur.span[0] <= prev.span[1]:
                 raise ValueError(
@@ -244,8 +261,10 @@ def _sha256(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_shard(index_dir: Path, shard: MonthShard, lexical: Bm25Shard | None = None) -> ShardEntry:
-    """Write `shard` (and its BM25 index) to new files under index_dir/shards/; returns its manifest entry."""
+def write_shard(index_dir: Path, shard: MonthShard, lexical: Bm25Shard | None = None, *,
+                encoder: str | None = None) -> ShardEntry:
+    """Write `shard` (and its BM25 index) to new files under index_dir/shards/; returns its manifest
+    entry, which records `encoder` (the encoder version of its vectors)."""
     directory = Path(index_dir) / SHARDS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     while (path := directory / f"{shard.key}.{secrets.token_hex(4)}.faiss").exists():
@@ -261,6 +280,7 @@ def write_shard(index_dir: Path, shard: MonthShard, lexical: Bm25Shard | None = 
         max_day=shard.max_day.isoformat(),
         dim=shard.dim,
         index=shard.spec,
+        encoder=encoder,
     )
     return entry if lexical is None else write_lexical(index_dir, entry, lexical)
 

@@ -1,7 +1,10 @@
-"""Question and passage encoders (DPR-style bi-encoder, shared tower for now).
+"""Question and passage encoders (DPR-style bi-encoders).
 
-`encode_queries` and `encode_passages` are thin, named specialisations of `encode`; both return
-L2-normalised float32 arrays of shape (n, dim), so inner product is cosine similarity.
+`encode_queries` and `encode_passages` both return L2-normalised float32 arrays of shape (n, dim),
+so inner product is cosine similarity. The packaged MiniLM is one shared tower; a trained encoder
+version (`sqa train retriever`, `models/dpr.py`) is a folder with `encoder.json` and either one
+shared tower or a query tower and a passage tower. Every encoder has a `name` that the index
+records in each shard, and `resolve_encoder` turns such a name back into the encoder.
 """
 from __future__ import annotations
 
@@ -106,8 +109,87 @@ class HashEncoder:
         return self.encode(texts)
 
 
-def load_encoder(spec: str, *, device: str = "cpu") -> TextEncoder:
-    """Build an encoder from a setting: "minilm", "hash", "hash:delay_ms=5", or a local folder."""
+ENCODER_INFO = "encoder.json"  # marks a trained encoder version folder
+TOWERS = ("shared", "separate")
+
+
+class DualEncoder:
+    """A trained encoder version: `shared/` (one tower) or `query/` + `passage/` (two towers).
+
+    Example:
+        >>> enc = DualEncoder(Path(".sqa/encoders/dpr-2023-01-01-shared-1a2b3c"))
+        >>> enc.encode_queries(["Today is Monday, June 5, 2023. Who won?"]).shape
+        (1, 384)
+    """
+
+    def __init__(self, folder: Path | str, *, device: str = "cpu") -> None:
+        folder = Path(folder)
+        info = read_encoder_info(folder)
+        towers = info.get("towers")
+        if towers not in TOWERS:
+            raise ValueError(f"{folder / ENCODER_INFO}: towers {towers!r} must be one of {TOWERS}")
+        if towers == "shared":
+            self.query = self.passage = SentenceTransformerEncoder(folder / "shared", name=info["version"], device=device)
+        else:
+            self.query = SentenceTransformerEncoder(folder / "query", name=info["version"], device=device)
+            self.passage = SentenceTransformerEncoder(folder / "passage", name=info["version"], device=device)
+        if self.query.dim != self.passage.dim:
+            raise ValueError(f"{folder}: query tower has {self.query.dim} dims, passage tower {self.passage.dim}")
+        self.name, self.dim, self.info, self.folder = info["version"], self.query.dim, info, folder
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.query.encode(texts, batch_size=32)
+
+    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+        return self.passage.encode(texts, batch_size=batch_size)
+
+
+def read_encoder_info(folder: Path) -> dict:
+    import json
+
+    path = Path(folder) / ENCODER_INFO
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{folder} is not a trained encoder version: it has no {ENCODER_INFO}") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} cannot be read: {exc}") from None
+    if not isinstance(info, dict) or not info.get("version"):
+        raise ValueError(f"{path} does not name its version")
+    return info
+
+
+def list_encoder_versions(encoders_dir: Path) -> list[dict]:
+    """encoder.json of every trained version under `encoders_dir`, oldest first."""
+    out = []
+    for folder in sorted(Path(encoders_dir).glob("*/" + ENCODER_INFO)):
+        try:
+            out.append(read_encoder_info(folder.parent))
+        except ValueError:
+            continue
+    return sorted(out, key=lambda i: (i.get("created_at", ""), i["version"]))
+
+
+_HASH_NAME = re.compile(r"^hash-(\d+)$")
+
+
+def resolve_encoder(name: str, *, encoders_dir: Path | None, device: str = "cpu") -> TextEncoder:
+    """The encoder an index records by `name`: the packaged MiniLM, a hash fake, or a trained
+    version folder under `encoders_dir`. ValueError saying what is missing otherwise."""
+    if name == PACKAGED_MINILM:
+        return SentenceTransformerEncoder.packaged(device=device)
+    if m := _HASH_NAME.match(name):
+        return HashEncoder(int(m.group(1)))
+    if encoders_dir is not None and (Path(encoders_dir) / name / ENCODER_INFO).exists():
+        return DualEncoder(Path(encoders_dir) / name, device=device)
+    raise ValueError(f"the index was encoded with {name!r}, which is neither the packaged {PACKAGED_MINILM} "
+                     f"nor a trained version under {encoders_dir} (`sqa encoders list`)")
+
+
+def load_encoder(spec: str, *, device: str = "cpu", encoders_dir: Path | None = None) -> TextEncoder:
+    """Build an encoder from a setting: "minilm", "hash", "hash:delay_ms=5", a trained version's
+    name (a folder under `encoders_dir`), or a local folder (a trained version or any
+    sentence-transformers model)."""
     if spec == "minilm":
         return SentenceTransformerEncoder.packaged(device=device)
     if spec == "hash" or spec.startswith("hash:"):
@@ -116,7 +198,13 @@ def load_encoder(spec: str, *, device: str = "cpu") -> TextEncoder:
         if unknown:
             raise ValueError(f"unknown hash encoder option(s) {sorted(unknown)} in {spec!r}")
         return HashEncoder(int(opts.get("dim", 384)), delay_ms=float(opts.get("delay_ms", 0)))
+    if m := _HASH_NAME.match(spec):  # the name a hash-encoded index records
+        return HashEncoder(int(m.group(1)))
+    if encoders_dir is not None and "/" not in spec and (Path(encoders_dir) / spec / ENCODER_INFO).exists():
+        return DualEncoder(Path(encoders_dir) / spec, device=device)
     path = Path(spec).expanduser()
+    if (path / ENCODER_INFO).exists():
+        return DualEncoder(path, device=device)
     if path.is_dir():
         return SentenceTransformerEncoder(path, device=device)
-    raise ValueError(f"encoder {spec!r} is neither 'minilm', 'hash' nor an existing model folder")
+    raise ValueError(f"encoder {spec!r} is neither 'minilm', 'hash', a trained version nor an existing model folder")

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -94,7 +94,7 @@ def read_shard_vectors(index_dir: Path, entry: ShardEntry) -> np.ndarray:
 
 def passage_bodies(session: Session, entry: ShardEntry) -> list[str]:
     """The texts of the shard build's passages, without their "Thursday, February 7, 2019. " prefix."""
-    build = PurePosixPath(entry.file).name
+    build = entry.build
     rows = session.execute(select(Passage.text, Passage.published)
                            .where(Passage.build_id == build, Passage.shard_key == entry.key)
                            .order_by(Passage.id)).all()

@@ -16,7 +16,7 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 from sqlalchemy import delete, insert, select, update
@@ -232,8 +232,9 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
         ids = make_ids(days, np.asarray(pks, dtype=np.int64))  # (n,) day << 40 | primary key
         session.execute(update(Passage), [{"id": pk, "faiss_id": int(fid)} for pk, fid in zip(pks, ids)])
         shard = MonthShard.build(plan.key, vectors, ids, spec=cfg.shard_policy.spec_for(len(ids), encoder.dim))
-        entry = write_shard(cfg.index_dir, shard, Bm25Shard.build(plan.key, texts, ids))  # + its BM25 file
-        build = PurePosixPath(entry.file).name
+        entry = write_shard(cfg.index_dir, shard, Bm25Shard.build(plan.key, texts, ids),  # + its BM25 file
+                            encoder=encoder.name)
+        build = entry.build
         session.execute(update(Passage).where(Passage.build_id == tmp_build).values(build_id=build))
         manifest = base.with_shard(entry, drop=overlapping_keys(base, plan))
         path, sha = write_manifest(cfg.index_dir, manifest)
@@ -293,7 +294,7 @@ def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
                 log.warning("snapshot %s: manifest unreadable, skipped by garbage collection", row.snapshot_id)
         if not manifests:
             return
-        keep = {PurePosixPath(e.file).name for m in manifests for e in m.shards}
+        keep = {e.build for m in manifests for e in m.shards}
         session.execute(delete(Passage).where(Passage.build_id.not_in(keep)))
     for path in garbage_files(cfg.index_dir, manifests):
         path.unlink(missing_ok=True)

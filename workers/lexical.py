@@ -8,7 +8,7 @@ commits a new snapshot naming them, under the ingest lock. The FAISS files are u
 from __future__ import annotations
 
 import logging
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 from sqlalchemy import select
@@ -47,7 +47,7 @@ def build_missing_lexical(sf: sessionmaker[Session], index_dir: Path) -> dict:
         for entry in missing:
             with sf() as session:
                 rows = session.execute(select(Passage.faiss_id, Passage.text)
-                                       .where(Passage.build_id == PurePosixPath(entry.file).name)).all()
+                                       .where(Passage.build_id == entry.build)).all()
             if len(rows) != entry.count:
                 raise IndexIntegrityError(f"shard {entry.key}: {len(rows)} passage rows in the database, the "
                                           f"manifest says {entry.count}; {REBUILD_HINT}")

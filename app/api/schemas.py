@@ -40,6 +40,20 @@ class IngestRequest(BaseModel):
     month: str = Field(description="YYYY-MM: the month of articles to (re-)ingest.")
 
 
+class ReencodeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    encoder: str = Field(min_length=1, max_length=200,
+                         description="The encoder to switch the index to: a trained version (GET /admin/encoders) or 'minilm'.")
+
+
+class EncoderVersionPublic(BaseModel):
+    version: str
+    towers: str | None = None
+    trained_until: str | None = None
+    validation: dict[str, Any] = {}
+    serving: bool = False
+
+
 class JobPublic(BaseModel):
     id: int
     kind: str

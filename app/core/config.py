@@ -75,10 +75,13 @@ class Settings(BaseSettings):
     database_url: str = ""
     admin_token: str = ""
 
-    # Question and passage encoder: "minilm" (the packaged all-MiniLM-L6-v2), a local
-    # sentence-transformers folder, or "hash" (a deterministic fake for tests; "hash:delay_ms=5"
-    # slows it down so a test can kill an ingest half-way).
-    encoder: str = "minilm"
+    # Question and passage encoder: "auto" (the encoder the serving index was built with, the
+    # packaged MiniLM for a new index; the server follows `sqa index reencode` switches), "minilm"
+    # (the packaged all-MiniLM-L6-v2), a trained version's name (`sqa train retriever`, a folder
+    # under <home>/encoders), a local sentence-transformers folder, or "hash" (a deterministic fake
+    # for tests; "hash:delay_ms=5" slows it down so a test can kill an ingest half-way). Anything
+    # but "auto" pins it: an index built with another encoder is refused.
+    encoder: str = "auto"
     # Reader backend: "smollm2" (the packaged SmolLM2-135M-Instruct GGUF), "first-entity" (a
     # deterministic fake that copies a capitalised phrase from the top passage), "auto" (the active
     # trained version in the registry, else smollm2; the server follows activations), a trained
@@ -193,6 +196,11 @@ class Settings(BaseSettings):
     def models_dir(self) -> Path:
         """Trained reader versions, one folder each (`reader_models.path` is relative to it)."""
         return self.home / "models"
+
+    @property
+    def encoders_dir(self) -> Path:
+        """Trained retriever encoder versions, one folder each (`sqa train retriever`)."""
+        return self.home / "encoders"
 
     @property
     def drift_dir(self) -> Path:

@@ -66,7 +66,8 @@ class DenseRetriever:
 
     def search(self, snapshot: LoadedSnapshot, question: str, as_of: dt.date, k: int) -> list[tuple[int, float]]:
         """(faiss id, score) hits, best first."""
-        qvec = self.encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
+        encoder = snapshot.encoder or self.encoder  # the snapshot's own encoder version when it carries one
+        qvec = encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
         scores, ids = snapshot.index.search(qvec, as_of, k)  # (1, k) each, -1 padded
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
 

@@ -11,6 +11,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,6 +20,7 @@ from app.db.tables import IndexSnapshot
 from indexer.lexical import LexicalIndex
 from indexer.shards import ShardedIndex
 from indexer.snapshot import IndexIntegrityError, LexicalMissingError, Manifest, ShardCache, read_manifest
+from models.encoders import TextEncoder
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ class LoadedSnapshot:
     loaded_at: dt.datetime
     lexical: LexicalIndex | None = None  # the BM25 shards, when opened with lexical=True and all exist
     lexical_error: str | None = None  # why `lexical` is None although it was asked for
+    encoder: TextEncoder | None = None  # the query encoder of this snapshot's encoder version (SQA_ENCODER=auto)
 
     @property
     def newest_day(self) -> dt.date | None:
@@ -47,11 +50,14 @@ def latest_snapshot_row(session: Session) -> IndexSnapshot | None:
 
 
 def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *, encoder: str,
-                      dim: int, lexical: bool = False) -> LoadedSnapshot:
+                      dim: int, lexical: bool = False,
+                      resolver: Callable[[str], TextEncoder] | None = None) -> LoadedSnapshot:
     """Check the manifest file against the database row, then open and verify its shards.
 
     `lexical` opens the BM25 shards too; a snapshot built before BM25 existed still opens (dense
-    search works) with `lexical_error` saying how to build them.
+    search works) with `lexical_error` saying how to build them. With `resolver` (name -> encoder)
+    any encoder version is accepted and the snapshot carries its own query encoder; without it the
+    snapshot must have been built with `encoder`.
     """
     path = index_dir / row.manifest_file
     if not path.exists():
@@ -62,6 +68,13 @@ def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *,
         raise IndexIntegrityError(
             f"snapshot {row.snapshot_id}: manifest says {manifest.snapshot_id} with {manifest.total} vectors, "
             f"the database says {row.snapshot_id} with {row.total}; {REBUILD_HINT}")
+    query_encoder = None
+    if resolver is not None:
+        try:
+            query_encoder = resolver(manifest.encoder)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise IndexIntegrityError(f"snapshot {row.snapshot_id}: {exc}") from None
+        encoder, dim = query_encoder.name, query_encoder.dim
     index = cache.open_snapshot(index_dir, manifest, expected_encoder=encoder, expected_dim=dim)
     lexical_index, lexical_error = None, None
     if lexical:
@@ -71,15 +84,18 @@ def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *,
             lexical_error = str(exc)
             log.warning("%s", exc)
     return LoadedSnapshot(row.id, row.snapshot_id, manifest, index, dt.datetime.now(dt.timezone.utc),
-                          lexical_index, lexical_error)
+                          lexical_index, lexical_error, query_encoder)
 
 
 class IndexState:
     """Holds the serving snapshot; `refresh` swaps in a newer one atomically."""
 
     def __init__(self, session_factory: sessionmaker[Session], index_dir: Path, *, encoder: str, dim: int,
-                 lexical: bool = False) -> None:
-        """`lexical`: open each snapshot's BM25 shards too (SQA_RETRIEVER bm25 or hybrid)."""
+                 lexical: bool = False, resolver: Callable[[str], TextEncoder] | None = None) -> None:
+        """`lexical`: open each snapshot's BM25 shards too (SQA_RETRIEVER bm25 or hybrid).
+        `resolver`: follow the encoder each snapshot records (SQA_ENCODER=auto), so that a
+        re-encoded snapshot swaps in together with its query encoder."""
+        self._resolver = resolver
         self._session_factory = session_factory
         self._lexical = lexical
         self._index_dir = index_dir
@@ -95,7 +111,7 @@ class IndexState:
     def open(self, row: IndexSnapshot) -> LoadedSnapshot:
         """Load any recorded snapshot (a replay's quarter-end state) without serving it."""
         return open_snapshot_row(row, self._index_dir, self._cache, encoder=self._encoder, dim=self._dim,
-                                 lexical=self._lexical)
+                                 lexical=self._lexical, resolver=self._resolver)
 
     def refresh(self) -> bool:
         """Load the newest snapshot if it is not the one serving. Returns True if it swapped.

@@ -66,7 +66,7 @@ def test_answers_bm25_without_bm25_files_is_a_clear_503_until_sqa_index_bm25(mak
 
     settings = make_settings(retriever="bm25")
     with monkeypatch.context() as patch:  # ingest as before BM25 existed: FAISS shards only
-        patch.setattr(ingest_module, "write_shard", lambda index_dir, shard, lexical=None: write_shard(index_dir, shard))
+        patch.setattr(ingest_module, "write_shard", lambda index_dir, shard, lexical=None, **kw: write_shard(index_dir, shard, **kw))
         load_sample(settings)
     with TestClient(create_app(make_settings(retriever="dense"))) as dense_client:
         ask(dense_client, QUESTIONS[0], "2024-02-15")

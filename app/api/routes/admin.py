@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlalchemy import select
 
 from app.api.deps import AdminDep, DatabaseDep, SessionDep, SettingsDep
-from app.api.schemas import (FinetuneRequest, IngestRequest, JobPublic, JobStarted, MonthDriftPublic,
+from app.api.schemas import (EncoderVersionPublic, FinetuneRequest, IngestRequest, ReencodeRequest, JobPublic, JobStarted, MonthDriftPublic,
                              ReaderActivatedPublic, ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic,
                              SnapshotPublic)
 from app.db.base import utcnow
@@ -33,7 +33,7 @@ def _public(job: Job) -> JobPublic:
 def start_ingest(body: IngestRequest, request: Request, session: SessionDep, db: DatabaseDep) -> JobStarted:
     """Ingest (or re-ingest) one month in the background; poll the returned job."""
     app = request.app
-    encoder = app.state.answers.retriever.encoder
+    encoder = _index_encoder(app)
     cfg = app.state.ingest_config
 
     def work(job_id: int) -> None:
@@ -48,6 +48,62 @@ def start_ingest(body: IngestRequest, request: Request, session: SessionDep, db:
                                 busy=lambda: ingest_lock_held(cfg.index_dir),
                                 conflict="an ingest is already running; poll GET /admin/jobs and try again when "
                                          "it ends")
+
+
+def _index_encoder(app):
+    """The encoder new passages must be encoded with: the serving snapshot's own (SQA_ENCODER=auto
+    follows `reencode` switches), else the service's."""
+    snap = app.state.answers.index_state.current()
+    return snap.encoder if snap is not None and snap.encoder is not None else app.state.answers.retriever.encoder
+
+
+@router.post("/index/reencode", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
+def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep, db: DatabaseDep,
+                   settings: SettingsDep) -> JobStarted:
+    """Re-encode every shard with another encoder version in the background; the server switches to
+    the new snapshot (and its query encoder) at once when the job commits. Needs SQA_ENCODER=auto."""
+    from models.encoders import load_encoder
+    from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS, run_reencode_job, serving_manifest
+
+    app = request.app
+    cfg = app.state.ingest_config
+    if settings.encoder != "auto":
+        raise ConflictError(f"SQA_ENCODER is pinned to {settings.encoder!r}: this server would refuse the "
+                            "re-encoded index; run it with SQA_ENCODER=auto to switch encoders")
+    if "/" in body.encoder or body.encoder.startswith("."):
+        raise InvalidInputError(f"encoder {body.encoder!r} must be a version name or 'minilm', not a path")
+    serving_manifest(session, cfg)  # 422 when there is nothing to re-encode
+    try:
+        encoder = load_encoder(body.encoder, device=settings.device, encoders_dir=settings.encoders_dir)
+    except (ValueError, RuntimeError) as exc:
+        raise InvalidInputError(str(exc)) from None
+
+    def work(job_id: int) -> None:
+        try:
+            run_reencode_job(db.sessions, encoder, cfg, job_id, JobProgress(db.sessions, job_id, weights=REENCODE_WEIGHTS))
+            app.state.answers.index_state.refresh()  # serve the re-encoded snapshot now
+        except Exception:
+            log.exception("re-encode job %d failed", job_id)
+
+    return _start_in_background(app, session, "ingest", "reencode", {"encoder": encoder.name}, work,
+                                busy=lambda: ingest_lock_held(cfg.index_dir),
+                                conflict="an ingest or re-encode is already running; poll GET /admin/jobs and try "
+                                         "again when it ends")
+
+
+@router.get("/encoders", response_model=list[EncoderVersionPublic])
+def list_encoders(request: Request, settings: SettingsDep) -> list[EncoderVersionPublic]:
+    """The packaged encoder and the trained versions; `serving` marks the one the index uses."""
+    from models.encoders import PACKAGED_MINILM, list_encoder_versions
+
+    snap = request.app.state.answers.index_state.current()
+    serving = snap.manifest.encoder if snap is not None else None
+    out = [EncoderVersionPublic(version=PACKAGED_MINILM, serving=serving == PACKAGED_MINILM)]
+    for info in list_encoder_versions(settings.encoders_dir):
+        out.append(EncoderVersionPublic(version=info["version"], towers=info.get("towers"),
+                                        trained_until=info.get("trained_until"),
+                                        validation=info.get("validation", {}), serving=serving == info["version"]))
+    return out
 
 
 def _start_in_background(app, session, slot: str, kind: str, params: dict, work, *, busy, conflict: str) -> JobStarted:

@@ -1,0 +1,117 @@
+"""DPR fine-tuning (`sqa train retriever`) on the invented sample with the packaged MiniLM, tiny runs."""
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pytest
+import torch
+
+from app.runtime import open_database
+from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
+from models.encoders import DualEncoder, packaged_minilm_path, read_encoder_info, resolve_encoder
+from tests.conftest import load_sample
+from workers.train_retriever import RetrieverDataConfig, pool_figures, run_train_retriever_job, ValItem
+
+TINY = DprConfig(batch_size=4, epochs=1, max_query_len=32, max_passage_len=48, checkpoint_every=2)
+PAIRS = [Pair(f"Today is Monday, May {d}, 2024. Who won the {sport} final?", f"{name} won the {sport} final.",
+              f"The {sport} season starts in autumn.")
+         for d, (sport, name) in enumerate([("chess", "Ada Quist"), ("rowing", "Bram Oyelaran"),
+                                            ("curling", "Cato Venn"), ("fencing", "Dora Maelstrom")], start=1)]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def test_the_loss_falls_and_a_saved_version_reloads_as_the_same_encoder(tmp_path):
+    model = BiEncoder(packaged_minilm_path(), DprConfig(towers="separate", batch_size=4, lr=1e-4, max_query_len=32,
+                                                        max_passage_len=48))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    losses = []
+    for _ in range(6):
+        loss = model.loss(PAIRS)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+    model.train(False)
+    model.save(tmp_path / "dpr-x", {"version": "dpr-x"})
+    enc = DualEncoder(tmp_path / "dpr-x")
+    assert enc.name == "dpr-x" and enc.dim == 384 and read_encoder_info(tmp_path / "dpr-x")["towers"] == "separate"
+    text = [PAIRS[0].positive]
+    np.testing.assert_allclose(enc.encode_passages(text), model.encode_passages(text), atol=1e-5)
+    np.testing.assert_allclose(enc.encode_queries(text), model.encode_queries(text), atol=1e-5)
+    # two towers moved apart: the same text is encoded differently as a question and as a passage
+    assert float((enc.encode_queries(text) @ enc.encode_passages(text).T)[0, 0]) < 0.9999
+    assert resolve_encoder("dpr-x", encoders_dir=tmp_path).name == "dpr-x"
+
+
+def test_a_shared_batch_passage_is_not_a_negative_for_its_other_question():
+    model = BiEncoder(packaged_minilm_path(), TINY)
+    twins = [PAIRS[0], Pair("Today is Monday, May 9, 2024. Who won at chess?", PAIRS[0].positive), *PAIRS[1:3]]
+    with torch.no_grad():
+        masked = float(model.loss(twins))
+        model.cfg = DprConfig(**{**TINY.__dict__, "hard_negatives": False})
+        assert float(model.loss(twins)) < masked + 1.0  # finite: the duplicate column was masked, not -inf for all
+
+
+def test_training_resumes_from_its_checkpoint(tmp_path):
+    calls = {"n": 0}
+    model = BiEncoder(packaged_minilm_path(), DprConfig(**{**TINY.__dict__, "epochs": 3, "batch_size": 2}))
+    real = model.loss
+
+    def crash(batch):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt("killed")
+        return real(batch)
+
+    model.loss = crash
+
+    def validate(m):
+        return {"recall@5": 1.0}
+
+    with pytest.raises(KeyboardInterrupt):
+        train_biencoder(model, PAIRS, tmp_path, validate, metric="recall@5")
+    assert (tmp_path / "ckpt.pt").exists()
+    model.loss = real
+    calls["n"] = 0
+    result = train_biencoder(model, PAIRS, tmp_path, validate, metric="recall@5")
+    assert result.steps == 6  # 2 batches x 3 epochs, the first 4 not repeated
+    assert [h["step"] for h in result.history][0] == 0
+
+
+def test_pool_figures_count_an_answer_in_the_top_k():
+    items = [ValItem("q1", 0, (2,), ()), ValItem("q2", 0, (), ())]
+    figures = pool_figures([[0, 1, 2], [0, 1]], items)
+    assert figures["recall@1"] == 0.0 and figures["recall@5"] == 50.0 and figures["mrr"] == pytest.approx(1 / 6, abs=1e-4)
+
+
+def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_settings, new_job):
+    loaded_settings = sqlite_settings  # one database is enough: this trains a real MiniLM
+    load_sample(loaded_settings)
+    job_id = new_job(loaded_settings, "train-retriever")
+    version = run_train_retriever_job(loaded_settings, job_id, until=dt.date(2024, 3, 1), cfg=TINY,
+                                      data=RetrieverDataConfig(max_self_articles=12, max_val=10))
+    folder = loaded_settings.encoders_dir / version
+    info = read_encoder_info(folder)
+    assert info["trained_until"] == "2024-03-01" and info["data"]["gold_pairs"] + info["data"]["self_pairs"] >= 4
+    assert {"bm25", "untuned", "best"} <= set(info["validation"]) and info["validation"]["best"]["recall@20"] >= 0
+    assert not list((loaded_settings.work_dir / "train-retriever").glob("*"))  # cleaned after success
+
+    from app.runtime import ingest_config
+    from workers.reencode import reencode
+
+    db = open_database(loaded_settings)
+    try:
+        job = reencode(db.sessions, DualEncoder(folder), ingest_config(loaded_settings))
+        assert job.state == "succeeded" and job.counts["encoder"] == version
+    finally:
+        db.close()
+    from app.runtime import build_encoder
+
+    auto = loaded_settings.model_copy(update={"encoder": "auto"})
+    assert build_encoder(auto).name == version  # ingests after the switch use the index's encoder

@@ -1,0 +1,130 @@
+"""Switch the index to another encoder version: re-encode every shard, then swap in one snapshot.
+
+`sqa index reencode --encoder VERSION` and `POST /admin/index/reencode` run this job. The serving
+snapshot keeps answering with its own encoder while the new vectors are computed; the new snapshot
+(every shard re-encoded, each recording the new encoder) is committed in one transaction, and a
+server with SQA_ENCODER=auto swaps it in together with its query encoder, so no query ever meets
+two encoders. Passage rows are not copied: a re-encoded shard has the same ids and points at the
+rows of the shard it replaces (`ShardEntry.rows`), and its BM25 file is the old one (BM25 does not
+depend on the encoder). Embeddings are checkpointed per shard under the work directory, so a
+crashed or interrupted job resumes when run again; the ingest lock keeps ingests out meanwhile.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from dataclasses import replace
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker, Session
+
+from app.db.base import utcnow
+from app.db.queries import create_job
+from app.db.tables import IndexSnapshot, Job, Passage
+from app.services.errors import InvalidInputError
+from app.services.index_state import latest_snapshot_row
+from indexer.shards import MonthShard
+from indexer.snapshot import Manifest, read_manifest, write_manifest, write_shard
+from models.encoders import TextEncoder
+from workers.ingest import IngestConfig, collect_garbage, encode_with_checkpoints, ingest_lock
+from workers.progress import JobProgress, Progress
+
+log = logging.getLogger(__name__)
+
+STAGE_WEIGHTS = {"encode": 0.97, "commit": 0.03}
+
+
+def serving_manifest(session: Session, cfg: IngestConfig) -> Manifest:
+    row = latest_snapshot_row(session)
+    if row is None:
+        raise InvalidInputError("nothing to re-encode: no index snapshot exists yet (run `sqa ingest` first)")
+    return read_manifest(cfg.index_dir / row.manifest_file, expected_sha256=row.manifest_sha256)
+
+
+def shard_rows(session: Session, entry) -> tuple[np.ndarray, list[str]]:
+    """(faiss ids (n,) int64, passage texts) of a shard, in id order."""
+    rows = session.execute(select(Passage.faiss_id, Passage.text).where(Passage.build_id == entry.build)
+                           .order_by(Passage.faiss_id)).all()
+    if len(rows) != entry.count:
+        raise InvalidInputError(f"shard {entry.key} has {entry.count} vectors but {len(rows)} passage rows; "
+                                "rebuild it with `sqa index rebuild`")
+    return np.array([r.faiss_id for r in rows], dtype=np.int64), [r.text for r in rows]
+
+
+def run_reencode_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, job_id: int,
+                     progress: Progress) -> Job:
+    """Re-encode the serving snapshot's shards with `encoder` and commit them as one new snapshot."""
+    with sf() as session, session.begin():
+        job = session.get(Job, job_id)
+        job.state, job.started_at, job.pid, job.message = "running", utcnow(), os.getpid(), "starting"
+    try:
+        with ingest_lock(cfg.index_dir):
+            _reencode(sf, encoder, cfg, job_id, progress)
+    except BaseException as exc:
+        with sf() as session, session.begin():
+            job = session.get(Job, job_id)
+            job.state = "failed" if isinstance(exc, Exception) else "interrupted"
+            job.error = str(exc) or type(exc).__name__
+            job.finished_at = utcnow()
+        raise
+    with sf() as session:
+        return session.get(Job, job_id)
+
+
+def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job_id: int, progress: Progress) -> None:
+    t0 = time.perf_counter()
+    with sf() as session, session.begin():
+        old = serving_manifest(session, cfg)
+        if old.encoder == encoder.name:
+            job = session.get(Job, job_id)
+            job.state, job.progress, job.finished_at = "succeeded", 1.0, utcnow()
+            job.message = f"the index is already encoded with {encoder.name}"
+            job.counts = {"snapshot": None, "encoder": encoder.name}
+            return
+        sources = [(e, *shard_rows(session, e)) for e in old.shards]
+    progress.stage("encode", sum(len(texts) for _, _, texts in sources))
+    entries, works = [], []
+    for entry, ids, texts in sources:
+        digest = hashlib.sha256(f"{encoder.name}\x00{entry.key}\x00{entry.build}".encode()).hexdigest()[:16]
+        work = cfg.work_dir / f"reencode-{entry.key}-{digest}"
+        works.append(work)
+        vectors = encode_with_checkpoints(encoder, texts, work, cfg, progress)  # (n, dim)
+        shard = MonthShard.build(entry.key, vectors, ids, spec=cfg.shard_policy.spec_for(len(ids), encoder.dim))
+        new = write_shard(cfg.index_dir, shard, encoder=encoder.name)
+        entries.append(replace(new, bm25=entry.bm25, rows=entry.build))
+    t1 = time.perf_counter()
+    progress.stage("commit", 1)
+    with sf() as session, session.begin():
+        if serving_manifest(session, cfg).snapshot_id != old.snapshot_id:  # cannot happen under the lock
+            raise InvalidInputError("the index changed while it was being re-encoded; run the job again")
+        manifest = Manifest.new(encoder.name, encoder.dim, entries)
+        path, sha = write_manifest(cfg.index_dir, manifest)
+        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=str(path.relative_to(cfg.index_dir)),
+                                  manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
+                                  total=manifest.total, shard_keys=[e.key for e in manifest.shards], job_id=job_id))
+        job = session.get(Job, job_id)
+        job.counts = {"snapshot": manifest.snapshot_id, "previous_snapshot": old.snapshot_id,
+                      "encoder": encoder.name, "previous_encoder": old.encoder, "shards": len(entries),
+                      "passages": manifest.total}
+        job.timings = {"encode_s": round(t1 - t0, 1), "passages_per_s": round(manifest.total / max(t1 - t0, 1e-9), 1)}
+        job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, "done", utcnow()
+    for work in works:
+        shutil.rmtree(work, ignore_errors=True)
+    collect_garbage(sf, cfg)
+
+
+def reencode(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, *, bar: bool = False) -> Job:
+    """Validate, record a job, run it here and now (the CLI's and the tests' way in)."""
+    with sf() as session:
+        serving_manifest(session, cfg)  # bad input fails before a job row exists
+    with sf() as session, session.begin():
+        job_id = create_job(session, "reencode", {"encoder": encoder.name}).id
+    progress = JobProgress(sf, job_id, bar=bar, weights=STAGE_WEIGHTS)
+    try:
+        return run_reencode_job(sf, encoder, cfg, job_id, progress)
+    finally:
+        progress.close()
