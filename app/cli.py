@@ -586,8 +586,9 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
 def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
                     towers: str = typer.Option("shared", help="shared (one encoder for questions and passages) | "
                                                               "separate (a question tower and a passage tower)"),
-                    epochs: int = typer.Option(2, min=1),
-                    batch_size: int = typer.Option(32, min=2, help="questions a step (in-batch negatives)"),
+                    epochs: int = typer.Option(1, min=1),
+                    batch_size: int = typer.Option(16, min=2, help="questions a step (in-batch negatives; larger "
+                                                                   "is better where there is a GPU)"),
                     lr: float = typer.Option(2e-5, min=0.0),
                     max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget (0: none); the best "
                                                                          "validated state is kept"),

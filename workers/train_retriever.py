@@ -12,7 +12,8 @@ Validation (the gold questions of the last month before the cut, never anything 
 question's BM25 top 20 and dense top 20 (the serving index) pooled over all of them, with the date
 filter, re-ranked by the encoder being trained; answer-string recall@1/5/20 and MRR on that pool,
 against BM25's own ranking. The pairs and the pool are cached in the job's work folder, which is
-keyed by the parameters, so running the same command again resumes.
+keyed by the parameters, so running the same command again resumes; a run with other towers or
+epochs on the same data reuses them.
 """
 from __future__ import annotations
 
@@ -196,7 +197,10 @@ def _train(settings, job_id: int, *, until: dt.date, cfg: DprConfig, data: Retri
 
     val_from = month_start(until - dt.timedelta(days=1))
     digest = _digest(cfg, data)
-    work = settings.work_dir / "train-retriever" / f"{until}-{digest}"
+    # the data (pairs, validation pool) are kept for other runs on them (the other towers, say);
+    # the run folder (checkpoints) goes once the version is saved
+    work = settings.work_dir / "train-retriever" / f"data-{until}-{_digest(data)}"
+    run = settings.work_dir / "train-retriever" / f"run-{until}-{digest}"
     work.mkdir(parents=True, exist_ok=True)
     db = open_database(settings)
     try:
@@ -243,7 +247,7 @@ def _train(settings, job_id: int, *, until: dt.date, cfg: DprConfig, data: Retri
             log.info(message)
 
         t1 = time.perf_counter()
-        result = train_biencoder(model, pairs, work / "run", validate, metric=METRIC, report=report)
+        result = train_biencoder(model, pairs, run, validate, metric=METRIC, report=report)
         version = f"dpr-{until}-{cfg.towers}-{digest}"
         info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "trained_until": until.isoformat(),
                 "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "data": counts,
@@ -256,7 +260,7 @@ def _train(settings, job_id: int, *, until: dt.date, cfg: DprConfig, data: Retri
             job = session.get(Job, job_id)
             job.counts = {**counts, "version": version, "validation": info["validation"]}
             job.timings = {"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)}
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
         return version
     finally:
         db.close()

@@ -100,7 +100,8 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
     info = read_encoder_info(folder)
     assert info["trained_until"] == "2024-03-01" and info["data"]["gold_pairs"] + info["data"]["self_pairs"] >= 4
     assert {"bm25", "untuned", "best"} <= set(info["validation"]) and info["validation"]["best"]["recall@20"] >= 0
-    assert not list((loaded_settings.work_dir / "train-retriever").glob("*"))  # cleaned after success
+    assert not list((loaded_settings.work_dir / "train-retriever").glob("run-*"))  # checkpoints go after success
+    assert list((loaded_settings.work_dir / "train-retriever").glob("data-*/pairs.jsonl"))  # data kept for reuse
 
     from app.runtime import ingest_config
     from workers.reencode import reencode
