@@ -264,8 +264,8 @@ def index_status() -> None:
         typer.echo(f"snapshot {snap.snapshot_id}: {snap.index.ntotal} vectors, encoder {snap.manifest.encoder}, "
                    f"newest day {snap.newest_day}")
         for e in snap.manifest.shards:
-            typer.echo(f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}  {e.index.kind}"
-                       f"{'' if e.bm25 else '  (no BM25: sqa index bm25)'}")
+            typer.echo(f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}  {e.index.kind}  "
+                       f"{e.encoder or snap.manifest.encoder}{'' if e.bm25 else '  (no BM25: sqa index bm25)'}")
         typer.echo("files and database agree")
     finally:
         db.close()

@@ -321,6 +321,15 @@ def plans_for(session: Session, params: dict, cfg: IngestConfig, encoder: TextEn
     raise InvalidInputError("an ingest needs a month, a through month, history_before or rebuild")
 
 
+def record_failure(sf: sessionmaker[Session], job_id: int, exc: BaseException) -> None:
+    """Mark a job failed (an error) or interrupted (KeyboardInterrupt, SystemExit) with its message."""
+    with sf() as session, session.begin():
+        job = session.get(Job, job_id)
+        job.state = "failed" if isinstance(exc, Exception) else "interrupted"
+        job.error = str(exc) or type(exc).__name__
+        job.finished_at = utcnow()
+
+
 def run_ingest_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, job_id: int,
                    progress: Progress) -> Job:
     """Run a queued ingest job to the end, recording state, progress, counts and errors."""
@@ -346,11 +355,7 @@ def run_ingest_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestC
                 _finish(job)
                 job.message = "nothing to ingest: every month with articles is already indexed"
     except BaseException as exc:  # record the failure, then let it propagate
-        with sf() as session, session.begin():
-            job = session.get(Job, job_id)
-            job.state = "failed" if isinstance(exc, Exception) else "interrupted"
-            job.error = str(exc) or type(exc).__name__
-            job.finished_at = utcnow()
+        record_failure(sf, job_id, exc)
         raise
     with sf() as session:
         return session.get(Job, job_id)

@@ -82,3 +82,19 @@ class JobProgress:
             job.heartbeat_at = utcnow()
             job.pid = os.getpid()
             session.commit()
+
+
+def fraction_reporter(progress: Progress | None, logger, stage: str = "train", steps: int = 1000):
+    """A `report(fraction, message)` callback for training loops: opens `stage` on `progress` (if
+    any) and advances it to the fraction done; every message goes to `logger`."""
+    if progress:
+        progress.stage(stage, steps)
+    done = [0]
+
+    def report(frac: float, message: str) -> None:
+        if progress and int(frac * steps) > done[0]:
+            progress.advance(int(frac * steps) - done[0])
+            done[0] = int(frac * steps)
+        logger.info(message)
+
+    return report

@@ -30,7 +30,7 @@ from app.services.index_state import latest_snapshot_row
 from indexer.shards import MonthShard
 from indexer.snapshot import Manifest, read_manifest, write_manifest, write_shard
 from models.encoders import TextEncoder
-from workers.ingest import IngestConfig, collect_garbage, encode_with_checkpoints, ingest_lock
+from workers.ingest import IngestConfig, collect_garbage, encode_with_checkpoints, ingest_lock, record_failure
 from workers.progress import JobProgress, Progress
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,7 @@ def run_reencode_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: Inges
         with ingest_lock(cfg.index_dir):
             _reencode(sf, encoder, cfg, job_id, progress)
     except BaseException as exc:
-        with sf() as session, session.begin():
-            job = session.get(Job, job_id)
-            job.state = "failed" if isinstance(exc, Exception) else "interrupted"
-            job.error = str(exc) or type(exc).__name__
-            job.finished_at = utcnow()
+        record_failure(sf, job_id, exc)
         raise
     with sf() as session:
         return session.get(Job, job_id)

@@ -28,6 +28,7 @@ from evaluation.metrics import answer_in_text
 from indexer.dates import month_key, month_start, next_month, parse_month
 from models.readers import ReaderPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample, load_examples, save_examples
+from workers.progress import fraction_reporter
 
 log = logging.getLogger(__name__)
 
@@ -265,15 +266,7 @@ def _train_locked(settings, job_id: int, *, spec: ReaderJobSpec, label: str, wor
                            n_passages=spec.n_passages)
         trainer = ReaderTrainer(model, spec.kind, tcfg, work / "run")
         t1 = time.perf_counter()
-        if progress:
-            progress.stage("train", 1000)
-        done = [0]
-
-        def report(frac: float, message: str) -> None:
-            if progress and int(frac * 1000) > done[0]:
-                progress.advance(int(frac * 1000) - done[0])
-                done[0] = int(frac * 1000)
-            log.info(message)
+        report = fraction_reporter(progress, log)
 
         result = trainer.train(train, val, report)
         version = new_version_name(spec.kind, label)

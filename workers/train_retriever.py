@@ -33,6 +33,7 @@ from evaluation.metrics import answer_in_text
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.readers import dated_question
+from workers.progress import fraction_reporter
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class RetrieverDataConfig:
     retrieve_k: int = 30  # BM25 hits searched for a positive and a hard negative
     max_self_articles: int = 1500
     self_per_article: int = 2
+    max_self_ratio: float = 2.0  # self-labeled pairs kept: at most this many per gold pair
+    self_lag_days: int = 6  # a self-labeled question is asked 0..this many days after its article
     max_val: int = 100
     pool_k: int = 20  # BM25 and dense hits per validation question pooled
     seed: int = 0
@@ -117,12 +120,21 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
         _keep(pairs, missing, p, "gold")
         if progress:
             progress.advance()
+    rng = random.Random(cfg.seed)
+    rng.shuffle(selfq)
+    wanted = len(pairs) + int(cfg.max_self_ratio * len(pairs))  # gold pairs + at most ratio x as many self
+    last_day = val_from - dt.timedelta(days=1)
     for g in selfq:
-        p = _pair(session, bm25, snapshot, g.question, g.published, (g.answer,),
-                  lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence), "self", cfg.retrieve_k)
-        _keep(pairs, missing, p, "self")
         if progress:
             progress.advance()
+        if len(pairs) >= wanted:
+            continue
+        # asked a few days after the article, as real questions are (median 3 days on RealTimeQA):
+        # dated on the article's own day, the question's date prefix would match the passage's
+        as_of = min(g.published + dt.timedelta(days=rng.randint(0, cfg.self_lag_days)), last_day)
+        p = _pair(session, bm25, snapshot, g.question, as_of, (g.answer,),
+                  lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence), "self", cfg.retrieve_k)
+        _keep(pairs, missing, p, "self")
 
     pool: dict[int, tuple[str, int]] = {}  # faiss id -> (text, day number)
     index_of: dict[int, int] = {}
@@ -236,15 +248,7 @@ def _train(settings, job_id: int, *, until: dt.date, cfg: DprConfig, data: Retri
         validate, items = validator(val)
         bm25_figures = pool_figures([list(i.bm25) for i in items], items)
         model = BiEncoder(packaged_minilm_path(), cfg, device=settings.device)
-        if progress:
-            progress.stage("train", 1000)
-        done = [0]
-
-        def report(frac: float, message: str) -> None:
-            if progress and int(frac * 1000) > done[0]:
-                progress.advance(int(frac * 1000) - done[0])
-                done[0] = int(frac * 1000)
-            log.info(message)
+        report = fraction_reporter(progress, log)
 
         t1 = time.perf_counter()
         result = train_biencoder(model, pairs, run, validate, metric=METRIC, report=report)

@@ -101,7 +101,13 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
     assert info["trained_until"] == "2024-03-01" and info["data"]["gold_pairs"] + info["data"]["self_pairs"] >= 4
     assert {"bm25", "untuned", "best"} <= set(info["validation"]) and info["validation"]["best"]["recall@20"] >= 0
     assert not list((loaded_settings.work_dir / "train-retriever").glob("run-*"))  # checkpoints go after success
-    assert list((loaded_settings.work_dir / "train-retriever").glob("data-*/pairs.jsonl"))  # data kept for reuse
+    data = next((loaded_settings.work_dir / "train-retriever").glob("data-*/pairs.jsonl"))  # kept for reuse
+    import json
+
+    pairs = [json.loads(line) for line in data.read_text().splitlines()]
+    days = [dt.datetime.strptime(p["query"].split(". ", 1)[0], "Today is %A, %B %d, %Y").date() for p in pairs]
+    assert days and max(days) < dt.date(2024, 2, 1)  # nothing from the validation month or after the cut
+    assert all(p["query"].split(". ", 1)[1] and p["positive"] != p["negative"] for p in pairs)
 
     from app.runtime import ingest_config
     from workers.reencode import reencode
