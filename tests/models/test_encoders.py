@@ -20,7 +20,7 @@ def test_hash_encoder_is_deterministic_normalised_and_lexical():
 
 @pytest.mark.parametrize("spec, fragment", [
     ("hash:colour=red", "unknown hash encoder option"),
-    ("/no/such/folder", "neither 'minilm', 'hash' nor an existing model folder"),
+    ("/no/such/folder", "neither 'minilm', 'hash', a trained version nor an existing model folder"),
 ])
 def test_load_encoder_rejects_bad_specs(spec, fragment):
     with pytest.raises(ValueError, match=fragment):
