@@ -593,6 +593,7 @@ def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on wh
                     max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget (0: none); the best "
                                                                          "validated state is kept"),
                     self_articles: int = typer.Option(1500, min=0, help="articles sampled for self-labeled questions"),
+                    self_ratio: float = typer.Option(2.0, min=0.0, help="self-labeled pairs kept per gold pair"),
                     hard_negatives: bool = typer.Option(True, "--hard-negatives/--no-hard-negatives",
                                                         help="add each question's best BM25 passage without the answer"),
                     seed: int = typer.Option(0),
@@ -610,7 +611,7 @@ def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on wh
                         hard_negatives=hard_negatives, seed=seed)
     except ValueError as exc:
         fail(str(exc))
-    data = RetrieverDataConfig(max_self_articles=self_articles, seed=seed)
+    data = RetrieverDataConfig(max_self_articles=self_articles, max_self_ratio=self_ratio, seed=seed)
     version = _job_run("train-retriever", {"until": str(day), "towers": towers},
                        lambda db, progress, job_id: run_train_retriever_job(_settings(), job_id, until=day, cfg=cfg,
                                                                             data=data, progress=progress),

@@ -43,7 +43,7 @@ def test_answers_hybrid_fuses_dense_and_bm25_rankings(make_settings):
     from indexer.fusion import reciprocal_rank_fusion
     from indexer.ids import id_seq
 
-    settings = make_settings(retriever="hybrid")
+    settings = make_settings(retriever="hybrid", fusion="rrf")
     load_sample(settings)
     with TestClient(create_app(settings)) as client:
         service = client.app.state.answers

@@ -25,13 +25,17 @@ def _serving(settings):
         db.close()
 
 
-def test_reencode_commits_one_snapshot_whose_every_shard_records_the_new_encoder(loaded_settings):
-    before_row, before = _serving(loaded_settings)
-    db = open_database(loaded_settings)
+def _reencode(settings, encoder):
+    db = open_database(settings)
     try:
-        job = reencode(db.sessions, HashEncoder(256), ingest_config(loaded_settings))
+        return reencode(db.sessions, encoder, ingest_config(settings))
     finally:
         db.close()
+
+
+def test_reencode_commits_one_snapshot_whose_every_shard_records_the_new_encoder(loaded_settings):
+    before_row, before = _serving(loaded_settings)
+    job = _reencode(loaded_settings, HashEncoder(256))
     assert job.state == "succeeded" and job.counts["previous_encoder"] == "hash-384"
     row, after = _serving(loaded_settings)
     assert row.id == before_row.id + 1 and after.encoder == "hash-256" and after.dim == 256
@@ -113,11 +117,7 @@ def test_a_crash_leaves_the_old_snapshot_serving_and_a_rerun_resumes(make_settin
 
 def test_reencode_to_the_same_encoder_changes_nothing(loaded_settings):
     before_row, _ = _serving(loaded_settings)
-    db = open_database(loaded_settings)
-    try:
-        job = reencode(db.sessions, HashEncoder(384), ingest_config(loaded_settings))
-    finally:
-        db.close()
+    job = _reencode(loaded_settings, HashEncoder(384))
     assert job.state == "succeeded" and "already encoded" in job.message
     assert _serving(loaded_settings)[0].id == before_row.id
 
