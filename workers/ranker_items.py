@@ -2,8 +2,8 @@
 with the serving index, the passages annotated with spaCy. Shared by `sqa estimate`
 (workers/estimate.py) and `sqa train reader --kind ranker` (workers/train_ranker.py).
 
-Both go to a cache file under SQA_HOME/work/estimate/, keyed by the index snapshot and the number
-of passages, appended as it goes, so an interrupted run resumes where it stopped and a training
+Both go to a cache file under SQA_HOME/work/estimate/, keyed by the index snapshot, the number
+of passages and the retriever, appended as it goes, so an interrupted run resumes where it stopped and a training
 run reuses what an estimate retrieved (and the other way round).
 """
 from __future__ import annotations
@@ -76,7 +76,11 @@ class ItemCache:
 
 
 def cache_path(settings: Settings, snapshot_id: str, passages: int) -> Path:
-    key = hashlib.sha256(f"{snapshot_id}|{passages}".encode()).hexdigest()[:16]
+    """The cache of a snapshot, a passage count and the retriever that found them (SQA_RETRIEVER,
+    SQA_FUSION, SQA_FUSION_DENSE_WEIGHT: other settings retrieve other passages)."""
+    retriever = settings.retriever if settings.retriever != "hybrid" else \
+        f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
+    key = hashlib.sha256(f"{snapshot_id}|{passages}|{retriever}".encode()).hexdigest()[:16]
     return settings.work_dir / "estimate" / f"items-{key}.jsonl"
 
 

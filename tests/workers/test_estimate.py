@@ -60,3 +60,13 @@ def test_cli_estimate_on_the_sample_prints_the_table_and_reuses_its_cache(sqa, s
     again = sqa(*args)
     assert again.exit_code == 0, again.output
     assert json.loads(out.read_text())["table"] == result["table"]
+
+
+def test_the_item_cache_is_kept_apart_per_retriever(make_settings):
+    from workers.ranker_items import cache_path
+
+    paths = {cache_path(make_settings(retriever=r, fusion=f), "snap-1", 10)
+             for r, f in [("dense", "rrf"), ("bm25", "rrf"), ("hybrid", "rrf"), ("hybrid", "weighted")]}
+    assert len(paths) == 4  # passages found by one retriever never stand in for another's
+    assert cache_path(make_settings(retriever="dense"), "snap-1", 10) == cache_path(
+        make_settings(retriever="dense", fusion="weighted"), "snap-1", 10)  # fusion matters only to hybrid
