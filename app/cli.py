@@ -50,6 +50,11 @@ def _day(value: str | None, what: str) -> dt.date | None:
         raise
 
 
+def _show_bar() -> bool:
+    """Draw progress bars on a terminal, or anywhere with SQA_PROGRESS=1."""
+    return sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
+
+
 def _guard(fn):
     """Turn domain errors into a one-line CLI error with a non-zero exit."""
     import functools
@@ -166,7 +171,7 @@ def _run_ingest(params: dict) -> None:
     try:
         typer.echo(f"ingest: {json.dumps(params)}", err=True)
         job = run_ingest(db.sessions, build_encoder(s), ingest_config(s), params,
-                         bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+                         bar=_show_bar())
         typer.echo(f"ingest job {job.id} {job.state}", err=True)
         counts = job.counts or {}
         for key in counts.get("planned", []):
@@ -233,7 +238,7 @@ def _reencode(spec: str) -> None:
         fail(str(exc))
     db = open_database(s)
     try:
-        job = reencode(db.sessions, enc, ingest_config(s), bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+        job = reencode(db.sessions, enc, ingest_config(s), bar=_show_bar())
     finally:
         db.close()
     c, t = job.counts or {}, job.timings or {}
@@ -315,7 +320,7 @@ def _job_run(kind: str, params: dict, body, *, result_key: str = "eval_run"):
             job_id = create_job(session, kind, params).id
             job = session.get(Job, job_id)
             job.state, job.started_at, job.pid = "running", utcnow(), os.getpid()
-        progress = JobProgress(db.sessions, job_id, bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+        progress = JobProgress(db.sessions, job_id, bar=_show_bar())
         try:
             result = body(db, progress, job_id)
         except BaseException as exc:
@@ -401,7 +406,7 @@ def replay(from_: str = typer.Option(..., "--from", help="YYYY-MM: the first mon
     def body(db, progress, job_id):
         service = build_answer_service(s, db, build_encoder(s), build_reader(s))
         return run_replay(db.sessions, service, ingest_config(s), plan, cfg, s.reports_dir, job_id=job_id,
-                          progress=progress, bar=sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1")
+                          progress=progress, bar=_show_bar())
 
     _print_run(_job_run("replay", {"from": from_, "to": to, "max_questions": cfg.max_questions}, body))
 
@@ -880,7 +885,7 @@ def drift(month: Optional[str] = typer.Option(None, help="YYYY-MM: this month on
     cfg = drift_config(s)
     if features is not None:
         cfg = dataclasses.replace(cfg, features=parse_features(features))
-    bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
+    bar = _show_bar()
 
     def progress(m: str, done: int, total: int) -> None:  # entities only: spaCy is the slow part
         if bar:

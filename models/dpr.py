@@ -138,11 +138,11 @@ class BiEncoder:
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.query.max_seq_length = self.cfg.max_query_len
-        if self.cfg.towers == "shared":
+        if self.cfg.towers == "shared":  # one tower reads questions and passages: the passage length
             self.query.max_seq_length = self.cfg.max_passage_len
             self.query.save(str(tmp / "shared"))
         else:
+            self.query.max_seq_length = self.cfg.max_query_len
             self.query.save(str(tmp / "query"))
             self.passage.max_seq_length = self.cfg.max_passage_len
             self.passage.save(str(tmp / "passage"))

@@ -135,7 +135,7 @@ class DualEncoder:
             self.passage = SentenceTransformerEncoder(folder / "passage", name=info["version"], device=device)
         if self.query.dim != self.passage.dim:
             raise ValueError(f"{folder}: query tower has {self.query.dim} dims, passage tower {self.passage.dim}")
-        self.name, self.dim, self.info, self.folder = info["version"], self.query.dim, info, folder
+        self.name, self.dim = info["version"], self.query.dim
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.query.encode(texts, batch_size=32)
@@ -173,15 +173,23 @@ def list_encoder_versions(encoders_dir: Path) -> list[dict]:
 _HASH_NAME = re.compile(r"^hash-(\d+)$")
 
 
+def _recorded_encoder(name: str, encoders_dir: Path | None, device: str) -> TextEncoder | None:
+    """The encoder of a name an index records for a hash fake ("hash-384") or a trained version
+    (a folder under `encoders_dir`); None for any other name."""
+    if m := _HASH_NAME.match(name):
+        return HashEncoder(int(m.group(1)))
+    if encoders_dir is not None and "/" not in name and (Path(encoders_dir) / name / ENCODER_INFO).exists():
+        return DualEncoder(Path(encoders_dir) / name, device=device)
+    return None
+
+
 def resolve_encoder(name: str, *, encoders_dir: Path | None, device: str = "cpu") -> TextEncoder:
     """The encoder an index records by `name`: the packaged MiniLM, a hash fake, or a trained
     version folder under `encoders_dir`. ValueError saying what is missing otherwise."""
     if name == PACKAGED_MINILM:
         return SentenceTransformerEncoder.packaged(device=device)
-    if m := _HASH_NAME.match(name):
-        return HashEncoder(int(m.group(1)))
-    if encoders_dir is not None and (Path(encoders_dir) / name / ENCODER_INFO).exists():
-        return DualEncoder(Path(encoders_dir) / name, device=device)
+    if (encoder := _recorded_encoder(name, encoders_dir, device)) is not None:
+        return encoder
     raise ValueError(f"the index was encoded with {name!r}, which is neither the packaged {PACKAGED_MINILM} "
                      f"nor a trained version under {encoders_dir} (`sqa encoders list`)")
 
@@ -198,10 +206,8 @@ def load_encoder(spec: str, *, device: str = "cpu", encoders_dir: Path | None = 
         if unknown:
             raise ValueError(f"unknown hash encoder option(s) {sorted(unknown)} in {spec!r}")
         return HashEncoder(int(opts.get("dim", 384)), delay_ms=float(opts.get("delay_ms", 0)))
-    if m := _HASH_NAME.match(spec):  # the name a hash-encoded index records
-        return HashEncoder(int(m.group(1)))
-    if encoders_dir is not None and "/" not in spec and (Path(encoders_dir) / spec / ENCODER_INFO).exists():
-        return DualEncoder(Path(encoders_dir) / spec, device=device)
+    if (encoder := _recorded_encoder(spec, encoders_dir, device)) is not None:
+        return encoder
     path = Path(spec).expanduser()
     if (path / ENCODER_INFO).exists():
         return DualEncoder(path, device=device)

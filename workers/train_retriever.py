@@ -18,7 +18,6 @@ epochs on the same data reuses them.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import random
@@ -33,6 +32,7 @@ from evaluation.metrics import answer_in_text
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.readers import dated_question
+from workers.train import _digest
 from workers.progress import fraction_reporter
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,6 @@ class ValItem:
     day: int  # day number of the question date: pool passages after it are filtered out
     hits: tuple[int, ...]  # pool indices whose passage holds an answer
     bm25: tuple[int, ...]  # pool indices in BM25 order (its own top pool_k)
-
-
-def _digest(*parts) -> str:
-    return hashlib.sha256(json.dumps([asdict(p) for p in parts], sort_keys=True).encode()).hexdigest()[:6]
 
 
 def _holds(answers, passage) -> bool:
@@ -208,10 +204,10 @@ def _train(settings, job_id: int, *, until: dt.date, cfg: DprConfig, data: Retri
     from workers.train import indexed_start
 
     val_from = month_start(until - dt.timedelta(days=1))
-    digest = _digest(cfg, data)
+    digest = _digest(cfg, data)[:6]
     # the data (pairs, validation pool) are kept for other runs on them (the other towers, say);
     # the run folder (checkpoints) goes once the version is saved
-    work = settings.work_dir / "train-retriever" / f"data-{until}-{_digest(data)}"
+    work = settings.work_dir / "train-retriever" / f"data-{until}-{_digest(data)[:6]}"
     run = settings.work_dir / "train-retriever" / f"run-{until}-{digest}"
     work.mkdir(parents=True, exist_ok=True)
     db = open_database(settings)
