@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -14,7 +13,8 @@ from fastapi.responses import JSONResponse
 
 from app.api.routes import admin, answers, evaluations, health, schedule
 from app.core.config import Settings, get_settings
-from app.runtime import build_answer_service, build_encoder, build_reader_state, ingest_config, open_database
+from app.bootstrap import (build_answer_service, build_context, build_encoder, build_reader_state, job_locks,
+                           open_database, scheduler_config)
 from app.services.errors import ServiceError
 from indexer.dates import InvalidDateError
 from indexer.errors import IndexIntegrityError
@@ -60,7 +60,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.error("refusing to serve: %s", exc)
             db.close()
             raise
-        app.state.db, app.state.answers, app.state.ingest_config = db, service, ingest_config(settings)
+        jobs = build_context(settings, db, encoder=encoder, answer_service=service)
+        n = await run_in_threadpool(jobs.runner.recover, job_locks(settings, db))
+        if n:
+            log.warning("marked %d job(s) left running by a stopped process as interrupted", n)
+        app.state.db, app.state.answers, app.state.jobs = db, service, jobs
         poller = asyncio.create_task(_poll_snapshots(app, settings.snapshot_poll_s)) if settings.snapshot_poll_s else None
         reader_poller = (asyncio.create_task(_poll_reader(app, settings.snapshot_poll_s))
                          if settings.snapshot_poll_s and reader_state.follows_registry else None)
@@ -75,10 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Streaming QA", version="0.1.0", lifespan=lifespan,
                   description="Answers dated questions from the news published on or before their date.")
     app.state.settings = settings
-    app.state.ingest_guard = threading.Lock()
-    app.state.ingest_thread = None
-    app.state.training_guard = threading.Lock()
-    app.state.training_thread = None
+    app.state.scheduler = scheduler_config(settings)
     app.include_router(health.router)
     app.include_router(answers.router)
     app.include_router(admin.router)

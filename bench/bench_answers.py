@@ -40,7 +40,7 @@ def build_home(home: Path, data: Path, since: dt.date | None, until: dt.date | N
                max_articles: int = 0) -> None:
     """Import the window's questions and articles into a fresh SQA_HOME and ingest its months."""
     from app.core.config import Settings
-    from app.runtime import build_encoder, ingest_config, open_database
+    from app.bootstrap import build_encoder, ingest_config, open_database
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records
     from workers.ingest import ingest
@@ -76,7 +76,7 @@ def pick_questions(home: Path, database_url: str | None, since: dt.date | None, 
 
     from app.core.config import Settings
     from app.db.tables import Question
-    from app.runtime import open_database
+    from app.bootstrap import open_database
 
     overrides = {} if database_url is None else {"database_url": database_url}
     db = open_database(Settings(home=home, **overrides), migrate=False)

@@ -83,7 +83,7 @@ def main() -> int:
     import torch
 
     from app.core.config import Settings
-    from app.runtime import build_encoder, ingest_config, open_database
+    from app.bootstrap import build_encoder, ingest_config, open_database
     from indexer.chunking import chunk_texts
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records

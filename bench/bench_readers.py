@@ -161,7 +161,7 @@ def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passa
     """Retrieve once per question: ({qid: Item with the top `passages`}, retrieval figures)."""
     from tqdm import tqdm
 
-    from app.runtime import build_encoder
+    from app.bootstrap import build_encoder
     from app.services.answering import AnswerLimits, AnswerService
     from app.services.index_state import IndexState
     from models.readers import FirstEntityReader, ReaderPassage
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         faiss.omp_set_num_threads(args.threads)
 
     from app.core.config import Settings
-    from app.runtime import open_database
+    from app.bootstrap import open_database
 
     overrides = {} if args.database_url is None else {"database_url": args.database_url}
     settings = Settings(home=Path(args.home), encoder=args.encoder, device=args.device, **overrides)

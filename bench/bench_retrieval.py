@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.core.config import Settings
     from app.db.tables import Question
-    from app.runtime import build_encoder, index_state, open_database
+    from app.bootstrap import build_encoder, index_state, open_database
     from app.services.retrieval import make_retriever
 
     unknown = [r for r in args.retrievers.split(",") if r not in RETRIEVERS]

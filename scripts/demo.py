@@ -34,7 +34,7 @@ def pick_questions(since: str, until: str, n: int = 3) -> list[tuple[str, str, s
 
     from app.core.config import get_settings
     from app.db.tables import Passage, Question
-    from app.runtime import open_database
+    from app.bootstrap import open_database
 
     db = open_database(get_settings(), migrate=False)
     try:

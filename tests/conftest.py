@@ -90,7 +90,7 @@ def sqlite_settings(make_settings) -> Settings:
 
 def load_sample(settings: Settings, through: str = "2024-03", since=None, until=None):
     """Import the shipped sample and ingest it through `through`; returns the last ingest job."""
-    from app.runtime import build_encoder, ingest_config, open_database
+    from app.bootstrap import build_encoder, ingest_config, open_database
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records
     from workers.ingest import ingest

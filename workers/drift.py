@@ -52,7 +52,7 @@ REFERENCES = ("previous", "earlier", "training")
 
 @dataclass(frozen=True)
 class DriftConfig:
-    """Where profiles live and which lexical features to count (from SQA_DRIFT_* via app.runtime)."""
+    """Where profiles live and which lexical features to count (from SQA_DRIFT_* via app.bootstrap)."""
 
     profiles_dir: Path
     features: tuple[str, ...] = ("words",)

@@ -13,13 +13,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from app.core.config import Settings
 from app.db.tables import Question
-from app.runtime import Database
 from evaluation.splits import (STRATEGIES, Split, adversarial_splits, length_split, random_splits, run_splits,
                                summarise, temporal_split)
 from evaluation.temporal import quarter_bounds, quarter_index, quarter_range
@@ -27,6 +25,9 @@ from models.candidates import CandidateRanker, MajorityAnswer, RankerItem, mean_
 from workers.progress import Progress
 from workers.ranker_items import prepare_items
 from workers.train import gold_questions
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +106,9 @@ def score_splits(splits: Sequence[Split], pool: list[RankerItem], new: list[Rank
     return run_splits(splits, evaluate)
 
 
-def run_estimate(settings: Settings, db: Database, cfg: EstimateConfig, progress: Progress) -> dict:
+def run_estimate(ctx: JobContext, cfg: EstimateConfig, progress: Progress) -> dict:
     """Everything `sqa estimate` prints: the per-strategy table, every split's score, the counts."""
-    with db.sessions() as session:
+    with ctx.sessions() as session:
         pool_q = _questions(session, cfg.pool)
         new_q = _questions(session, [cfg.new]) if "temporal" in cfg.strategies else []
         session.expunge_all()
@@ -117,7 +118,7 @@ def run_estimate(settings: Settings, db: Database, cfg: EstimateConfig, progress
     if "temporal" in cfg.strategies and not new_q:
         raise ValueError(f"the new sample {cfg.new} has no usable questions")
     adversarial = "adversarial" in cfg.strategies  # the only strategy that needs question embeddings
-    items, vectors = prepare_items(settings, db, pool_q + new_q, cfg.passages, progress, embed=adversarial)
+    items, vectors = prepare_items(ctx, pool_q + new_q, cfg.passages, progress, embed=adversarial)
     pool = [items[q.qid] for q in pool_q]
     new = [items[q.qid] for q in new_q]
     splits = make_splits(cfg, pool, vectors[:len(pool)] if adversarial else None, len(new))

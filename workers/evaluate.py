@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,6 +28,9 @@ from evaluation.report import write_report
 from evaluation.subsets import needs_choices
 from evaluation.temporal import TemporalGrid, jsonable, quarter_bounds, quarter_index, quarter_of
 from workers.transport import TransportConfig, version_transport
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -260,14 +263,7 @@ def complete_run(sf: sessionmaker[Session], service: AnswerService, run_id: int,
     return run_id
 
 
-def run_quarterly_evaluation(settings, quarter: str, *, job_id: int | None = None) -> int:
-    """Entry point for the scheduler and the admin API: builds what it needs from the settings."""
-    from app.runtime import build_answer_service, build_encoder, build_reader, eval_config, open_database
-
-    db = open_database(settings)
-    try:
-        service = build_answer_service(settings, db, build_encoder(settings), build_reader(settings))
-        cfg = eval_config(settings)
-        return evaluate_current(db.sessions, service, quarter, cfg, settings.reports_dir, job_id=job_id)
-    finally:
-        db.close()
+def run_quarterly_evaluation(ctx: JobContext, quarter: str, *, job_id: int | None = None) -> int:
+    """The quarterly evaluation of the scheduler: the served pipeline on the quarter's questions."""
+    return evaluate_current(ctx.sessions, ctx.load_answer_service(), quarter, ctx.evaluation, ctx.reports_dir,
+                            job_id=job_id)

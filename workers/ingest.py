@@ -22,8 +22,7 @@ import numpy as np
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.base import utcnow
-from app.db.queries import article_months, create_job, earliest_question_day
+from app.db.queries import article_months, earliest_question_day
 from app.db.tables import Article, IndexSnapshot, Job, Passage
 from app.services.errors import InvalidInputError, NoArticlesError
 from app.services.index_state import latest_snapshot_row
@@ -37,8 +36,9 @@ from indexer.shards import MonthShard
 from indexer.snapshot import Manifest, garbage_files, read_manifest, write_manifest, write_shard
 from models.encoders import TextEncoder
 from workers.drift import DriftConfig, drift_after_ingest
-from workers.locks import file_lock, lock_held
-from workers.progress import JobProgress, Progress
+from workers.locks import JobLock
+from workers.progress import Progress
+from workers.runner import JobHandle, JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +78,56 @@ class ShardPlan:
         return cls.history(key.removeprefix("history-")) if key.startswith("history-") else cls.month(key)
 
 
+@dataclass(frozen=True)
+class IngestParams:
+    """What an ingest does, parsed once at the edge (CLI, API, scheduler): exactly one of a month, a
+    `through` month (with an optional first month `start`), a history backfill before a month, or a
+    rebuild of every shard. Months are the first day of the month."""
+
+    month: dt.date | None = None
+    through: dt.date | None = None
+    start: dt.date | None = None
+    history_before: dt.date | None = None
+    rebuild: bool = False
+
+    def __post_init__(self) -> None:
+        given = sum(x is not None for x in (self.month, self.through, self.history_before)) + int(self.rebuild)
+        if given == 0:
+            raise InvalidInputError("an ingest needs a month, a through month, history_before or rebuild")
+        if given > 1:
+            raise InvalidInputError("an ingest takes only one of a month, a through month, history_before or rebuild")
+        if self.start is not None and self.through is None:
+            raise InvalidInputError("a first month (--from) goes with a through month (--through)")
+        for day in (self.month, self.through, self.start, self.history_before):
+            if day is not None and day.day != 1:
+                raise InvalidInputError(f"{day} is not the first day of a month")
+
+    @classmethod
+    def parse(cls, params: dict) -> "IngestParams":
+        """{"month": "2023-06"} | {"through": "2023-06", "from": "2023-01"} | {"history_before": ...}
+        | {"rebuild": true} (the job row's form) -> IngestParams; InvalidDateError names a bad month."""
+        def month(key: str) -> dt.date | None:
+            return parse_month(params[key]) if params.get(key) else None
+
+        return cls(month=month("month"), through=month("through"), start=month("from"),
+                   history_before=month("history_before"), rebuild=bool(params.get("rebuild")))
+
+    def to_json(self) -> dict:
+        """The job row's params."""
+        if self.month is not None:
+            return {"month": month_key(self.month)}
+        if self.history_before is not None:
+            return {"history_before": month_key(self.history_before)}
+        if self.rebuild:
+            return {"rebuild": True}
+        return {"through": month_key(self.through), **({"from": month_key(self.start)} if self.start else {})}
+
+
 # ---- the ingest lock and the base snapshot ---------------------------------------------------------
 
-def ingest_lock(index_dir: Path):
-    """One ingest at a time per index directory."""
-    return file_lock(index_dir / "ingest.lock", "another ingest is running on this index; wait for it to finish")
-
-
-def ingest_lock_held(index_dir: Path) -> bool:
-    """True while some process holds the ingest lock of this index directory."""
-    return lock_held(index_dir / "ingest.lock")
+def ingest_lock(index_dir: Path) -> JobLock:
+    """One ingest (or re-encode, or BM25 build) at a time per index directory."""
+    return JobLock(index_dir / "ingest.lock", "another ingest is running on this index; wait for it to finish")
 
 
 def base_manifest(session: Session, index_dir: Path, encoder: TextEncoder, *, fresh: bool = False) -> Manifest:
@@ -189,13 +229,14 @@ def encode_with_checkpoints(encoder: TextEncoder, texts: list[str], work: Path, 
 
 
 def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPlan, cfg: IngestConfig,
-                 progress: Progress, *, job_id: int | None = None, finish_job: bool = False,
+                 progress: Progress, *, job: JobHandle | None = None, finish_job: bool = False,
                  fresh: bool = False) -> dict:
     """Build the plan's shard from the articles in the database and commit a new snapshot.
 
-    `finish_job` marks the job succeeded in the same transaction that records the snapshot.
-    Returns counts and timings.
+    With `job`, the shard's counts and timings go on its row; `finish_job` marks it succeeded in
+    the same transaction that records the snapshot. Returns counts and timings.
     """
+    job_id = job.job_id if job is not None else None
     t0 = time.perf_counter()
     with sf() as session:
         arts = session.execute(
@@ -246,12 +287,11 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
                   "vectors_total": manifest.total}
         timings = {"chunk_s": round(t1 - t0, 3), "encode_s": round(t2 - t1, 3), "commit_s": round(t3 - t2, 3),
                    "passages_per_s": round(len(rows) / max(t3 - t0, 1e-9), 2)}
-        if job_id is not None:
-            job = session.get(Job, job_id)
-            job.counts = {**(job.counts or {}), plan.key: counts}
-            job.timings = {**(job.timings or {}), plan.key: timings}
+        if job is not None:
             if finish_job:
-                _finish(job)
+                job.succeed_in(session, counts={plan.key: counts}, timings={plan.key: timings})
+            else:
+                job.update_in(session, counts={plan.key: counts}, timings={plan.key: timings})
     shutil.rmtree(work, ignore_errors=True)
     collect_garbage(sf, cfg)
     result = {**counts, **timings}
@@ -273,10 +313,6 @@ def _record_drift(sf: sessionmaker[Session], job_id: int | None, key: str, drift
             job.counts = counts
     except Exception:
         log.exception("could not record the drift of %s on job %s", key, job_id)
-
-
-def _finish(job: Job) -> None:
-    job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, "done", utcnow()
 
 
 def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
@@ -302,74 +338,52 @@ def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
 
 # ---- the job ---------------------------------------------------------------------------------------
 
-def plans_for(session: Session, params: dict, cfg: IngestConfig, encoder: TextEncoder) -> tuple[list[ShardPlan], list[str], bool]:
-    """(plans, empty months, fresh) for a job's params: month | through [+ from] | history_before | rebuild."""
-    if params.get("month"):
-        return [check_month_request(session, cfg.index_dir, encoder, params["month"])], [], False
-    if params.get("history_before"):
-        return [ShardPlan.history(params["history_before"])], [], False
-    if params.get("rebuild"):
+def plans_for(session: Session, params: IngestParams, cfg: IngestConfig, encoder: TextEncoder
+              ) -> tuple[list[ShardPlan], list[str], bool]:
+    """(plans, empty months, fresh) for what the ingest was asked to do."""
+    if params.month is not None:
+        return [check_month_request(session, cfg.index_dir, encoder, month_key(params.month))], [], False
+    if params.history_before is not None:
+        return [ShardPlan.history(month_key(params.history_before))], [], False
+    if params.rebuild:
         row = latest_snapshot_row(session)
         keys = list(row.shard_keys) if row else []
         if not keys:
             raise InvalidInputError("nothing to rebuild: no index snapshot exists yet")
         return [ShardPlan.from_key(k) for k in keys], [], True
-    if params.get("through"):
-        manifest = base_manifest(session, cfg.index_dir, encoder)
-        plans, empty = plan_through(session, manifest, params["through"], params.get("from"))
-        return plans, empty, False
-    raise InvalidInputError("an ingest needs a month, a through month, history_before or rebuild")
+    manifest = base_manifest(session, cfg.index_dir, encoder)
+    plans, empty = plan_through(session, manifest, month_key(params.through),
+                                month_key(params.start) if params.start else None)
+    return plans, empty, False
 
 
-def record_failure(sf: sessionmaker[Session], job_id: int, exc: BaseException) -> None:
-    """Mark a job failed (an error) or interrupted (KeyboardInterrupt, SystemExit) with its message."""
-    with sf() as session, session.begin():
-        job = session.get(Job, job_id)
-        job.state = "failed" if isinstance(exc, Exception) else "interrupted"
-        job.error = str(exc) or type(exc).__name__
-        job.finished_at = utcnow()
+def ingest_work(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: IngestParams):
+    """The work of an ingest job (for `JobRunner.run`, under `ingest_lock`): every planned shard,
+    the last one committed together with the job's success."""
 
-
-def run_ingest_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, job_id: int,
-                   progress: Progress) -> Job:
-    """Run a queued ingest job to the end, recording state, progress, counts and errors."""
-    with sf() as session, session.begin():
-        job = session.get(Job, job_id)
-        job.state, job.started_at, job.pid, job.message = "running", utcnow(), os.getpid(), "starting"
-        params = dict(job.params)
-    try:
-        with ingest_lock(cfg.index_dir):
-            with sf() as session, session.begin():
-                for stale in session.scalars(select(Job).where(Job.kind == "ingest", Job.state == "running",
-                                                               Job.id != job_id)):
-                    stale.state, stale.finished_at = "interrupted", utcnow()
-                    stale.error = "the process running this ingest stopped before it finished; run it again to resume"
-                plans, empty, fresh = plans_for(session, params, cfg, encoder)
-                session.get(Job, job_id).counts = {"planned": [p.key for p in plans], "empty_months": empty}
-            for i, plan in enumerate(plans):
-                ingest_shard(sf, encoder, plan, cfg, progress, job_id=job_id, finish_job=i == len(plans) - 1,
-                             fresh=fresh and i == 0)
+    def work(job: JobHandle) -> None:
+        with sf() as session:
+            plans, empty, fresh = plans_for(session, params, cfg, encoder)
+        job.update(counts={"planned": [p.key for p in plans], "empty_months": empty})
+        for i, plan in enumerate(plans):
+            ingest_shard(sf, encoder, plan, cfg, job, job=job, finish_job=i == len(plans) - 1,
+                         fresh=fresh and i == 0)
         if not plans:
             with sf() as session, session.begin():
-                job = session.get(Job, job_id)
-                _finish(job)
-                job.message = "nothing to ingest: every month with articles is already indexed"
-    except BaseException as exc:  # record the failure, then let it propagate
-        record_failure(sf, job_id, exc)
-        raise
-    with sf() as session:
-        return session.get(Job, job_id)
+                job.succeed_in(session, "nothing to ingest: every month with articles is already indexed")
+
+    return work
 
 
-def ingest(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: dict, *,
-           bar: bool = False) -> Job:
-    """Validate params, record a job, run it here and now (the CLI's and the tests' way in)."""
+def ingest(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: IngestParams | dict, *,
+           runner: JobRunner | None = None, bar: bool = False) -> Job:
+    """Validate, record a job, run it here and now (the CLI's and the tests' way in). A dict is
+    parsed first (`IngestParams.parse`); bad input fails before a job row exists."""
+    if isinstance(params, dict):
+        params = IngestParams.parse(params)
     with sf() as session:
-        plans_for(session, params, cfg, encoder)  # bad input fails before a job row exists
-    with sf() as session, session.begin():
-        job_id = create_job(session, "ingest", params).id
-    progress = JobProgress(sf, job_id, bar=bar, weights=STAGE_WEIGHTS)
-    try:
-        return run_ingest_job(sf, encoder, cfg, job_id, progress)
-    finally:
-        progress.close()
+        plans_for(session, params, cfg, encoder)
+    runner = runner or JobRunner(sf, cfg.work_dir / "jobs", bar=bar)
+    job_id = runner.create("ingest", params.to_json())
+    runner.run(job_id, ingest_work(sf, encoder, cfg, params), lock=ingest_lock(cfg.index_dir), weights=STAGE_WEIGHTS)
+    return runner.get(job_id)

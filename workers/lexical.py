@@ -34,7 +34,7 @@ def build_missing_lexical(sf: sessionmaker[Session], index_dir: Path) -> dict:
         InvalidInputError: there is no snapshot yet.
         IndexIntegrityError: a shard's passage rows disagree with its manifest entry.
     """
-    with ingest_lock(index_dir):
+    with ingest_lock(index_dir).hold():
         with sf() as session:
             row = latest_snapshot_row(session)
             if row is None:

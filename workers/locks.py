@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -31,3 +32,17 @@ def lock_held(path: Path) -> bool:
             return False
     except ConflictError:
         return True
+
+
+@dataclass(frozen=True)
+class JobLock:
+    """A named file lock with the message a second holder gets (ConflictError, HTTP 409)."""
+
+    path: Path
+    busy: str
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.path, self.busy)
+
+    def held(self) -> bool:
+        return lock_held(self.path)

@@ -98,3 +98,13 @@ def fraction_reporter(progress: Progress | None, logger, stage: str = "train", s
         logger.info(message)
 
     return report
+
+
+class NullProgress:
+    """A Progress that reports nothing (a caller without a job)."""
+
+    def stage(self, name: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass

@@ -15,15 +15,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from app.core.config import Settings
-from app.runtime import Database, build_answer_service, build_encoder
 from evaluation.bakeoff import passage_body
 from models.candidates import RankerItem, annotate_passages, annotated
 from workers.progress import Progress
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
 
 
 class ItemQuestion(Protocol):
@@ -75,16 +76,14 @@ class ItemCache:
             self.records[rec["qid"]] = rec
 
 
-def cache_path(settings: Settings, snapshot_id: str, passages: int) -> Path:
+def cache_path(ctx: JobContext, snapshot_id: str, passages: int) -> Path:
     """The cache of a snapshot, a passage count and the retriever that found them (SQA_RETRIEVER,
     SQA_FUSION, SQA_FUSION_DENSE_WEIGHT: other settings retrieve other passages)."""
-    retriever = settings.retriever if settings.retriever != "hybrid" else \
-        f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
-    key = hashlib.sha256(f"{snapshot_id}|{passages}|{retriever}".encode()).hexdigest()[:16]
-    return settings.work_dir / "estimate" / f"items-{key}.jsonl"
+    key = hashlib.sha256(f"{snapshot_id}|{passages}|{ctx.retriever}".encode()).hexdigest()[:16]
+    return ctx.work_dir / "estimate" / f"items-{key}.jsonl"
 
 
-def prepare_items(settings: Settings, db: Database, questions: Sequence[ItemQuestion], passages: int,
+def prepare_items(ctx: JobContext, questions: Sequence[ItemQuestion], passages: int,
                   progress: Progress, *, batch: int = 32, embed: bool = True
                   ) -> tuple[dict[str, RankerItem], np.ndarray | None]:
     """Retrieve and annotate each question once (cached).
@@ -99,13 +98,13 @@ def prepare_items(settings: Settings, db: Database, questions: Sequence[ItemQues
     from models.readers import FirstEntityReader
     from models.selflabel import load_nlp
 
-    encoder = build_encoder(settings)
-    service = build_answer_service(settings, db, encoder, reader=FirstEntityReader())
+    encoder = ctx.load_encoder()
+    service = ctx.load_answer_service(FirstEntityReader())  # retrieves only: no reader is loaded
     service.index_state.refresh()
     snap = service.index_state.current()
     if snap is None:
-        raise ValueError(f"no index snapshot in {settings.home}: run `sqa ingest` first")
-    cache = ItemCache(cache_path(settings, snap.snapshot_id, passages))
+        raise ValueError(f"no index snapshot in {ctx.home}: run `sqa ingest` first")
+    cache = ItemCache(cache_path(ctx, snap.snapshot_id, passages))
     todo = [q for q in questions if q.qid not in cache.records]
     progress.stage("retrieve+annotate", len(questions))
     progress.advance(len(questions) - len(todo))

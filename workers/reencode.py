@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 import time
 from dataclasses import replace
@@ -22,16 +21,14 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker, Session
 
-from app.db.base import utcnow
-from app.db.queries import create_job
 from app.db.tables import IndexSnapshot, Job, Passage
 from app.services.errors import InvalidInputError
 from app.services.index_state import latest_snapshot_row
 from indexer.shards import MonthShard
 from indexer.snapshot import Manifest, read_manifest, write_manifest, write_shard
 from models.encoders import TextEncoder
-from workers.ingest import IngestConfig, collect_garbage, encode_with_checkpoints, ingest_lock, record_failure
-from workers.progress import JobProgress, Progress
+from workers.ingest import IngestConfig, collect_garbage, encode_with_checkpoints, ingest_lock
+from workers.runner import JobHandle, JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +52,19 @@ def shard_rows(session: Session, entry) -> tuple[np.ndarray, list[str]]:
     return np.array([r.faiss_id for r in rows], dtype=np.int64), [r.text for r in rows]
 
 
-def run_reencode_job(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, job_id: int,
-                     progress: Progress) -> Job:
-    """Re-encode the serving snapshot's shards with `encoder` and commit them as one new snapshot."""
-    with sf() as session, session.begin():
-        job = session.get(Job, job_id)
-        job.state, job.started_at, job.pid, job.message = "running", utcnow(), os.getpid(), "starting"
-    try:
-        with ingest_lock(cfg.index_dir):
-            _reencode(sf, encoder, cfg, job_id, progress)
-    except BaseException as exc:
-        record_failure(sf, job_id, exc)
-        raise
-    with sf() as session:
-        return session.get(Job, job_id)
+def reencode_work(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig):
+    """The work of a re-encode job (for `JobRunner.run`, under `ingest_lock`)."""
+    return lambda job: _reencode(sf, encoder, cfg, job)
 
 
-def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job_id: int, progress: Progress) -> None:
+def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job: JobHandle) -> None:
     t0 = time.perf_counter()
+    progress = job
     with sf() as session, session.begin():
         old = serving_manifest(session, cfg)
         if old.encoder == encoder.name:
-            job = session.get(Job, job_id)
-            job.state, job.progress, job.finished_at = "succeeded", 1.0, utcnow()
-            job.message = f"the index is already encoded with {encoder.name}"
-            job.counts = {"snapshot": None, "encoder": encoder.name}
+            job.succeed_in(session, f"the index is already encoded with {encoder.name}",
+                           counts={"snapshot": None, "encoder": encoder.name})
             return
         sources = [(e, *shard_rows(session, e)) for e in old.shards]
     progress.stage("encode", sum(len(texts) for _, _, texts in sources))
@@ -101,26 +86,24 @@ def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job_id: int, progress
         path, sha = write_manifest(cfg.index_dir, manifest)
         session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=str(path.relative_to(cfg.index_dir)),
                                   manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
-                                  total=manifest.total, shard_keys=[e.key for e in manifest.shards], job_id=job_id))
-        job = session.get(Job, job_id)
-        job.counts = {"snapshot": manifest.snapshot_id, "previous_snapshot": old.snapshot_id,
-                      "encoder": encoder.name, "previous_encoder": old.encoder, "shards": len(entries),
-                      "passages": manifest.total}
-        job.timings = {"encode_s": round(t1 - t0, 1), "passages_per_s": round(manifest.total / max(t1 - t0, 1e-9), 1)}
-        job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, "done", utcnow()
+                                  total=manifest.total, shard_keys=[e.key for e in manifest.shards],
+                                  job_id=job.job_id))
+        job.succeed_in(session, counts={"snapshot": manifest.snapshot_id, "previous_snapshot": old.snapshot_id,
+                                        "encoder": encoder.name, "previous_encoder": old.encoder,
+                                        "shards": len(entries), "passages": manifest.total},
+                       timings={"encode_s": round(t1 - t0, 1),
+                                "passages_per_s": round(manifest.total / max(t1 - t0, 1e-9), 1)})
     for work in works:
         shutil.rmtree(work, ignore_errors=True)
     collect_garbage(sf, cfg)
 
 
-def reencode(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, *, bar: bool = False) -> Job:
+def reencode(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, *,
+             runner: JobRunner | None = None, bar: bool = False) -> Job:
     """Validate, record a job, run it here and now (the CLI's and the tests' way in)."""
     with sf() as session:
         serving_manifest(session, cfg)  # bad input fails before a job row exists
-    with sf() as session, session.begin():
-        job_id = create_job(session, "reencode", {"encoder": encoder.name}).id
-    progress = JobProgress(sf, job_id, bar=bar, weights=STAGE_WEIGHTS)
-    try:
-        return run_reencode_job(sf, encoder, cfg, job_id, progress)
-    finally:
-        progress.close()
+    runner = runner or JobRunner(sf, cfg.work_dir / "jobs", bar=bar)
+    job_id = runner.create("reencode", {"encoder": encoder.name})
+    runner.run(job_id, reencode_work(sf, encoder, cfg), lock=ingest_lock(cfg.index_dir), weights=STAGE_WEIGHTS)
+    return runner.get(job_id)

@@ -1,7 +1,8 @@
 """The scheduler process (`sqa worker`): APScheduler 3 with its job store in the project's database.
 
-Jobs are stored by textual reference ("workers.jobs:monthly_ingest") so the job store can persist
-them, with stable ids. Defaults: coalesce (several missed runs run once), one instance at a time,
+Jobs are stored by textual reference ("app.bootstrap:scheduled_monthly_ingest": the entry-point
+function that builds the job's context from the settings, then runs workers.scheduled's job) so
+the job store can persist them, with stable ids. Defaults: coalesce (several missed runs run once), one instance at a time,
 and a misfire grace of SQA_MISFIRE_GRACE_S (APScheduler's default of 1 s would silently drop a run
 missed while the worker restarted).
 
@@ -28,12 +29,22 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
-from app.core.config import Settings
 from app.services.errors import InvalidInputError, NotFoundError
-from workers import jobs
+from workers import scheduled as jobs
 
 log = logging.getLogger(__name__)
 utc = dt.timezone.utc
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's settings: its job store's database, the crons (SQA_INGEST_CRON,
+    SQA_EVAL_CRON) and SQA_MISFIRE_GRACE_S."""
+
+    db_url: str
+    ingest_cron: str = "0 2 1 * *"
+    eval_cron: str = "0 4 2 1,4,7,10 *"
+    misfire_grace_s: int = 21600
 
 
 @dataclass(frozen=True)
@@ -45,12 +56,12 @@ class JobSpec:
     setting: str  # the environment variable the cron comes from
 
 
-def job_specs(settings: Settings) -> list[JobSpec]:
+def job_specs(cfg: SchedulerConfig) -> list[JobSpec]:
     return [
-        JobSpec(jobs.MONTHLY_INGEST, "workers.jobs:monthly_ingest", "monthly ingest of the month just ended",
-                settings.ingest_cron, "SQA_INGEST_CRON"),
-        JobSpec(jobs.QUARTERLY_EVALUATION, "workers.jobs:quarterly_evaluation",
-                "quarterly evaluation of the quarter just ended", settings.eval_cron, "SQA_EVAL_CRON"),
+        JobSpec(jobs.MONTHLY_INGEST, "app.bootstrap:scheduled_monthly_ingest", "monthly ingest of the month just ended",
+                cfg.ingest_cron, "SQA_INGEST_CRON"),
+        JobSpec(jobs.QUARTERLY_EVALUATION, "app.bootstrap:scheduled_quarterly_evaluation",
+                "quarterly evaluation of the quarter just ended", cfg.eval_cron, "SQA_EVAL_CRON"),
     ]
 
 
@@ -62,8 +73,8 @@ def _trigger(spec: JobSpec) -> CronTrigger:
                                 f"(minute hour day month weekday, e.g. '0 2 1 * *'): {exc}") from None
 
 
-def _job_store(settings: Settings) -> SQLAlchemyJobStore:
-    url = settings.db_url
+def _job_store(cfg: SchedulerConfig) -> SQLAlchemyJobStore:
+    url = cfg.db_url
     # SQLite: wait for the jobs' own writes instead of failing after sqlite3's default 5 s.
     options = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     return SQLAlchemyJobStore(url=url, engine_options=options)
@@ -84,13 +95,13 @@ class WorkerScheduler(BackgroundScheduler):
         return super()._process_jobs()
 
 
-def _read_store(settings: Settings, read: Callable[[SQLAlchemyJobStore], object], default: object) -> object:
+def _read_store(cfg: SchedulerConfig, read: Callable[[SQLAlchemyJobStore], object], default: object) -> object:
     """Read the job store without a running scheduler (nothing can run); `default` if it has no table."""
-    url = make_url(settings.db_url)
+    url = make_url(cfg.db_url)
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
             and not Path(url.database).exists():
         return default  # no worker and no server has run yet; don't create the file
-    store = _job_store(settings)
+    store = _job_store(cfg)
     try:
         if not inspect(store.engine).has_table(store.jobs_t.name):
             return default
@@ -100,7 +111,7 @@ def _read_store(settings: Settings, read: Callable[[SQLAlchemyJobStore], object]
         store.shutdown()
 
 
-def _stored(settings: Settings, ids: list[str]) -> dict[str, ScheduledJob]:
+def _stored(cfg: SchedulerConfig, ids: list[str]) -> dict[str, ScheduledJob]:
     def read(store: SQLAlchemyJobStore) -> dict[str, ScheduledJob]:
         out = {}
         for job_id in ids:
@@ -113,7 +124,7 @@ def _stored(settings: Settings, ids: list[str]) -> dict[str, ScheduledJob]:
                 out[job_id] = job
         return out
 
-    return _read_store(settings, read, {})  # type: ignore[return-value]
+    return _read_store(cfg, read, {})  # type: ignore[return-value]
 
 
 def _log_event(event: JobExecutionEvent) -> None:
@@ -124,25 +135,25 @@ def _log_event(event: JobExecutionEvent) -> None:
         log.error("job %s (due %s) failed: %s", event.job_id, event.scheduled_run_time, event.exception)
 
 
-def build_scheduler(settings: Settings, *, scheduler_cls: type[BaseScheduler] = BlockingScheduler) -> BaseScheduler:
+def build_scheduler(cfg: SchedulerConfig, *, scheduler_cls: type[BaseScheduler] = BlockingScheduler) -> BaseScheduler:
     """A scheduler (not started) holding the monthly ingest and the quarterly evaluation.
 
-    A job already in the store with the same function and trigger keeps its stored next run time:
+    A job already in the store with the same trigger keeps its stored next run time (also when its
+    function moved, as it did from workers.jobs to app.bootstrap):
     `replace_existing=True` alone would recompute it from now, and so silently drop a run missed
     while the worker was down, whatever the misfire grace. A changed cron replaces the job. A job
     paused in the store stays paused.
     """
-    settings.ensure_dirs()
     scheduler = scheduler_cls(
-        jobstores={"default": _job_store(settings)}, timezone=utc,
-        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": settings.misfire_grace_s})
-    specs = job_specs(settings)
+        jobstores={"default": _job_store(cfg)}, timezone=utc,
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": cfg.misfire_grace_s})
+    specs = job_specs(cfg)
     triggers = {spec.id: _trigger(spec) for spec in specs}  # bad crons fail before anything is stored
-    stored = _stored(settings, [spec.id for spec in specs])
+    stored = _stored(cfg, [spec.id for spec in specs])
     for spec in specs:
         trigger, old = triggers[spec.id], stored.get(spec.id)
         keep = {}
-        if old is not None and old.func_ref == spec.ref and repr(old.trigger) == repr(trigger):
+        if old is not None and repr(old.trigger) == repr(trigger):
             keep["next_run_time"] = old.next_run_time
         scheduler.add_job(spec.ref, trigger, id=spec.id, name=spec.name, replace_existing=True, **keep)
     scheduler.add_listener(_log_event, EVENT_JOB_MISSED | EVENT_JOB_ERROR)
@@ -153,7 +164,7 @@ def _iso(when: dt.datetime | None) -> str | None:
     return when.astimezone(utc).isoformat() if when is not None else None
 
 
-def scheduled_jobs(settings: Settings) -> list[dict]:
+def scheduled_jobs(cfg: SchedulerConfig) -> list[dict]:
     """Every job in the store: id, name, trigger, next_run_time (ISO UTC; None when paused).
 
     Reads the job store alone; no scheduler is started, so nothing runs. Empty until a worker has
@@ -163,7 +174,7 @@ def scheduled_jobs(settings: Settings) -> list[dict]:
         return [{"id": j.id, "name": j.name, "trigger": str(j.trigger), "next_run_time": _iso(j.next_run_time)}
                 for j in store.get_all_jobs()]
 
-    return _read_store(settings, read, [])  # type: ignore[return-value]
+    return _read_store(cfg, read, [])  # type: ignore[return-value]
 
 
 def job_function(job_id: str) -> Callable[..., dict]:
@@ -173,12 +184,13 @@ def job_function(job_id: str) -> Callable[..., dict]:
     return fn
 
 
-def trigger_now(job_id: str, period: str | None = None) -> dict:
-    """Run a scheduled job's function now, in the calling thread (default period: the one just ended)."""
-    return job_function(job_id)(period)
+def trigger_now(ctx, job_id: str, period: str | None = None) -> dict:
+    """Run a scheduled job now in `ctx` (a JobContext), in the calling thread (default period: the one
+    just ended)."""
+    return job_function(job_id)(ctx, period)
 
 
-def run_worker(settings: Settings) -> None:
+def run_worker(cfg: SchedulerConfig) -> None:
     """Run the scheduler until SIGTERM or SIGINT.
 
     The first signal stops scheduling and waits for a running job to finish; a second one ends the
@@ -186,12 +198,9 @@ def run_worker(settings: Settings) -> None:
     row is marked interrupted and runs again on the next trigger). A background scheduler with the
     main thread waiting keeps the signal handler trivial: it only sets an event.
     """
-    from app.runtime import open_database
-
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    open_database(settings).close()  # migrations first: the jobs table exists before any run
-    scheduler = build_scheduler(settings, scheduler_cls=WorkerScheduler)
+    scheduler = build_scheduler(cfg, scheduler_cls=WorkerScheduler)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -206,7 +215,7 @@ def run_worker(settings: Settings) -> None:
         scheduler.start()
         for job in scheduler.get_jobs():
             log.info("scheduled %s (%s): next run %s", job.id, job.trigger, _iso(job.next_run_time) or "paused")
-        log.info("worker running (database %s); stop with SIGTERM or Ctrl-C", settings.db_url.split("@")[-1])
+        log.info("worker running (database %s); stop with SIGTERM or Ctrl-C", cfg.db_url.split("@")[-1])
         stop.wait()
     finally:
         if scheduler.running:

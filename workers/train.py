@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from app.db.tables import Article, Job, Passage, Question
 from evaluation.bakeoff import generation_subset, gold_passage, passage_body
@@ -29,6 +30,10 @@ from indexer.dates import month_key, month_start, next_month, parse_month
 from models.readers import ReaderPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample, load_examples, save_examples
 from workers.progress import fraction_reporter
+from workers.runner import JobHandle
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -206,26 +211,10 @@ def _new_model(spec: ReaderJobSpec):
     raise ValueError(f"reader kind {spec.kind!r} is unknown (use fid, extractive or ranker)")
 
 
-def _train_and_register(settings, job_id: int, *, spec: ReaderJobSpec, label: str, work: Path, make_data,
-                        model_factory, until: dt.date, month: str | None = None, parent: str | None = None,
-                        activate: bool | None = None, progress=None) -> str:
-    """Shared by training and fine-tuning: data (cached in `work`), the loop, the version folder."""
-    from app.services.reader_registry import READER_TRAINING_LOCK
-    from workers.jobs import kind_lock
-
-    with kind_lock(settings, READER_TRAINING_LOCK):  # one reader training per SQA_HOME at a time
-        return _train_locked(settings, job_id, spec=spec, label=label, work=work, make_data=make_data,
-                             model_factory=model_factory, until=until, month=month, parent=parent,
-                             activate=activate, progress=progress)
-
-
-def serving_snapshot(settings, db):
+def serving_snapshot(ctx: JobContext):
     """(encoder, the serving snapshot) for building training data; ValueError when nothing is indexed."""
-    from app.runtime import build_encoder
-    from app.services.index_state import IndexState
-
-    encoder = build_encoder(settings)
-    state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
+    encoder = ctx.load_encoder()
+    state = ctx.open_index_state(encoder, False)
     state.refresh()
     snapshot = state.current()
     if snapshot is None:
@@ -233,78 +222,75 @@ def serving_snapshot(settings, db):
     return encoder, snapshot
 
 
-def _train_locked(settings, job_id: int, *, spec: ReaderJobSpec, label: str, work: Path, make_data, model_factory,
-                  until: dt.date, month: str | None, parent: str | None, activate: bool | None, progress) -> str:
-    from app.runtime import open_database
+def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec, label: str, work: Path, make_data,
+                        model_factory, until: dt.date, month: str | None = None, parent: str | None = None,
+                        activate: bool | None = None) -> str:
+    """Shared by training and fine-tuning: data (cached in `work`), the loop, the version folder.
+    Run it under the reader-training lock (`READER_TRAINING_LOCK`): one reader training per SQA_HOME."""
     from app.services.answering import DenseRetriever
     from app.services.reader_registry import new_version_name, register_version
     from models.trained import write_reader_info
 
-    db = open_database(settings)
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        if (work / "val.jsonl").exists() and (work / "train.jsonl").exists():
-            train, val = load_examples(work / "train.jsonl"), load_examples(work / "val.jsonl")
-            counts = {"train": len(train), "val": len(val), "data": "reused from an interrupted run"}
-        else:
-            encoder, snapshot = serving_snapshot(settings, db)
-            with db.sessions() as session:
-                train, val, dc = make_data(session, DenseRetriever(encoder), snapshot, progress)
-            save_examples(work / "val.jsonl", val)
-            save_examples(work / "train.jsonl", train)
-            counts = {"train": len(train), "val": len(val), **asdict(dc)}
-        log.info("training data: %s", counts)
-        with db.sessions() as session, session.begin():
-            session.get(Job, job_id).counts = counts
-        if not train:
-            raise ValueError("no training examples: are the months before the cut ingested?")
-        model = model_factory()
-        tcfg = TrainConfig(lr=spec.learning_rate, batch_size=spec.batch_size, max_epochs=spec.max_epochs,
-                           eval_every=spec.eval_every,
-                           patience=spec.patience, max_minutes=spec.max_minutes, seed=spec.seed,
-                           n_passages=spec.n_passages)
-        trainer = ReaderTrainer(model, spec.kind, tcfg, work / "run")
-        t1 = time.perf_counter()
-        report = fraction_reporter(progress, log)
+    db, progress = ctx.db, job
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if (work / "val.jsonl").exists() and (work / "train.jsonl").exists():
+        train, val = load_examples(work / "train.jsonl"), load_examples(work / "val.jsonl")
+        counts = {"train": len(train), "val": len(val), "data": "reused from an interrupted run"}
+    else:
+        encoder, snapshot = serving_snapshot(ctx)
+        with db.sessions() as session:
+            train, val, dc = make_data(session, DenseRetriever(encoder), snapshot, progress)
+        save_examples(work / "val.jsonl", val)
+        save_examples(work / "train.jsonl", train)
+        counts = {"train": len(train), "val": len(val), **asdict(dc)}
+    log.info("training data: %s", counts)
+    job.update(counts=counts)
+    if not train:
+        raise ValueError("no training examples: are the months before the cut ingested?")
+    model = model_factory()
+    tcfg = TrainConfig(lr=spec.learning_rate, batch_size=spec.batch_size, max_epochs=spec.max_epochs,
+                       eval_every=spec.eval_every,
+                       patience=spec.patience, max_minutes=spec.max_minutes, seed=spec.seed,
+                       n_passages=spec.n_passages)
+    trainer = ReaderTrainer(model, spec.kind, tcfg, work / "run")
+    t1 = time.perf_counter()
+    report = fraction_reporter(progress, log)
 
-        result = trainer.train(train, val, report)
-        version = new_version_name(spec.kind, label)
-        dest = settings.models_dir / version
-        shutil.copytree(trainer.best_dir, dest)
-        info = {"kind": spec.kind, "version": version, "parent_version": parent, "trained_until": until.isoformat(),
-                "month": month, "spec": asdict(spec), "data": counts, "validation": result.best,
-                "history": result.history, "stopped": result.stopped, "steps": result.steps,
-                "train_seconds": result.seconds}
-        write_reader_info(dest, info)
-        with db.sessions() as session, session.begin():
-            make_active = bool(activate)  # a new version serves only once someone activates it
-            register_version(session, version=version, kind=spec.kind, path=version, parent_version=parent,
-                             trained_until=until, month=month, job_id=job_id, activate=make_active,
-                             models_dir=settings.models_dir,
-                             metrics={"validation": result.best, "steps": result.steps, "stopped": result.stopped,
-                                      "train": counts.get("train"), "val": counts.get("val")})
-            job = session.get(Job, job_id)
-            job.counts = {**counts, "version": version, "activated": make_active, "validation": result.best}
-            job.timings = {"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)}
-        shutil.rmtree(work, ignore_errors=True)
-        return version
-    finally:
-        db.close()
+    result = trainer.train(train, val, report)
+    version = new_version_name(spec.kind, label)
+    dest = ctx.models_dir / version
+    shutil.copytree(trainer.best_dir, dest)
+    info = {"kind": spec.kind, "version": version, "parent_version": parent, "trained_until": until.isoformat(),
+            "month": month, "spec": asdict(spec), "data": counts, "validation": result.best,
+            "history": result.history, "stopped": result.stopped, "steps": result.steps,
+            "train_seconds": result.seconds}
+    write_reader_info(dest, info)
+    with db.sessions() as session, session.begin():
+        make_active = bool(activate)  # a new version serves only once someone activates it
+        register_version(session, version=version, kind=spec.kind, path=version, parent_version=parent,
+                         trained_until=until, month=month, job_id=job.job_id, activate=make_active,
+                         models_dir=ctx.models_dir,
+                         metrics={"validation": result.best, "steps": result.steps, "stopped": result.stopped,
+                                  "train": counts.get("train"), "val": counts.get("val")})
+        job.update_in(session, counts={"version": version, "activated": make_active, "validation": result.best},
+                      timings={"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)})
+    shutil.rmtree(work, ignore_errors=True)
+    return version
 
 
-def run_train_job(settings, job_id: int, *, until: dt.date, spec: ReaderJobSpec | None = None,
-                  data: DataConfig | None = None, activate: bool | None = None, progress=None) -> str:
-    """`sqa train reader --until D`: a new version trained on what is dated before `until`."""
+def run_train_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec: ReaderJobSpec | None = None,
+                  data: DataConfig | None = None, activate: bool | None = None) -> str:
+    """`sqa train reader --until D`: a new version trained on what is dated before `until`.
+    Run it under the reader-training lock (the CLI and the API do, through the job runner)."""
     spec = spec or ReaderJobSpec()
     data = spec.data_config(data)
     if spec.kind == "ranker":  # no network to train: a logistic regression (workers/train_ranker.py)
         from workers.train_ranker import run_ranker_job
 
-        return run_ranker_job(settings, job_id, until=until, spec=spec, data=data, activate=activate,
-                              progress=progress)
+        return run_ranker_job(ctx, job, until=until, spec=spec, data=data, activate=activate)
     val_from = month_start(until - dt.timedelta(days=1))
-    work = settings.work_dir / "train" / f"{spec.kind}-{until}-{_digest(spec, data)}"
+    work = ctx.work_dir / "train" / f"{spec.kind}-{until}-{_digest(spec, data)}"
 
     def make_data(session, retriever, snapshot, progress):
         first = indexed_start(snapshot)
@@ -314,33 +300,27 @@ def run_train_job(settings, job_id: int, *, until: dt.date, spec: ReaderJobSpec 
         return build_datasets(session, retriever, snapshot, train_from=first, until=until, val_from=val_from,
                               cfg=data, progress=progress)
 
-    return _train_and_register(settings, job_id, spec=spec, label=str(until), work=work, make_data=make_data,
-                               model_factory=lambda: _new_model(spec), until=until, activate=activate,
-                               progress=progress)
+    return _train_and_register(ctx, job, spec=spec, label=str(until), work=work, make_data=make_data,
+                               model_factory=lambda: _new_model(spec), until=until, activate=activate)
 
 
-def run_finetune_job(settings, job_id: int, *, month: str, spec: ReaderJobSpec | None = None,
+def run_finetune_job(ctx: JobContext, job: JobHandle, *, month: str, spec: ReaderJobSpec | None = None,
                      data: DataConfig | None = None, replay_ratio: float = 1.0, activate: bool = True,
-                     max_minutes: float = 0.0, progress=None) -> str:
+                     max_minutes: float = 0.0) -> str:
     """`sqa finetune --month M`: continue from the active version on M's self-labeled questions
     plus a replay sample of older self-labeled and gold questions (so it does not forget);
     validated on the gold questions of the month before M. The new version becomes active."""
-    from app.runtime import open_database
     from app.services.reader_registry import active_version, check_servable
     from models.trained import load_trained_model, read_reader_info
 
     first = parse_month(month)
     until = next_month(first)
-    db = open_database(settings)
-    try:
-        with db.sessions() as session:
-            row = active_version(session)
-            if row is None:
-                raise ValueError("no trained reader to fine-tune: run `sqa train reader --until YYYY-MM-DD` first")
-            parent_dir = check_servable(row, settings.models_dir)
-            parent, kind = row.version, row.kind
-    finally:
-        db.close()
+    with ctx.sessions() as session:
+        row = active_version(session)
+        if row is None:
+            raise ValueError("no trained reader to fine-tune: run `sqa train reader --until YYYY-MM-DD` first")
+        parent_dir = check_servable(row, ctx.models_dir)
+        parent, kind = row.version, row.kind
     if kind == "ranker":
         raise ValueError(f"the active version {parent} is a ranker, which is refitted rather than fine-tuned: "
                          f"run `sqa train reader --kind ranker --until {next_month(first)}`")
@@ -350,7 +330,7 @@ def run_finetune_job(settings, job_id: int, *, month: str, spec: ReaderJobSpec |
                            max_self_articles=400, eval_every=100, patience=2, max_minutes=max_minutes)
     data = spec.data_config(data)
     prev = month_start(first - dt.timedelta(days=1))
-    work = settings.work_dir / "finetune" / f"{parent}-{month}"
+    work = ctx.work_dir / "finetune" / f"{parent}-{month}"
 
     def make_data(session, retriever, snapshot, progress):
         start = indexed_start(snapshot)
@@ -371,6 +351,6 @@ def run_finetune_job(settings, job_id: int, *, month: str, spec: ReaderJobSpec |
         counts.left_out = {"replay": len(replay)}
         return new + replay, val, counts
 
-    return _train_and_register(settings, job_id, spec=spec, label=month, work=work, make_data=make_data,
+    return _train_and_register(ctx, job, spec=spec, label=month, work=work, make_data=make_data,
                                model_factory=lambda: load_trained_model(parent_dir), until=until - dt.timedelta(days=1),
-                               month=month, parent=parent, activate=activate, progress=progress)
+                               month=month, parent=parent, activate=activate)

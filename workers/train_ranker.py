@@ -16,11 +16,15 @@ import logging
 import shutil
 import time
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from app.db.tables import Job
 from indexer.dates import month_key, month_start
 from models.candidates import CandidateRanker, RankerItem, candidates, is_positive
 from workers.ranker_items import PlainQuestion, prepare_items
+from workers.runner import JobHandle
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +71,8 @@ def fit_ranker(train: list[RankerItem], val: list[RankerItem], *, seed: int = 0,
     return best, best_val, history
 
 
-def run_ranker_job(settings, job_id: int, *, until: dt.date, spec, data, activate: bool | None = None,
-                   progress=None) -> str:
+def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, data,
+                   activate: bool | None = None) -> str:
     """Train, save and register a ranker version on what is dated before `until`; returns its name.
 
     Args:
@@ -76,76 +80,55 @@ def run_ranker_job(settings, job_id: int, *, until: dt.date, spec, data, activat
             question, in training and serving; `max_self_articles`: 0 for gold questions only).
         data: its DataConfig (self-labeled questions per article, seed).
     """
-    from app.services.reader_registry import READER_TRAINING_LOCK
-    from workers.jobs import kind_lock
-
-    with kind_lock(settings, READER_TRAINING_LOCK):  # one reader training per SQA_HOME at a time
-        return _train(settings, job_id, until=until, spec=spec, data=data, activate=activate, progress=progress)
-
-
-def _train(settings, job_id: int, *, until: dt.date, spec, data, activate: bool | None, progress) -> str:
-    from app.runtime import open_database
     from app.services.reader_registry import new_version_name, register_version
     from models.ranker import RankerConfig, RankerModel
     from models.trained import write_reader_info
     from workers.train import gold_questions, indexed_start, self_labeled, serving_snapshot
 
     val_from = month_start(until - dt.timedelta(days=1))
-    db = open_database(settings)
-    try:
-        t0 = time.perf_counter()
-        encoder, snapshot = serving_snapshot(settings, db)
-        first = indexed_start(snapshot)
-        if first >= val_from:
-            raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
-                             f"(validation uses {month_key(val_from)})")
-        with db.sessions() as session:
-            golds, left_out = gold_questions(session, first, until)
-            selfq = [self_question(g) for g in self_labeled(session, first, until, data)] \
-                if spec.max_self_articles else []
-            session.expunge_all()
-        train_q = [q for q in golds if q.asked < val_from]
-        val_q = [q for q in golds if q.asked >= val_from]
-        items, _ = prepare_items(settings, db, train_q + val_q + selfq, spec.infer_passages,
-                                 progress or _NoProgress(), embed=False)
-        train = [items[q.qid] for q in train_q + selfq]
-        val = [items[q.qid] for q in val_q]
-        counts = {"train": len(train), "val": len(val), "gold": len(train_q), "self_labeled": len(selfq),
-                  "left_out": dict(left_out), "reachable_train": reachable(train), "reachable_val": reachable(val)}
-        log.info("ranker training data: %s", counts)
-        if not train_q and not selfq:
-            raise ValueError(f"no training questions dated {first}..{val_from}: import questions "
-                             "(`sqa import realtimeqa ...`) or move --until later")
-        t1 = time.perf_counter()
-        ranker, validation, history = fit_ranker(train, val, seed=spec.seed, progress=progress)
-        version = new_version_name("ranker", str(until))
-        dest = settings.models_dir / version
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        RankerModel(ranker, RankerConfig(n_passages=spec.infer_passages, c=ranker.c, seed=spec.seed)).save(tmp)
-        fit_s = round(time.perf_counter() - t1, 1)
-        info = {"kind": "ranker", "version": version, "parent_version": None, "trained_until": until.isoformat(),
-                "month": None, "spec": asdict(spec), "data": counts, "validation": validation,
-                "history": history, "stopped": "fitted", "steps": 0, "train_seconds": fit_s}
-        write_reader_info(tmp, info)
-        tmp.replace(dest)
-        with db.sessions() as session, session.begin():
-            make_active = bool(activate)  # a new version serves only once someone activates it
-            register_version(session, version=version, kind="ranker", path=version, trained_until=until,
-                             job_id=job_id, activate=make_active, models_dir=settings.models_dir,
-                             metrics={"validation": validation, "train": len(train), "val": len(val),
-                                      "c": ranker.c})
-            job = session.get(Job, job_id)
-            job.counts = {**counts, "version": version, "activated": make_active, "validation": validation}
-            job.timings = {"data_s": round(t1 - t0, 1), "train_s": fit_s}
-        return version
-    finally:
-        db.close()
-
-
-class _NoProgress:
-    def stage(self, name: str, total: int) -> None:
-        pass
-
-    def advance(self, n: int = 1) -> None:
-        pass
+    db, progress = ctx.db, job
+    t0 = time.perf_counter()
+    encoder, snapshot = serving_snapshot(ctx)
+    first = indexed_start(snapshot)
+    if first >= val_from:
+        raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
+                         f"(validation uses {month_key(val_from)})")
+    with db.sessions() as session:
+        golds, left_out = gold_questions(session, first, until)
+        selfq = [self_question(g) for g in self_labeled(session, first, until, data)] \
+            if spec.max_self_articles else []
+        session.expunge_all()
+    train_q = [q for q in golds if q.asked < val_from]
+    val_q = [q for q in golds if q.asked >= val_from]
+    items, _ = prepare_items(ctx, train_q + val_q + selfq, spec.infer_passages, progress, embed=False)
+    train = [items[q.qid] for q in train_q + selfq]
+    val = [items[q.qid] for q in val_q]
+    counts = {"train": len(train), "val": len(val), "gold": len(train_q), "self_labeled": len(selfq),
+              "left_out": dict(left_out), "reachable_train": reachable(train), "reachable_val": reachable(val)}
+    log.info("ranker training data: %s", counts)
+    if not train_q and not selfq:
+        raise ValueError(f"no training questions dated {first}..{val_from}: import questions "
+                         "(`sqa import realtimeqa ...`) or move --until later")
+    t1 = time.perf_counter()
+    ranker, validation, history = fit_ranker(train, val, seed=spec.seed, progress=progress)
+    version = new_version_name("ranker", str(until))
+    dest = ctx.models_dir / version
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    RankerModel(ranker, RankerConfig(n_passages=spec.infer_passages, c=ranker.c, seed=spec.seed)).save(tmp)
+    fit_s = round(time.perf_counter() - t1, 1)
+    info = {"kind": "ranker", "version": version, "parent_version": None, "trained_until": until.isoformat(),
+            "month": None, "spec": asdict(spec), "data": counts, "validation": validation,
+            "history": history, "stopped": "fitted", "steps": 0, "train_seconds": fit_s}
+    write_reader_info(tmp, info)
+    tmp.replace(dest)
+    with db.sessions() as session, session.begin():
+        make_active = bool(activate)  # a new version serves only once someone activates it
+        register_version(session, version=version, kind="ranker", path=version, trained_until=until,
+                         job_id=job.job_id, activate=make_active, models_dir=ctx.models_dir,
+                         metrics={"validation": validation, "train": len(train), "val": len(val),
+                                  "c": ranker.c})
+        job.update_in(session, counts={**counts, "version": version, "activated": make_active,
+                                       "validation": validation},
+                      timings={"data_s": round(t1 - t0, 1), "train_s": fit_s})
+    return version

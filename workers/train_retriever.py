@@ -24,6 +24,7 @@ import random
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,10 @@ from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.readers import dated_question
 from workers.train import _digest
 from workers.progress import fraction_reporter
+from workers.runner import JobHandle
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -187,83 +192,69 @@ def validator(val: dict):
     return validate, items
 
 
-def run_train_retriever_job(settings, job_id: int, *, until: dt.date, cfg: DprConfig | None = None,
-                            data: RetrieverDataConfig | None = None, progress=None) -> str:
-    """Train an encoder version on what is dated before `until`; returns its name."""
-    from workers.jobs import kind_lock
-
-    cfg, data = cfg or DprConfig(), data or RetrieverDataConfig()
-    with kind_lock(settings, RETRIEVER_TRAINING_LOCK):
-        return _train(settings, job_id, until=until, cfg=cfg, data=data, progress=progress)
-
-
-def _train(settings, job_id: int, *, until: dt.date, cfg: DprConfig, data: RetrieverDataConfig, progress) -> str:
-    from app.db.tables import Job
-    from app.runtime import build_encoder, index_state, open_database
+def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: DprConfig | None = None,
+                            data: RetrieverDataConfig | None = None) -> str:
+    """Train an encoder version on what is dated before `until`; returns its name. Run it under
+    the retriever-training lock (`RETRIEVER_TRAINING_LOCK`; the CLI does, through the job runner)."""
     from models.encoders import packaged_minilm_path
     from workers.train import indexed_start
 
+    cfg, data = cfg or DprConfig(), data or RetrieverDataConfig()
+    db, progress = ctx.db, job
     val_from = month_start(until - dt.timedelta(days=1))
     digest = _digest(cfg, data)[:6]
     # the data (pairs, validation pool) are kept for other runs on them (the other towers, say);
     # the run folder (checkpoints) goes once the version is saved
-    work = settings.work_dir / "train-retriever" / f"data-{until}-{_digest(data)[:6]}"
-    run = settings.work_dir / "train-retriever" / f"run-{until}-{digest}"
+    work = ctx.work_dir / "train-retriever" / f"data-{until}-{_digest(data)[:6]}"
+    run = ctx.work_dir / "train-retriever" / f"run-{until}-{digest}"
     work.mkdir(parents=True, exist_ok=True)
-    db = open_database(settings)
-    try:
-        t0 = time.perf_counter()
-        if (work / "pairs.jsonl").exists() and (work / "val.json").exists():
-            pairs = [Pair(**json.loads(line)) for line in (work / "pairs.jsonl").read_text().splitlines()]
-            val = json.loads((work / "val.json").read_text())
-            counts = json.loads((work / "counts.json").read_text())
-        else:
-            encoder = build_encoder(settings)
-            state = index_state(settings, db, encoder, lexical=True)
-            state.refresh()
-            snapshot = state.current()
-            if snapshot is None:
-                raise ValueError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
-            if snapshot.lexical is None:
-                raise ValueError(snapshot.lexical_error or "the index has no BM25 files: run `sqa index bm25`")
-            first = indexed_start(snapshot)
-            if first >= val_from:
-                raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
-                                 f"(validation uses {month_key(val_from)})")
-            with db.sessions() as session:
-                pairs, val, counts = build_data(session, snapshot.encoder or encoder, snapshot, train_from=first,
-                                                val_from=val_from, until=until, cfg=data, progress=progress)
-            (work / "val.json").write_text(json.dumps(val))
-            (work / "counts.json").write_text(json.dumps(counts))
-            (work / "pairs.jsonl").write_text("".join(json.dumps(p.to_json()) + "\n" for p in pairs))
-        log.info("retriever training data: %s", counts)
-        with db.sessions() as session, session.begin():
-            session.get(Job, job_id).counts = counts
-        if len(pairs) < cfg.batch_size:
-            raise ValueError(f"only {len(pairs)} training pairs: are the months before the cut ingested?")
-        validate, items = validator(val)
-        bm25_figures = pool_figures([list(i.bm25) for i in items], items)
-        model = BiEncoder(packaged_minilm_path(), cfg, device=settings.device)
-        report = fraction_reporter(progress, log)
+    t0 = time.perf_counter()
+    if (work / "pairs.jsonl").exists() and (work / "val.json").exists():
+        pairs = [Pair(**json.loads(line)) for line in (work / "pairs.jsonl").read_text().splitlines()]
+        val = json.loads((work / "val.json").read_text())
+        counts = json.loads((work / "counts.json").read_text())
+    else:
+        encoder = ctx.load_encoder()
+        state = ctx.open_index_state(encoder, True)
+        state.refresh()
+        snapshot = state.current()
+        if snapshot is None:
+            raise ValueError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+        if snapshot.lexical is None:
+            raise ValueError(snapshot.lexical_error or "the index has no BM25 files: run `sqa index bm25`")
+        first = indexed_start(snapshot)
+        if first >= val_from:
+            raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
+                             f"(validation uses {month_key(val_from)})")
+        with db.sessions() as session:
+            pairs, val, counts = build_data(session, snapshot.encoder or encoder, snapshot, train_from=first,
+                                            val_from=val_from, until=until, cfg=data, progress=progress)
+        (work / "val.json").write_text(json.dumps(val))
+        (work / "counts.json").write_text(json.dumps(counts))
+        (work / "pairs.jsonl").write_text("".join(json.dumps(p.to_json()) + "\n" for p in pairs))
+    log.info("retriever training data: %s", counts)
+    job.update(counts=counts)
+    if len(pairs) < cfg.batch_size:
+        raise ValueError(f"only {len(pairs)} training pairs: are the months before the cut ingested?")
+    validate, items = validator(val)
+    bm25_figures = pool_figures([list(i.bm25) for i in items], items)
+    model = BiEncoder(packaged_minilm_path(), cfg, device=ctx.device)
+    report = fraction_reporter(progress, log)
 
-        t1 = time.perf_counter()
-        result = train_biencoder(model, pairs, run, validate, metric=METRIC, report=report)
-        version = f"dpr-{until}-{cfg.towers}-{digest}"
-        info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "trained_until": until.isoformat(),
-                "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "data": counts,
-                "data_config": asdict(data), "validation": {"best": result.best, "bm25": bm25_figures,
-                                                             "untuned": result.history[0] if result.history else {}},
-                "history": result.history, "steps": result.steps, "stopped": result.stopped,
-                "train_seconds": result.seconds, "data_seconds": round(t1 - t0, 1)}
-        model.save(settings.encoders_dir / version, info)
-        with db.sessions() as session, session.begin():
-            job = session.get(Job, job_id)
-            job.counts = {**counts, "version": version, "validation": info["validation"]}
-            job.timings = {"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)}
-        shutil.rmtree(run, ignore_errors=True)
-        return version
-    finally:
-        db.close()
+    t1 = time.perf_counter()
+    result = train_biencoder(model, pairs, run, validate, metric=METRIC, report=report)
+    version = f"dpr-{until}-{cfg.towers}-{digest}"
+    info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "trained_until": until.isoformat(),
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "data": counts,
+            "data_config": asdict(data), "validation": {"best": result.best, "bm25": bm25_figures,
+                                                         "untuned": result.history[0] if result.history else {}},
+            "history": result.history, "steps": result.steps, "stopped": result.stopped,
+            "train_seconds": result.seconds, "data_seconds": round(t1 - t0, 1)}
+    model.save(ctx.encoders_dir / version, info)
+    job.update(counts={"version": version, "validation": info["validation"]},
+               timings={"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)})
+    shutil.rmtree(run, ignore_errors=True)
+    return version
 
 
 def describe(info: dict) -> str:

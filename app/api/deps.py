@@ -8,8 +8,9 @@ from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
-from app.runtime import Database
+from app.db.engine import Database
 from app.services.answering import AnswerService
+from workers.context import JobContext
 
 
 def get_settings_dep(request: Request) -> Settings:
@@ -25,6 +26,11 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def get_jobs(request: Request) -> JobContext:
+    """The context background jobs run in (its runner starts them: one at a time per slot)."""
+    return request.app.state.jobs
+
+
 def get_answer_service(request: Request) -> AnswerService:
     return request.app.state.answers
 
@@ -33,6 +39,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 SessionDep = Annotated[Session, Depends(get_session)]
 AnswerServiceDep = Annotated[AnswerService, Depends(get_answer_service)]
+JobsDep = Annotated[JobContext, Depends(get_jobs)]
 
 
 def require_admin(settings: SettingsDep, x_admin_token: Annotated[str | None, Header()] = None) -> None:

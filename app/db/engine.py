@@ -1,6 +1,7 @@
 """Engine and session factory. SQLite gets WAL and foreign keys; PostgreSQL is used as is."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -28,3 +29,24 @@ def make_engine(url: str) -> Engine:
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@dataclass
+class Database:
+    """An engine and its session factory; the entry point that opened it closes it."""
+
+    engine: Engine
+    sessions: sessionmaker[Session]
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_database(url: str, *, migrate: bool = True) -> Database:
+    """Connect (and first bring the schema to the newest migration, unless `migrate` is false)."""
+    if migrate:
+        from app.db.migrate import upgrade  # alembic: only when migrating
+
+        upgrade(url)
+    engine = make_engine(url)
+    return Database(engine, make_session_factory(engine))

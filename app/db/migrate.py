@@ -21,23 +21,3 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
-
-
-def current_heads(url: str) -> set[str]:
-    from alembic.runtime.migration import MigrationContext
-
-    from app.db.engine import make_engine
-
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            current = set(MigrationContext.configure(conn).get_current_heads())
-    finally:
-        engine.dispose()
-    return current
-
-
-def head_revisions() -> set[str]:
-    from alembic.script import ScriptDirectory
-
-    return set(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())

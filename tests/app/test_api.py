@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from app.db.tables import Article, IndexSnapshot, Job, Passage
 from app.main import create_app
-from app.runtime import open_database
+from app.bootstrap import open_database
 
 ADMIN = {"X-Admin-Token": "test-admin-token"}
 

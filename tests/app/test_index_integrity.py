@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.runtime import open_database
+from app.bootstrap import open_database
 from app.services.index_state import latest_snapshot_row
 from indexer.errors import IndexIntegrityError
 

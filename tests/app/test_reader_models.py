@@ -26,7 +26,7 @@ from app.core.config import Settings, get_settings, parse_reader_spec
 from app.db.base import Base
 from app.db.tables import ReaderModel
 from app.main import create_app
-from app.runtime import build_answer_service, build_encoder, build_reader, open_database
+from app.bootstrap import build_answer_service, build_encoder, build_reader, open_database
 from app.services import reader_registry as registry
 from app.services.errors import ConflictError, NotFoundError
 from app.services.reader_state import ReaderState, RegistrySource
@@ -56,7 +56,7 @@ def loads(monkeypatch) -> list[str]:
     monkeypatch.setattr(models.trained, "load_trained_reader", load_trained_reader)
     monkeypatch.setattr(models.trained, "read_reader_info",
                         lambda path: json.loads((path / "reader.json").read_text()))
-    monkeypatch.setattr("app.runtime.FALLBACK_READER", "first-entity")
+    monkeypatch.setattr("app.bootstrap.FALLBACK_READER", "first-entity")
     return loaded
 
 
@@ -420,21 +420,17 @@ def fake_train(monkeypatch):
     module.fail = False
     module.calls = []
 
-    def run_finetune_job(settings, job_id, *, month):
-        module.calls.append((job_id, month))
+    def run_finetune_job(ctx, job, *, month):
+        module.calls.append((job.job_id, month))
         assert module.release.wait(20)
         if module.fail:
             raise RuntimeError("out of memory while fine-tuning")
-        db = open_database(settings, migrate=False)
-        try:
-            with db.sessions() as session, session.begin():
-                parent = registry.active_version(session).version
-                version = registry.new_version_name("fid", f"ft-{month}")
-                (settings.models_dir / version).mkdir()
-                registry.register_version(session, version=version, kind="fid", path=version, parent_version=parent,
-                                          month=month, job_id=job_id, activate=True, models_dir=settings.models_dir)
-        finally:
-            db.close()
+        with ctx.sessions() as session, session.begin():
+            parent = registry.active_version(session).version
+            version = registry.new_version_name("fid", f"ft-{month}")
+            (ctx.models_dir / version).mkdir()
+            registry.register_version(session, version=version, kind="fid", path=version, parent_version=parent,
+                                      month=month, job_id=job.job_id, activate=True, models_dir=ctx.models_dir)
         return version
 
     module.run_finetune_job = run_finetune_job

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
 from indexer.importers import read_realtimeqa
 from workers.imports import store_records
 from workers.ingest import ingest

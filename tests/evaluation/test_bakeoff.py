@@ -106,7 +106,7 @@ def test_latency_summary_percentiles():
 
 
 def _session(settings):
-    from app.runtime import open_database
+    from app.bootstrap import open_database
 
     db = open_database(settings, migrate=False)
     return db, db.sessions()
@@ -220,7 +220,7 @@ def test_bench_readers_end_to_end_on_the_sample(loaded_settings, tmp_path, capsy
 
 
 def test_bench_readers_baselines_only_needs_no_index(sqlite_settings, sample_root, tmp_path):
-    from app.runtime import open_database
+    from app.bootstrap import open_database
     main = _bench_main()
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records

@@ -35,16 +35,21 @@ def cup_stream() -> tuple[list[ArticleRecord], list[QuestionRecord]]:
 
 @pytest.fixture
 def new_job():
-    """A function that creates a queued job row of a kind and returns its id."""
-    from app.db.queries import create_job
-    from app.runtime import open_database
+    """A function that opens a job context over the settings and creates a queued job row of a kind;
+    returns (context, the job's handle): what a job function takes. Closed after the test."""
+    from app.bootstrap import open_context
+    from workers.progress import JobProgress
+    from workers.runner import JobHandle
 
-    def make(settings, kind: str = "train") -> int:
-        db = open_database(settings)
-        try:
-            with db.sessions() as session, session.begin():
-                return create_job(session, kind, {}).id
-        finally:
-            db.close()
+    opened = []
 
-    return make
+    def make(settings, kind: str = "train"):
+        cm = open_context(settings)
+        ctx = cm.__enter__()
+        opened.append(cm)
+        job_id = ctx.runner.create(kind, {})
+        return ctx, JobHandle(ctx.sessions, job_id, JobProgress(ctx.sessions, job_id))
+
+    yield make
+    for cm in opened:
+        cm.__exit__(None, None, None)

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db.tables import IndexSnapshot, Job, Passage
-from app.runtime import build_encoder, ingest_config, open_database
+from app.bootstrap import build_encoder, ingest_config, open_database
 from app.services.errors import InvalidInputError, NoArticlesError
 from app.services.index_state import IndexState, latest_snapshot_row
 from indexer.importers import read_realtimeqa

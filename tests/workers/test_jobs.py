@@ -14,17 +14,11 @@ from sqlalchemy import select
 
 from app.core.config import get_settings
 from app.db.tables import Article, EvalRun, IndexSnapshot, Job
-from app.runtime import open_database
+from app.bootstrap import open_database
 from app.services.errors import InvalidInputError
-from workers.jobs import (
-    NO_ACTIVE_READER,
-    RANKER_REFIT,
-    monthly_ingest,
-    previous_month,
-    previous_quarter,
-    quarterly_evaluation,
-    today_utc,
-)
+from app.bootstrap import scheduled_monthly_ingest as monthly_ingest
+from app.bootstrap import scheduled_quarterly_evaluation as quarterly_evaluation
+from workers.scheduled import NO_ACTIVE_READER, RANKER_REFIT, previous_month, previous_quarter, today_utc
 
 
 @pytest.fixture
@@ -173,20 +167,16 @@ def fake_evaluation(monkeypatch):
     calls: list[tuple[str, int | None]] = []
     fail: set[str] = set()
 
-    def run_quarterly_evaluation(settings, quarter, *, job_id=None):
+    def run_quarterly_evaluation(ctx, quarter, *, job_id=None):
         calls.append((quarter, job_id))
         if quarter in fail:
             fail.discard(quarter)
             raise RuntimeError("the reader ran out of memory")
-        db = open_database(settings, migrate=False)
-        try:
-            with db.sessions() as session, session.begin():
-                run = EvalRun(kind="quarterly", params={"quarter": quarter}, state="succeeded", job_id=job_id)
-                session.add(run)
-                session.flush()
-                return run.id
-        finally:
-            db.close()
+        with ctx.sessions() as session, session.begin():
+            run = EvalRun(kind="quarterly", params={"quarter": quarter}, state="succeeded", job_id=job_id)
+            session.add(run)
+            session.flush()
+            return run.id
 
     monkeypatch.setattr(module, "run_quarterly_evaluation", run_quarterly_evaluation, raising=False)
     return types.SimpleNamespace(calls=calls, fail=fail)

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db.tables import MonthDrift
-from app.runtime import build_encoder, drift_config, ingest_config, open_database
+from app.bootstrap import build_encoder, drift_config, ingest_config, open_database
 from app.services import reader_registry as registry
 from app.services.errors import InvalidInputError
 from evaluation.drift import drift_between, load_profile

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from app.db.tables import EvalResult, EvalRun, IndexSnapshot
 from app.main import create_app
-from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
 from workers.evaluate import EvalConfig, evaluate_current
 from workers.imports import store_records
 from workers.replay import ReplayPlan, run_replay

@@ -22,9 +22,20 @@ from sqlalchemy import create_engine, func, select, table
 from app.api.routes import schedule
 from app.db.tables import Job
 from app.main import create_app
-from app.runtime import open_database
-from workers import jobs
-from workers.scheduler import WorkerScheduler, build_scheduler, scheduled_jobs, trigger_now
+from app.bootstrap import open_database, scheduler_config
+from workers import scheduled as jobs
+from workers.runner import JobRunner
+from workers.scheduler import WorkerScheduler, trigger_now
+from workers.scheduler import build_scheduler as build_from_config
+from workers.scheduler import scheduled_jobs as scheduled_from_config
+
+
+def build_scheduler(settings, **kwargs):
+    return build_from_config(scheduler_config(settings), **kwargs)
+
+
+def scheduled_jobs(settings):
+    return scheduled_from_config(scheduler_config(settings))
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = dt.timezone.utc
@@ -159,14 +170,14 @@ def test_trigger_now_unknown_id_names_the_valid_ids():
     from app.services.errors import NotFoundError
 
     with pytest.raises(NotFoundError, match="monthly-ingest, quarterly-evaluation"):
-        trigger_now("weekly-ingest")
+        trigger_now(None, "weekly-ingest")
 
 
 def test_run_worker_stops_cleanly_on_sigterm(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SQA_")}
     env.update(SQA_HOME=str(tmp_path / "home"), SQA_ENV="test", SQA_ENCODER="hash", SQA_READER="first-entity",
                SQA_INGEST_CRON=RARE["ingest_cron"], SQA_EVAL_CRON=RARE["eval_cron"])
-    code = ("from app.core.config import get_settings; from workers.scheduler import run_worker; "
+    code = ("from app.core.config import get_settings; from app.bootstrap import run_worker; "
             "run_worker(get_settings())")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
@@ -234,7 +245,7 @@ def test_schedule_run_now_starts_the_job_in_the_background(schedule_client, monk
     ran = threading.Event()
     periods: list[str | None] = []
 
-    def fake(period=None):
+    def fake(ctx, period=None):
         periods.append(period)
         ran.set()
         return {}
@@ -254,5 +265,5 @@ def test_schedule_run_now_rejects_unknown_ids_bad_periods_and_a_second_run(sched
     assert "monthly-ingest" in resp.json()["detail"] and "quarterly-evaluation" in resp.json()["detail"]
     assert client.post("/admin/schedule/quarterly-evaluation/run", params={"period": "2023Q5"},
                        headers=ADMIN).status_code == 422
-    with jobs.kind_lock(settings, "monthly-ingest"):  # as if another process ran it
+    with JobRunner(None, settings.work_dir / "jobs").lock("monthly-ingest").hold():  # as if another process ran it
         assert client.post("/admin/schedule/monthly-ingest/run", headers=ADMIN).status_code == 409

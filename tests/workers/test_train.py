@@ -6,7 +6,7 @@ import datetime as dt
 import pytest
 import torch
 
-from app.runtime import open_database
+from app.bootstrap import open_database
 from app.services.reader_registry import active_version, list_versions
 from models.trained import load_trained_reader, read_reader_info
 from models.training import load_examples
@@ -22,7 +22,7 @@ def _one_thread():
 
 
 def _datasets(settings, until: dt.date, val_from: dt.date):
-    from app.runtime import build_encoder
+    from app.bootstrap import build_encoder
     from app.services.answering import DenseRetriever
     from app.services.index_state import IndexState
 
@@ -56,8 +56,8 @@ def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
 
 
 def test_train_job_registers_an_active_version_that_answers(loaded_settings, new_job):
-    job_id = new_job(loaded_settings, "train")
-    version = run_train_job(loaded_settings, job_id, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY),
+    job = new_job(loaded_settings, "train")
+    version = run_train_job(*job, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY),
                             activate=True)
     db = open_database(loaded_settings)
     try:
@@ -94,21 +94,21 @@ def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch, ne
 
     monkeypatch.setattr(training.ReaderTrainer, "batch_loss", crash_after_three)
     with pytest.raises(KeyboardInterrupt):
-        run_train_job(loaded_settings, new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
+        run_train_job(*new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
     work = next((loaded_settings.work_dir / "train").iterdir())
     assert (work / "train.jsonl").exists() and load_examples(work / "train.jsonl")
     monkeypatch.setattr(training.ReaderTrainer, "batch_loss", real)
-    version = run_train_job(loaded_settings, new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
+    version = run_train_job(*new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec)
     info = read_reader_info(loaded_settings.models_dir / version)
     assert info["data"]["data"] == "reused from an interrupted run"
 
 
 def test_finetune_continues_the_active_version(loaded_settings, new_job):
     with pytest.raises(ValueError, match="no trained reader"):
-        run_finetune_job(loaded_settings, new_job(loaded_settings, "finetune"), month="2024-03")
-    first = run_train_job(loaded_settings, new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1),
+        run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03")
+    first = run_train_job(*new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1),
                           spec=ReaderJobSpec(**TINY), activate=True)
-    second = run_finetune_job(loaded_settings, new_job(loaded_settings, "finetune"), month="2024-03")
+    second = run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03")
     db = open_database(loaded_settings)
     try:
         with db.sessions() as session:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.runtime import build_answer_service, build_encoder, open_database
+from app.bootstrap import build_answer_service, build_encoder, open_context, open_database
 from app.services.reader_registry import active_version
 from evaluation.bakeoff import generation_subset
 from models.candidates import CandidateRanker
@@ -15,7 +15,7 @@ from models.ranker import CandidateReader, RankerConfig, RankerModel
 from models.trained import load_trained_reader, read_reader_info
 from workers.ranker_items import prepare_items
 from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
-from workers.train_ranker import _NoProgress
+from workers.progress import NullProgress as _NoProgress
 
 UNTIL = dt.date(2024, 3, 1)
 RANKER = dict(kind="ranker", n_passages=10, infer_passages=10, max_self_articles=0)
@@ -47,7 +47,8 @@ def test_ranker_training_and_serving_compute_the_same_features(loaded_settings):
     db = open_database(loaded_settings)
     try:
         questions = _gold(db)
-        train_items, _ = prepare_items(loaded_settings, db, questions, 10, _NoProgress(), embed=False)
+        with open_context(loaded_settings) as ctx:
+            train_items, _ = prepare_items(ctx, questions, 10, _NoProgress(), embed=False)
         ranker = CandidateRanker(use_score=False).fit(list(train_items.values()))
         reader = _SpyReader(RankerModel(ranker, RankerConfig(n_passages=10)))
         reader.seen = []
@@ -71,7 +72,7 @@ def test_ranker_training_and_serving_compute_the_same_features(loaded_settings):
 
 def test_train_job_ranker_registers_a_version_that_serves(loaded_settings, new_job):
     spec = ReaderJobSpec(**{**RANKER, "max_self_articles": 12})
-    version = run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=spec, activate=True)
+    version = run_train_job(*new_job(loaded_settings), until=UNTIL, spec=spec, activate=True)
     assert version.startswith("ranker-2024-03-01-")
     db = open_database(loaded_settings)
     try:
@@ -97,23 +98,23 @@ def test_train_job_ranker_registers_a_version_that_serves(loaded_settings, new_j
 
 
 def test_train_job_ranker_rerun_reuses_the_item_cache(loaded_settings, monkeypatch, new_job):
-    first = run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
+    first = run_train_job(*new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
     import models.selflabel
 
     def no_spacy():
         raise AssertionError("the rerun must reuse the cached annotations")
 
     monkeypatch.setattr(models.selflabel, "load_nlp", no_spacy)
-    second = run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
+    second = run_train_job(*new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
     assert second != first
     a, b = (json.loads((loaded_settings.models_dir / v / "ranker.json").read_text()) for v in (first, second))
     assert a == b  # same data, same fit
 
 
 def test_finetune_refuses_a_ranker(loaded_settings, new_job):
-    run_train_job(loaded_settings, new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER), activate=True)
+    run_train_job(*new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER), activate=True)
     with pytest.raises(ValueError, match="refitted rather than fine-tuned"):
-        run_finetune_job(loaded_settings, new_job(loaded_settings, "finetune"), month="2024-03")
+        run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03")
 
 
 def test_cli_train_reader_ranker_serves_once_activated(sqa, sample_root, monkeypatch):

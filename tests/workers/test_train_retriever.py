@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.runtime import open_database
+from app.bootstrap import open_database
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.encoders import DualEncoder, packaged_minilm_path, read_encoder_info, resolve_encoder
 from tests.conftest import load_sample
@@ -93,8 +93,8 @@ def test_pool_figures_count_an_answer_in_the_top_k():
 def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_settings, new_job):
     loaded_settings = sqlite_settings  # one database is enough: this trains a real MiniLM
     load_sample(loaded_settings)
-    job_id = new_job(loaded_settings, "train-retriever")
-    version = run_train_retriever_job(loaded_settings, job_id, until=dt.date(2024, 3, 1), cfg=TINY,
+    job = new_job(loaded_settings, "train-retriever")
+    version = run_train_retriever_job(*job, until=dt.date(2024, 3, 1), cfg=TINY,
                                       data=RetrieverDataConfig(max_self_articles=12, max_val=10))
     folder = loaded_settings.encoders_dir / version
     info = read_encoder_info(folder)
@@ -109,7 +109,7 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
     assert days and max(days) < dt.date(2024, 2, 1)  # nothing from the validation month or after the cut
     assert all(p["query"].split(". ", 1)[1] and p["positive"] != p["negative"] for p in pairs)
 
-    from app.runtime import ingest_config
+    from app.bootstrap import ingest_config
     from workers.reencode import reencode
 
     db = open_database(loaded_settings)
@@ -118,7 +118,7 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
         assert job.state == "succeeded" and job.counts["encoder"] == version
     finally:
         db.close()
-    from app.runtime import build_encoder
+    from app.bootstrap import build_encoder
 
     auto = loaded_settings.model_copy(update={"encoder": "auto"})
     assert build_encoder(auto).name == version  # ingests after the switch use the index's encoder

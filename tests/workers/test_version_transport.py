@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from app.cli import cli
 from app.core.config import get_settings
 from app.db.tables import EvalResult, EvalRun, Question
-from app.runtime import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
 from evaluation.drift import profile_vectors
 from workers.evaluate import EvalConfig, evaluate_current
 from workers.imports import store_records
@@ -177,7 +177,7 @@ def test_on_drift_decision_needs_an_evaluated_version(evaluated):
 
 
 def test_quarterly_report_shows_drift_and_predicted_against_measured(evaluated, tmp_path):
-    from app.runtime import eval_config
+    from app.bootstrap import eval_config
     from workers.evaluate import render_report
 
     db = open_database(evaluated)

@@ -1,25 +1,21 @@
 from __future__ import annotations
 
 import logging
-import threading
 
 from fastapi import APIRouter, Query, Request, status
 from sqlalchemy import select
 
-from app.api.deps import AdminDep, DatabaseDep, SessionDep, SettingsDep
+from app.api.deps import AdminDep, JobsDep, SessionDep, SettingsDep
 from app.api.schemas import (EncoderVersionPublic, FinetuneRequest, IngestRequest, ReencodeRequest, JobPublic, JobStarted, MonthDriftPublic,
                              ReaderActivatedPublic, ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic,
                              SnapshotPublic)
-from app.db.base import utcnow
-from app.db.queries import create_job
 from app.db.tables import Job
 from app.services.errors import ConflictError, InvalidInputError, NotFoundError
 from app.services.reader_registry import (READER_TRAINING_LOCK, activate_version, active_version, check_servable,
                                           get_version, list_versions)
 from indexer.dates import InvalidDateError, month_key, parse_month
 from workers.drift import REFERENCES, drift_rows
-from workers.ingest import STAGE_WEIGHTS, check_month_request, ingest_lock_held, run_ingest_job
-from workers.progress import JobProgress
+from workers.ingest import STAGE_WEIGHTS, IngestParams, check_month_request, ingest_lock, ingest_work
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
@@ -30,24 +26,23 @@ def _public(job: Job) -> JobPublic:
 
 
 @router.post("/ingest", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
-def start_ingest(body: IngestRequest, request: Request, session: SessionDep, db: DatabaseDep) -> JobStarted:
+def start_ingest(body: IngestRequest, request: Request, session: SessionDep, jobs: JobsDep) -> JobStarted:
     """Ingest (or re-ingest) one month in the background; poll the returned job."""
     app = request.app
     encoder = _index_encoder(app)
-    cfg = app.state.ingest_config
-
-    def work(job_id: int) -> None:
-        try:
-            run_ingest_job(db.sessions, encoder, cfg, job_id, JobProgress(db.sessions, job_id, weights=STAGE_WEIGHTS))
-            app.state.answers.index_state.refresh()  # serve the new snapshot now
-        except Exception:
-            log.exception("ingest job %d failed", job_id)
-
+    cfg = jobs.ingest
     plan = check_month_request(session, cfg.index_dir, encoder, body.month)  # 422 before any job exists
-    return _start_in_background(app, session, "ingest", "ingest", {"month": plan.key}, work,
-                                busy=lambda: ingest_lock_held(cfg.index_dir),
+    params = IngestParams(month=plan.first)
+    job_id = jobs.runner.submit("ingest", params.to_json(), ingest_work(jobs.sessions, encoder, cfg, params),
+                                slot="ingest", lock=ingest_lock(cfg.index_dir), weights=STAGE_WEIGHTS,
+                                after=app.state.answers.index_state.refresh,  # serve the new snapshot now
                                 conflict="an ingest is already running; poll GET /admin/jobs and try again when "
                                          "it ends")
+    return _started(job_id)
+
+
+def _started(job_id: int) -> JobStarted:
+    return JobStarted(job_id=job_id, state="queued", status_url=f"/admin/jobs/{job_id}")
 
 
 def _index_encoder(app):
@@ -58,15 +53,15 @@ def _index_encoder(app):
 
 
 @router.post("/index/reencode", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
-def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep, db: DatabaseDep,
+def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep, jobs: JobsDep,
                    settings: SettingsDep) -> JobStarted:
     """Re-encode every shard with another encoder version in the background; the server switches to
     the new snapshot (and its query encoder) at once when the job commits. Needs SQA_ENCODER=auto."""
     from models.encoders import load_encoder
-    from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS, run_reencode_job, serving_manifest
+    from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS, reencode_work, serving_manifest
 
     app = request.app
-    cfg = app.state.ingest_config
+    cfg = jobs.ingest
     if settings.encoder != "auto":
         raise ConflictError(f"SQA_ENCODER is pinned to {settings.encoder!r}: this server would refuse the "
                             "re-encoded index; run it with SQA_ENCODER=auto to switch encoders")
@@ -77,18 +72,12 @@ def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep,
         encoder = load_encoder(body.encoder, device=settings.device, encoders_dir=settings.encoders_dir)
     except (ValueError, RuntimeError) as exc:
         raise InvalidInputError(str(exc)) from None
-
-    def work(job_id: int) -> None:
-        try:
-            run_reencode_job(db.sessions, encoder, cfg, job_id, JobProgress(db.sessions, job_id, weights=REENCODE_WEIGHTS))
-            app.state.answers.index_state.refresh()  # serve the re-encoded snapshot now
-        except Exception:
-            log.exception("re-encode job %d failed", job_id)
-
-    return _start_in_background(app, session, "ingest", "reencode", {"encoder": encoder.name}, work,
-                                busy=lambda: ingest_lock_held(cfg.index_dir),
+    job_id = jobs.runner.submit("reencode", {"encoder": encoder.name}, reencode_work(jobs.sessions, encoder, cfg),
+                                slot="ingest", lock=ingest_lock(cfg.index_dir), weights=REENCODE_WEIGHTS,
+                                after=app.state.answers.index_state.refresh,  # serve the re-encoded snapshot now
                                 conflict="an ingest or re-encode is already running; poll GET /admin/jobs and try "
                                          "again when it ends")
+    return _started(job_id)
 
 
 @router.get("/encoders", response_model=list[EncoderVersionPublic])
@@ -104,23 +93,6 @@ def list_encoders(request: Request, settings: SettingsDep) -> list[EncoderVersio
                                         trained_until=info.get("trained_until"),
                                         validation=info.get("validation", {}), serving=serving == info["version"]))
     return out
-
-
-def _start_in_background(app, session, slot: str, kind: str, params: dict, work, *, busy, conflict: str) -> JobStarted:
-    """Create a queued job and run `work(job_id)` on a thread, one at a time per slot ("ingest" or
-    "training": app.state.<slot>_guard and <slot>_thread); ConflictError (409) while that slot's
-    thread lives or `busy()` says another process holds its lock."""
-    with getattr(app.state, f"{slot}_guard"):
-        thread = getattr(app.state, f"{slot}_thread")
-        if (thread is not None and thread.is_alive()) or busy():
-            raise ConflictError(conflict)
-        job = create_job(session, kind, params)
-        session.commit()
-        job_id = job.id
-        thread = threading.Thread(target=lambda: work(job_id), name=f"{kind}-{job_id}", daemon=True)
-        setattr(app.state, f"{slot}_thread", thread)
-        thread.start()
-    return JobStarted(job_id=job_id, state="queued", status_url=f"/admin/jobs/{job_id}")
 
 
 @router.get("/jobs", response_model=list[JobPublic])
@@ -163,7 +135,11 @@ def list_drift(session: SessionDep, from_: str | None = Query(None, alias="from"
 
 @router.get("/index", response_model=SnapshotPublic)
 def get_index(request: Request) -> SnapshotPublic:
-    snap = request.app.state.answers.index_state.current()
+    """The snapshot this process serves, after loading the newest committed one: a job's row says
+    succeeded in the transaction that commits its snapshot, a moment before the server swaps it in."""
+    state = request.app.state.answers.index_state
+    state.refresh()
+    snap = state.current()
     if snap is None:
         raise NotFoundError("no index snapshot is loaded yet")
     return SnapshotPublic(snapshot_id=snap.snapshot_id, vectors=snap.index.ntotal,
@@ -214,26 +190,10 @@ def activate_model(version: str, request: Request, session: SessionDep, settings
     return ReaderActivatedPublic(version=version, active=True, serving=_serving(request), notes=notes)
 
 
-def _finish_job(sessions, job_id: int, *, error: str | None, version: str | None = None) -> None:
-    """Close a job row the training left open (it normally records its own end)."""
-    with sessions() as session, session.begin():
-        job = session.get(Job, job_id)
-        if job is None or job.state in ("succeeded", "failed", "interrupted"):
-            return
-        job.finished_at = utcnow()
-        if error is None:
-            job.state, job.progress, job.error = "succeeded", 1.0, None
-            job.message = f"new reader version {version}"
-            job.counts = {**(job.counts or {}), "version": version}
-        else:
-            job.state, job.error = "failed", error
-
-
 @router.post("/finetune", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
-def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep, settings: SettingsDep,
-                   db: DatabaseDep) -> JobStarted:
+def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep, jobs: JobsDep) -> JobStarted:
     """Fine-tune the active trained reader on a month's news in the background; poll the returned job."""
-    from workers.jobs import job_running
+    from workers.train import run_finetune_job
 
     month = month_key(parse_month(body.month))  # InvalidDateError: 422
     parent = active_version(session)
@@ -242,25 +202,11 @@ def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep,
     if parent.kind == "ranker":
         raise InvalidInputError(f"the active version {parent.version} is a ranker, which is refitted rather than "
                                 "fine-tuned: run `sqa train reader --kind ranker --until YYYY-MM-DD`")
-    app = request.app
-
-    def work(job_id: int) -> None:
-        try:
-            from workers.train import run_finetune_job
-
-            version = run_finetune_job(settings, job_id, month=month)
-        except Exception as exc:
-            log.exception("finetune job %d failed", job_id)
-            _finish_job(db.sessions, job_id, error=str(exc) or type(exc).__name__)
-            return
-        _finish_job(db.sessions, job_id, error=None, version=version)
-        try:
-            app.state.answers.reader_state.refresh()  # serve the new version now if it was activated
-        except Exception:
-            log.exception("reader refresh after finetune job %d failed", job_id)
-
     params = {"month": month, "parent_version": parent.version}
-    return _start_in_background(app, session, "training", "finetune", params, work,
-                                busy=lambda: job_running(settings, READER_TRAINING_LOCK),
+    job_id = jobs.runner.submit("finetune", params, lambda job: run_finetune_job(jobs, job, month=month),
+                                slot="training", lock=jobs.runner.lock(READER_TRAINING_LOCK),
+                                message=lambda version: f"new reader version {version}", result_key="version",
+                                after=request.app.state.answers.reader_state.refresh,  # serve it now if activated
                                 conflict="a reader training or fine-tune is already running; poll GET /admin/jobs "
                                          "and try again when it ends")
+    return _started(job_id)

@@ -4,7 +4,6 @@ import base64
 import logging
 import mimetypes
 import re
-import threading
 from pathlib import Path
 
 from fastapi import APIRouter, Request, status
@@ -12,10 +11,11 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
-from app.api.deps import AdminDep, SessionDep, SettingsDep
+from app.api.deps import AdminDep, JobsDep, SessionDep, SettingsDep
 from app.db.tables import EvalResult, EvalRun
 from app.services.errors import InvalidInputError, NotFoundError
 from evaluation.temporal import quarter_bounds
+from workers.evaluate import evaluate_current
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin/evaluations", tags=["admin"], dependencies=[AdminDep])
@@ -75,23 +75,18 @@ def get_report(run_id: int, session: SessionDep) -> HTMLResponse:
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED)
-def start_evaluation(body: EvaluationRequest, request: Request, settings: SettingsDep) -> dict:
-    """Evaluate a quarter in the background with the serving index; poll GET /admin/evaluations."""
+def start_evaluation(body: EvaluationRequest, jobs: JobsDep) -> dict:
+    """Evaluate a quarter in the background with the serving index; poll GET /admin/evaluations
+    (or the job)."""
     try:
         quarter_bounds(body.quarter)
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
-    app = request.app
-
-    def work() -> None:
-        from app.runtime import eval_config
-        from workers.evaluate import evaluate_current
-
-        try:
-            cfg = eval_config(settings)
-            evaluate_current(app.state.db.sessions, app.state.answers, body.quarter, cfg, settings.reports_dir)
-        except Exception:
-            log.exception("evaluation of %s failed", body.quarter)
-
-    threading.Thread(target=work, name=f"evaluate-{body.quarter}", daemon=True).start()
-    return {"quarter": body.quarter, "state": "started", "status_url": "/admin/evaluations"}
+    cfg = jobs.evaluation
+    job_id = jobs.runner.submit(
+        "evaluation", {"quarter": body.quarter, "max_questions": cfg.max_questions},
+        lambda job: evaluate_current(jobs.sessions, jobs.load_answer_service(), body.quarter, cfg, jobs.reports_dir,
+                                     job_id=job.job_id, progress=job),
+        slot=f"evaluate-{body.quarter}", result_key="eval_run",
+        conflict=f"an evaluation of {body.quarter} is already running; poll GET /admin/evaluations")
+    return {"quarter": body.quarter, "state": "started", "status_url": "/admin/evaluations", "job_id": job_id}

@@ -1,22 +1,20 @@
 """Admin view of the scheduler: what is scheduled, what ran, and run a job now.
 
 The scheduler runs in its own process (`sqa worker`); these routes only read its job store and the
-jobs table, and run a job function in a background thread of the API process.
+jobs table, and run a job function in a background thread of the API process (the job runner's).
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Query, Request, status
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from app.api.deps import AdminDep, SessionDep, SettingsDep
+from app.api.deps import AdminDep, JobsDep, SessionDep
 from app.db.tables import Job
-from app.services.errors import ConflictError
-from workers.jobs import job_running, normalize_period
+from workers.scheduled import normalize_period
 from workers.scheduler import job_function, job_specs, scheduled_jobs, trigger_now
 
 log = logging.getLogger(__name__)
@@ -54,13 +52,14 @@ class ScheduleRunStarted(BaseModel):
 
 
 @router.get("", response_model=list[ScheduledJobPublic])
-def list_schedule(settings: SettingsDep, session: SessionDep,
+def list_schedule(request: Request, session: SessionDep,
                   limit: int = Query(10, ge=1, le=100, description="recent runs listed per job")
                   ) -> list[ScheduledJobPublic]:
     """The scheduled jobs, their next run (UTC) and the recent runs of each."""
-    stored = {j["id"]: j for j in scheduled_jobs(settings)}
+    cfg = request.app.state.scheduler  # the SchedulerConfig of the settings
+    stored = {j["id"]: j for j in scheduled_jobs(cfg)}
     out = []
-    for spec in job_specs(settings):
+    for spec in job_specs(cfg):
         rows = session.scalars(select(Job).where(Job.kind == spec.id).order_by(Job.id.desc()).limit(limit))
         history = [JobRunPublic(job_id=j.id, state=j.state, period=(j.params or {}).get("period"), message=j.message,
                                 error=j.error, created_at=j.created_at, started_at=j.started_at,
@@ -72,22 +71,15 @@ def list_schedule(settings: SettingsDep, session: SessionDep,
     return out
 
 
-def _run(job_id: str, period: str | None) -> None:
-    try:
-        trigger_now(job_id, period)
-    except Exception:  # already recorded on the job row; the thread has nobody else to tell
-        log.exception("%s run requested through the API failed", job_id)
-
-
 @router.post("/{job_id}/run", response_model=ScheduleRunStarted, status_code=status.HTTP_202_ACCEPTED)
-def run_now(job_id: str, settings: SettingsDep,
+def run_now(job_id: str, jobs: JobsDep,
             period: str | None = Query(None, description="YYYY-MM (monthly-ingest) or YYYYQN (quarterly-evaluation); "
                                                          "default: the period just ended")) -> ScheduleRunStarted:
     """Run a scheduled job now, in the background. A period already done is skipped (and recorded)."""
     job_function(job_id)  # 404 naming the valid ids
     period = normalize_period(job_id, period) if period else None  # 422 before anything starts
-    if job_running(settings, job_id):
-        raise ConflictError(f"a {job_id} job is already running; poll GET /admin/jobs and try again when it ends")
-    threading.Thread(target=_run, args=(job_id, period), name=f"schedule-{job_id}", daemon=True).start()
+    runner = jobs.runner
+    runner.spawn(f"schedule-{job_id}", lambda: trigger_now(jobs, job_id, period), busy=runner.lock(job_id).held,
+                 conflict=f"a {job_id} job is already running; poll GET /admin/jobs and try again when it ends")
     return ScheduleRunStarted(kind=job_id, period=period, state="started", status_url="/admin/jobs",
                               hint=f"poll GET /admin/jobs (kind {job_id}) or GET /admin/schedule for its state")

@@ -1,19 +1,24 @@
-"""Wiring: build the database, encoder, reader, index state and services from the settings.
+"""Wiring on top: build the database, encoder, reader, index state, services and the jobs' context
+from the settings.
 
-Entry points (app/main.py's lifespan, the CLI) call these; nothing below app/ reads settings.
+Only the entry points call this module: the HTTP app (app/main.py), the CLI (app/cli/) and the
+scheduler's job functions below (`scheduled_monthly_ingest`, `scheduled_quarterly_evaluation`,
+which the job store names by textual reference). Nothing below it reads the settings: jobs get a
+`JobContext`, services and libraries get plain values.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
-from dataclasses import dataclass
+import os
+import sys
 from pathlib import Path
+from typing import Iterator
 
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
-
-from app.core.config import ReaderSpec, Settings
-from app.db.engine import make_engine, make_session_factory
-from app.db.migrate import upgrade
+from app.core.config import ReaderSpec, Settings, get_settings
+from app.db.engine import Database, make_engine, make_session_factory
+from app.db.engine import open_database as _open_url
 from app.services.answering import AnswerLimits, AnswerService
 from app.services.index_state import IndexState
 from app.services.reader_registry import check_servable, get_version
@@ -23,29 +28,20 @@ from indexer.ivf import ShardPolicy
 from models.encoders import TextEncoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
 from evaluation.drift import parse_features
+from workers.context import JobContext
 from workers.drift import DriftConfig
 from workers.evaluate import EvalConfig
-from workers.transport import TransportConfig
 from workers.ingest import IngestConfig
+from workers.runner import JobRunner
+from workers.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Database:
-    engine: Engine
-    sessions: sessionmaker[Session]
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-
 def open_database(settings: Settings, *, migrate: bool = True) -> Database:
+    """The settings' database (SQLite under SQA_HOME by default), migrated to the newest schema."""
     settings.ensure_dirs()
-    if migrate:
-        upgrade(settings.db_url)
-    engine = make_engine(settings.db_url)
-    return Database(engine, make_session_factory(engine))
+    return _open_url(settings.db_url, migrate=migrate)
 
 
 def configure_torch(settings: Settings) -> None:
@@ -208,3 +204,112 @@ def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
                                dense_weight=settings.fusion_dense_weight)
     return AnswerService(encoder=encoder, reader=reader, index_state=state, session_factory=db.sessions,
                          limits=limits, retriever=retriever)
+
+
+# ---- the jobs' context -----------------------------------------------------------------------------
+
+def show_bars() -> bool:
+    """Draw progress bars on a terminal, or anywhere with SQA_PROGRESS=1."""
+    return sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
+
+
+def retriever_key(settings: Settings) -> str:
+    """SQA_RETRIEVER with the fusion settings that change its ranking ("hybrid-weighted-0.5")."""
+    if settings.retriever != "hybrid":
+        return settings.retriever
+    return f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
+
+
+def build_context(settings: Settings, db: Database, *, bar: bool = False,
+                  encoder: TextEncoder | None = None, answer_service: AnswerService | None = None) -> JobContext:
+    """The context jobs run in. `encoder` and `answer_service`: what a server already loaded (else
+    they load on first use, once)."""
+
+    @functools.cache
+    def load_encoder() -> TextEncoder:
+        return encoder if encoder is not None else build_encoder(settings)
+
+    def load_answer_service(reader: Reader | None = None) -> AnswerService:
+        if answer_service is not None and reader is None:
+            return answer_service
+        return build_answer_service(settings, db, load_encoder(), reader or build_reader(settings, db))
+
+    return JobContext(
+        db=db, runner=JobRunner(db.sessions, settings.work_dir / "jobs", bar=bar),
+        home=settings.home, index_dir=settings.index_dir, work_dir=settings.work_dir,
+        models_dir=settings.models_dir, encoders_dir=settings.encoders_dir, reports_dir=settings.reports_dir,
+        device=settings.device, retriever=retriever_key(settings), news_source=settings.news_source,
+        finetune_policy=settings.finetune_policy, drift_measure=settings.drift_measure,
+        drift_drop_threshold=settings.drift_drop_threshold, ingest=ingest_config(settings),
+        evaluation=eval_config(settings), transport=transport_config(settings), drift=drift_config(settings),
+        load_encoder=load_encoder, load_answer_service=load_answer_service,
+        open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical))
+
+
+@contextlib.contextmanager
+def open_context(settings: Settings, *, migrate: bool = True, bar: bool = False) -> Iterator[JobContext]:
+    """An entry point's database and job context, closed together (`with open_context(s) as ctx`)."""
+    db = open_database(settings, migrate=migrate)
+    try:
+        yield build_context(settings, db, bar=bar)
+    finally:
+        db.close()
+
+
+# ---- the scheduler's job functions (the job store names them: "app.bootstrap:scheduled_...") -----------
+
+def scheduled_monthly_ingest(month: str | None = None) -> dict:
+    """The monthly ingest as the scheduler runs it: the context from the settings, then the job."""
+    from workers.scheduled import monthly_ingest
+
+    with open_context(get_settings()) as ctx:
+        return monthly_ingest(ctx, month)
+
+
+def scheduled_quarterly_evaluation(quarter: str | None = None) -> dict:
+    """The quarterly evaluation as the scheduler runs it."""
+    from workers.scheduled import quarterly_evaluation
+
+    with open_context(get_settings()) as ctx:
+        return quarterly_evaluation(ctx, quarter)
+
+
+# ---- the scheduler process (`sqa worker`) --------------------------------------------------------------
+
+def scheduler_config(settings: Settings):
+    """SQA_INGEST_CRON, SQA_EVAL_CRON and SQA_MISFIRE_GRACE_S, with the job store's database (its
+    folder made, for SQLite)."""
+    from workers.scheduler import SchedulerConfig
+
+    settings.ensure_dirs()
+    return SchedulerConfig(db_url=settings.db_url, ingest_cron=settings.ingest_cron, eval_cron=settings.eval_cron,
+                           misfire_grace_s=settings.misfire_grace_s)
+
+
+def job_locks(settings: Settings, db: Database) -> dict:
+    """The lock each kind of job holds while it runs (for `JobRunner.recover` at start-up)."""
+    from app.services.reader_registry import READER_TRAINING_LOCK
+    from workers.ingest import ingest_lock
+    from workers.scheduled import MONTHLY_INGEST, QUARTERLY_EVALUATION
+    from workers.train_retriever import RETRIEVER_TRAINING_LOCK
+
+    runner = JobRunner(db.sessions, settings.work_dir / "jobs")
+    ingest = ingest_lock(settings.index_dir)
+    return {"ingest": ingest, "reencode": ingest, "train": runner.lock(READER_TRAINING_LOCK),
+            "finetune": runner.lock(READER_TRAINING_LOCK), "train-retriever": runner.lock(RETRIEVER_TRAINING_LOCK),
+            MONTHLY_INGEST: runner.lock(MONTHLY_INGEST), QUARTERLY_EVALUATION: runner.lock(QUARTERLY_EVALUATION)}
+
+
+def run_worker(settings: Settings) -> None:
+    """`sqa worker`: migrate, mark the jobs a dead process left running as interrupted, then run the
+    scheduler until SIGTERM (workers.scheduler.run_worker)."""
+    from workers.scheduler import run_worker as run_scheduler
+
+    db = open_database(settings)  # migrations first: the jobs table exists before any run
+    try:
+        n = JobRunner(db.sessions, settings.work_dir / "jobs").recover(job_locks(settings, db))
+        if n:
+            log.info("marked %d job(s) left running by a stopped process as interrupted", n)
+    finally:
+        db.close()
+    run_scheduler(scheduler_config(settings))

@@ -1,33 +1,24 @@
 """The scheduled jobs: the monthly ingest and the quarterly evaluation.
 
-Each is a plain function of its period, run by the scheduler process (workers/scheduler.py) and by
-the admin API alike. Each is an entry point, so it reads the settings itself. Each records one
-`Job` row (kind, params {"period": ...}, state, progress, counts, timings, error) and is idempotent
-per period: a period whose job already succeeded is skipped, and the skip is recorded as a job row
-in state "skipped"; a failed or interrupted period runs again.
-
-One job of a kind runs at a time per SQA_HOME (an OS file lock, released if the process dies); a
-"running" row found while holding the lock belongs to a process that died, and is marked
-interrupted.
+Each is a plain function of a `JobContext` and its period, run by the scheduler process (through
+app.bootstrap's `scheduled_*` functions) and by the admin API alike. Each records one `Job` row
+(kind, params {"period": ...}) through the job runner and is idempotent per period: a period whose
+job already succeeded is skipped, and the skip is recorded as a job row in state "skipped"; a failed
+or interrupted period runs again. One job of a kind runs at a time per SQA_HOME (the runner's
+named lock, released if the process dies).
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from app.core.config import Settings, get_settings
-from app.db.base import utcnow
-from app.db.queries import create_job
-from app.db.tables import Article, EvalRun, Job
-from app.runtime import Database, build_encoder, ingest_config, open_database, transport_config
+from app.db.tables import Article, EvalRun
 from app.services.errors import InvalidInputError, NoArticlesError
 from indexer.dates import month_end, month_key, month_start, parse_month
 from indexer.importers import read_articles_jsonl, read_realtimeqa
@@ -35,8 +26,11 @@ from indexer.jsonl import keep_longest
 from indexer.records import ArticleRecord, ImportReport, QuestionRecord
 from workers.imports import store_records
 from evaluation.temporal import quarter_index
-from workers.ingest import ingest
-from workers.locks import file_lock, lock_held
+from workers.ingest import IngestParams, ingest
+from workers.runner import JobHandle
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -85,121 +79,6 @@ def normalize_period(kind: str, period: str) -> str:
     raise InvalidInputError(f"unknown job kind {kind!r} (use {MONTHLY_INGEST} or {QUARTERLY_EVALUATION})")
 
 
-# ---- one job of a kind at a time -------------------------------------------------------------------
-
-def _lock_path(settings: Settings, kind: str) -> Path:
-    return settings.work_dir / "jobs" / f"{kind}.lock"
-
-
-def kind_lock(settings: Settings, kind: str):
-    return file_lock(_lock_path(settings, kind),
-                     f"a {kind} job is already running; poll GET /admin/jobs and try again when it ends")
-
-
-def job_running(settings: Settings, kind: str) -> bool:
-    """True while some process runs a job of this kind on this SQA_HOME."""
-    return lock_held(_lock_path(settings, kind))
-
-
-# ---- the job row -----------------------------------------------------------------------------------
-
-@dataclass
-class JobRun:
-    """The job row of a running period job: the work reports progress, counts and timings here."""
-
-    sessions: sessionmaker[Session]
-    job_id: int
-
-    def update(self, *, progress: float | None = None, message: str | None = None,
-               counts: dict | None = None, timings: dict | None = None) -> None:
-        with self.sessions() as session, session.begin():
-            job = session.get(Job, self.job_id)
-            if progress is not None:
-                job.progress = progress
-            if message is not None:
-                job.message = message
-            if counts:
-                job.counts = {**(job.counts or {}), **counts}
-            if timings:
-                job.timings = {**(job.timings or {}), **timings}
-            job.heartbeat_at = utcnow()
-
-
-def _result(job: Job, *, skipped: bool = False) -> dict:
-    return {"job_id": job.id, "kind": job.kind, "period": job.params.get("period"), "state": job.state,
-            "skipped": skipped, "message": job.message, "counts": dict(job.counts or {}),
-            "timings": dict(job.timings or {}), "error": job.error}
-
-
-def _succeeded_job(session: Session, kind: str, period: str) -> int | None:
-    """Id of a succeeded job of this kind and period (params compared in Python: portable JSON)."""
-    rows = session.execute(select(Job.id, Job.params).where(Job.kind == kind, Job.state == "succeeded")
-                           .order_by(Job.id.desc()))
-    return next((job_id for job_id, params in rows if (params or {}).get("period") == period), None)
-
-
-def _interrupt_stale(session: Session, kind: str) -> None:
-    """Called while holding the kind's lock: a 'running' row of that kind belongs to a dead process."""
-    for stale in session.scalars(select(Job).where(Job.kind == kind, Job.state == "running")):
-        stale.state, stale.finished_at = "interrupted", utcnow()
-        stale.error = "the process running this job stopped before it finished; it runs again on the next trigger"
-
-
-Done = Callable[[Session], "tuple[str, dict] | None"]  # (why it is done, counts) or None
-Work = Callable[[Database, JobRun], str]  # does the work, returns the final message
-
-
-def run_period_job(settings: Settings, kind: str, period: str, work: Work, *, done_elsewhere: Done | None = None
-                   ) -> dict:
-    """Run `work` for one period under a job row, unless the period is already done.
-
-    Returns the job as a dict (job_id, kind, period, state, skipped, message, counts, timings,
-    error). A failure is recorded on the row (failed, or interrupted for KeyboardInterrupt and
-    the like) and raised again, so the scheduler logs it.
-    """
-    db = open_database(settings)
-    try:
-        with kind_lock(settings, kind):
-            with db.sessions() as session, session.begin():
-                _interrupt_stale(session, kind)
-                done_by = _succeeded_job(session, kind, period)
-                done = ((f"{period} already done by job {done_by}; nothing to do", {"done_by_job": done_by})
-                        if done_by is not None else done_elsewhere(session) if done_elsewhere else None)
-                if done is not None:
-                    now = utcnow()
-                    job = Job(kind=kind, params={"period": period}, state="skipped", progress=1.0, message=done[0],
-                              counts=done[1], timings={}, pid=os.getpid(), started_at=now, finished_at=now)
-                    session.add(job)
-                    session.flush()
-                    log.info("%s %s skipped: %s", kind, period, done[0])
-                    return _result(job, skipped=True)
-                job = create_job(session, kind, {"period": period})
-                job.state, job.started_at, job.pid, job.message = "running", utcnow(), os.getpid(), "starting"
-                job_id = job.id
-            log.info("%s %s started (job %d)", kind, period, job_id)
-            t0 = time.perf_counter()
-            try:
-                message = work(db, JobRun(db.sessions, job_id))
-            except BaseException as exc:
-                with db.sessions() as session, session.begin():
-                    job = session.get(Job, job_id)
-                    job.state = "failed" if isinstance(exc, Exception) else "interrupted"
-                    job.error = str(exc) or type(exc).__name__
-                    job.finished_at = utcnow()
-                    job.timings = {**(job.timings or {}), "total_s": round(time.perf_counter() - t0, 3)}
-                log.error("%s %s %s (job %d): %s", kind, period, job.state, job_id, job.error)
-                raise
-            with db.sessions() as session, session.begin():
-                job = session.get(Job, job_id)
-                job.state, job.progress, job.message, job.error = "succeeded", 1.0, message, None
-                job.finished_at = utcnow()
-                job.timings = {**(job.timings or {}), "total_s": round(time.perf_counter() - t0, 3)}
-            log.info("%s %s succeeded (job %d): %s", kind, period, job_id, message)
-            return _result(job)
-    finally:
-        db.close()
-
-
 # ---- the monthly ingest ----------------------------------------------------------------------------
 
 def read_news_source(source: str, first: dt.date, last: dt.date
@@ -227,17 +106,17 @@ def read_news_source(source: str, first: dt.date, last: dt.date
                             "or leave it empty to index what is already imported)")
 
 
-def _finetune(settings: Settings, db: Database, month: str, ingested: dict | None) -> dict:
+def _finetune(ctx: JobContext, month: str, ingested: dict | None) -> dict:
     """Apply SQA_FINETUNE_POLICY after a month was ingested: `always` fine-tunes the active reader
     on the month (as its own job, which activates the new version)."""
-    from app.services.reader_registry import active_version
+    from app.services.reader_registry import READER_TRAINING_LOCK, active_version
 
-    policy = settings.finetune_policy
+    policy = ctx.finetune_policy
     if policy == "never":
         return {"policy": policy, "ran": False}
     if ingested is None:
         return {"policy": policy, "ran": False, "reason": f"no articles in {month}"}
-    with db.sessions() as session:
+    with ctx.sessions() as session:
         active = active_version(session)
         if active is None:
             log.warning("SQA_FINETUNE_POLICY=%s: %s", policy, NO_ACTIVE_READER)
@@ -245,31 +124,23 @@ def _finetune(settings: Settings, db: Database, month: str, ingested: dict | Non
         if active.kind == "ranker":  # refitted on gold questions, never fine-tuned on a month
             log.info("SQA_FINETUNE_POLICY=%s: %s", policy, RANKER_REFIT)
             return {"policy": policy, "ran": False, "reason": RANKER_REFIT}
-        decision = drift_decision(settings, session, active, month) if policy == "on-drift" else {}
+        decision = drift_decision(ctx, session, active, month) if policy == "on-drift" else {}
     if policy == "on-drift" and not decision.get("finetune"):
         log.info("SQA_FINETUNE_POLICY=on-drift: not fine-tuning on %s: %s", month, decision.get("reason"))
         return {"policy": policy, "ran": False, **decision}
     from workers.train import run_finetune_job
 
-    with db.sessions() as session, session.begin():
-        job = create_job(session, "finetune", {"month": month})
-        job.state, job.started_at, job.pid = "running", utcnow(), os.getpid()
-        job_id = job.id
+    job_id = ctx.runner.create("finetune", {"month": month})
     try:
-        version = run_finetune_job(settings, job_id, month=month)
+        version = ctx.runner.run(job_id, lambda handle: run_finetune_job(ctx, handle, month=month),
+                                 lock=ctx.runner.lock(READER_TRAINING_LOCK), message=lambda v: f"version {v}")
     except Exception as exc:  # the month stays ingested; the failure is on the finetune job's row
-        with db.sessions() as session, session.begin():
-            job = session.get(Job, job_id)
-            job.state, job.error, job.finished_at = "failed", str(exc) or type(exc).__name__, utcnow()
         log.error("fine-tuning on %s failed (job %d): %s", month, job_id, exc)
         return {"policy": policy, "ran": True, "job_id": job_id, "error": str(exc)}
-    with db.sessions() as session, session.begin():
-        job = session.get(Job, job_id)
-        job.state, job.progress, job.message, job.finished_at = "succeeded", 1.0, f"version {version}", utcnow()
     return {"policy": policy, "ran": True, "job_id": job_id, "version": version, **decision}
 
 
-def drift_decision(settings: Settings, session: Session, active, month: str) -> dict:
+def drift_decision(ctx: JobContext, session: Session, active, month: str) -> dict:
     """on-drift: fine-tune when the predicted F1 drop of the new month exceeds SQA_DRIFT_DROP_THRESHOLD.
 
     The regression is fitted on the active version's own evaluated months (workers/transport.py);
@@ -283,26 +154,26 @@ def drift_decision(settings: Settings, session: Session, active, month: str) -> 
         return {"finetune": False, "reason": NO_EVALUATION.format(name=name)}
     version = max(scores, key=lambda v: sum(m.n for m in scores[v].values()))  # the most evaluated encoder
     try:
-        p = predicted_drop(scores[version], profile_loader(session, transport_config(settings)), month,
-                           measure=settings.drift_measure)
+        p = predicted_drop(scores[version], profile_loader(session, ctx.transport), month,
+                           measure=ctx.drift_measure)
     except ValueError as exc:
         return {"finetune": False, "reason": f"no drift prediction: {exc}"}
-    threshold = settings.drift_drop_threshold
+    threshold = ctx.drift_drop_threshold
     verdict = "exceeds" if p["predicted_drop"] > threshold else "is within"
     return {"finetune": p["predicted_drop"] > threshold, "prediction": p,
             "reason": f"predicted F1 drop {p['predicted_drop']:.2f} {verdict} the threshold {threshold:.2f} "
-                      f"({settings.drift_measure} drift {p['drift']:.4f} from {p['source']})"}
+                      f"({ctx.drift_measure} drift {p['drift']:.4f} from {p['source']})"}
 
 
-def _ingest_month(settings: Settings, db: Database, run: JobRun, month: str) -> str:
+def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
     first = parse_month(month)
     last = month_end(first)
     t0 = time.perf_counter()
-    source = settings.news_source or "nowhere (SQA_NEWS_SOURCE is empty)"
+    source = ctx.news_source or "nowhere (SQA_NEWS_SOURCE is empty)"
     run.update(progress=0.02, message=f"importing {month} from {source}")
-    articles, questions, report = read_news_source(settings.news_source, first, last)
-    stored = store_records(db.sessions, articles, questions)
-    imported = {"source": settings.news_source,
+    articles, questions, report = read_news_source(ctx.news_source, first, last)
+    stored = store_records(ctx.sessions, articles, questions)
+    imported = {"source": ctx.news_source,
                 "articles": {"inserted": stored.articles.inserted, "updated": stored.articles.updated,
                              "unchanged": stored.articles.unchanged},
                 "questions": {"inserted": stored.questions.inserted, "updated": stored.questions.updated,
@@ -312,17 +183,17 @@ def _ingest_month(settings: Settings, db: Database, run: JobRun, month: str) -> 
     run.update(progress=0.1, message=f"ingesting {month}", counts={"import": imported},
                timings={"import_s": round(t1 - t0, 3)})
 
-    with db.sessions() as session:
+    with ctx.sessions() as session:
         any_article = session.scalar(select(Article.id).where(Article.published.between(first, last)).limit(1))
     ingested: dict | None = None
     if any_article is not None:  # don't load the encoder for an empty month
         try:
-            job = ingest(db.sessions, build_encoder(settings), ingest_config(settings), {"month": month})
+            job = ingest(ctx.sessions, ctx.load_encoder(), ctx.ingest, IngestParams(month=first), runner=ctx.runner)
             ingested = {"job_id": job.id, **(job.counts or {}).get(month, {})}
         except NoArticlesError:
             ingested = None
     t2 = time.perf_counter()
-    finetune = _finetune(settings, db, month, ingested)
+    finetune = _finetune(ctx, month, ingested)
     counts: dict = {"ingest": ingested, "finetune": finetune}
     if ingested is None:
         counts["note"] = "no articles"
@@ -334,7 +205,7 @@ def _ingest_month(settings: Settings, db: Database, run: JobRun, month: str) -> 
     return message
 
 
-def monthly_ingest(month: str | None = None) -> dict:
+def monthly_ingest(ctx: JobContext, month: str | None = None) -> dict:
     """Import the news of a month from SQA_NEWS_SOURCE, index it, then apply SQA_FINETUNE_POLICY.
 
     Args:
@@ -342,10 +213,9 @@ def monthly_ingest(month: str | None = None) -> dict:
     Returns:
         The job as a dict; `skipped` is true when the month had already succeeded.
     """
-    settings = get_settings()
     period = normalize_period(MONTHLY_INGEST, month) if month else previous_month(today_utc())
-    return run_period_job(settings, MONTHLY_INGEST, period,
-                          lambda db, run: _ingest_month(settings, db, run, period))
+    return ctx.runner.run_period(MONTHLY_INGEST, period, lambda run: _ingest_month(ctx, run, period),
+                                 lock=ctx.runner.lock(MONTHLY_INGEST))
 
 
 # ---- the quarterly evaluation ----------------------------------------------------------------------
@@ -361,12 +231,12 @@ def _quarter_evaluated(session: Session, quarter: str) -> tuple[str, dict] | Non
     return f"{quarter} already evaluated (eval run {run_id}); nothing to do", {"eval_run_id": run_id}
 
 
-def _evaluate_quarter(settings: Settings, db: Database, run: JobRun, quarter: str) -> str:
+def _evaluate_quarter(ctx: JobContext, run: JobHandle, quarter: str) -> str:
     from workers.evaluate import run_quarterly_evaluation  # imported here: a heavy module, only for this job
 
     run.update(progress=0.02, message=f"evaluating {quarter}")
-    eval_run_id = run_quarterly_evaluation(settings, quarter, job_id=run.job_id)
-    with db.sessions() as session:
+    eval_run_id = run_quarterly_evaluation(ctx, quarter, job_id=run.job_id)
+    with ctx.sessions() as session:
         row = session.get(EvalRun, eval_run_id)
         state, error = (row.state, row.error) if row is not None else (None, None)
     if row is None:
@@ -377,7 +247,7 @@ def _evaluate_quarter(settings: Settings, db: Database, run: JobRun, quarter: st
     return f"evaluated {quarter} (eval run {eval_run_id})"
 
 
-def quarterly_evaluation(quarter: str | None = None) -> dict:
+def quarterly_evaluation(ctx: JobContext, quarter: str | None = None) -> dict:
     """Evaluate a quarter's questions (workers.evaluate.run_quarterly_evaluation).
 
     Args:
@@ -385,11 +255,10 @@ def quarterly_evaluation(quarter: str | None = None) -> dict:
     Returns:
         The job as a dict; `skipped` is true when the quarter was already evaluated.
     """
-    settings = get_settings()
     period = normalize_period(QUARTERLY_EVALUATION, quarter) if quarter else previous_quarter(today_utc())
-    return run_period_job(settings, QUARTERLY_EVALUATION, period,
-                          lambda db, run: _evaluate_quarter(settings, db, run, period),
-                          done_elsewhere=lambda session: _quarter_evaluated(session, period))
+    return ctx.runner.run_period(QUARTERLY_EVALUATION, period, lambda run: _evaluate_quarter(ctx, run, period),
+                                 lock=ctx.runner.lock(QUARTERLY_EVALUATION),
+                                 done=lambda session: _quarter_evaluated(session, period))
 
 
 JOBS: dict[str, Callable[..., dict]] = {MONTHLY_INGEST: monthly_ingest, QUARTERLY_EVALUATION: quarterly_evaluation}

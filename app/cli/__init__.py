@@ -1,0 +1,15 @@
+"""`sqa`: the command line. One module per command group; `common` holds what they share.
+
+It reads the settings once per command and hands jobs a context built by app.bootstrap.
+"""
+from __future__ import annotations
+
+from app.cli import data, evaluation, service, training  # noqa: F401  (each registers its commands)
+from app.cli.common import cli
+
+
+def main() -> None:
+    cli()
+
+
+__all__ = ["cli", "main"]

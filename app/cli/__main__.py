@@ -1,0 +1,4 @@
+"""`python -m app.cli ...` runs `sqa ...`."""
+from app.cli import main
+
+main()

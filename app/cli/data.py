@@ -1,0 +1,239 @@
+"""`sqa db`, `sqa import`, `sqa ingest` and `sqa index`: getting news into the index."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from app.cli.common import cli, context, day_option, fail, guard, month_option, settings
+
+db_cli = typer.Typer(no_args_is_help=True, help="Database schema.")
+import_cli = typer.Typer(no_args_is_help=True, help="Import articles and questions.")
+index_cli = typer.Typer(no_args_is_help=True, help="Index snapshots.")
+cli.add_typer(db_cli, name="db")
+cli.add_typer(import_cli, name="import")
+cli.add_typer(index_cli, name="index")
+
+
+# ---- db --------------------------------------------------------------------------------------------
+
+@db_cli.command("upgrade")
+@guard
+def db_upgrade() -> None:
+    """Apply the database migrations (also done automatically on start)."""
+    from app.db.migrate import upgrade
+
+    s = settings()
+    s.ensure_dirs()
+    upgrade(s.db_url)
+    typer.echo(f"database at {s.db_url.split('@')[-1]} is at the newest schema")
+
+
+# ---- import ----------------------------------------------------------------------------------------
+
+def _store(articles, questions, report) -> None:
+    from app.bootstrap import open_database
+    from workers.imports import store_records
+
+    db = open_database(settings())
+    try:
+        result = store_records(db.sessions, articles, questions)
+    finally:
+        db.close()
+    a, q = result.articles, result.questions
+    typer.echo(f"articles: {len(articles)} read, {a.inserted} new, {a.updated} updated (longer text), "
+               f"{a.unchanged} unchanged")
+    typer.echo(f"questions: {len(questions)} read, {q.inserted} new, {q.updated} updated, {q.unchanged} unchanged")
+    if report.skipped:
+        typer.echo(f"skipped {report.skipped_total} malformed or unusable record(s):")
+        for reason, n in sorted(report.skipped.items(), key=lambda kv: -kv[1]):
+            typer.echo(f"  {n:6d}  {reason}")
+        for example in getattr(report, "examples", [])[:5]:
+            typer.echo(f"          e.g. {example}")
+    stale = result.stale_months
+    if stale:
+        typer.echo("already indexed months with new or longer articles (re-ingest them): "
+                   + " ".join(f"sqa ingest --month {m}" for m in stale))
+
+
+@import_cli.command("realtimeqa")
+@guard
+def import_realtimeqa(path: Path = typer.Argument(..., help="RealTimeQA repository root or its past/ folder"),
+                      since: Optional[str] = typer.Option(None, help="YYYY-MM-DD: skip questions and articles before"),
+                      until: Optional[str] = typer.Option(None, help="YYYY-MM-DD: skip questions and articles after")) -> None:
+    """Import RealTimeQA questions and their search-result articles (.jsonl or .jsonl.gz)."""
+    from indexer.importers import read_realtimeqa
+
+    if not path.exists():
+        fail(f"{path} does not exist")
+    articles, questions, report = read_realtimeqa(path, since=day_option(since, "--since"), until=day_option(until, "--until"))
+    _store(articles, questions, report)
+
+
+@import_cli.command("streamingqa")
+@guard
+def import_streamingqa(questions_path: Path = typer.Argument(..., metavar="QUESTIONS.jsonl[.gz]"),
+                       articles: Optional[Path] = typer.Option(None, "--articles", help="ARTICLES.jsonl[.gz]"),
+                       since: Optional[str] = typer.Option(None), until: Optional[str] = typer.Option(None)) -> None:
+    """Import StreamingQA questions (and a plain article JSONL)."""
+    from indexer.importers import read_streamingqa
+
+    for p in (questions_path, articles):
+        if p is not None and not p.exists():
+            fail(f"{p} does not exist")
+    arts, questions, report = read_streamingqa(questions_path, articles, since=day_option(since, "--since"),
+                                               until=day_option(until, "--until"))
+    _store(arts, questions, report)
+
+
+@import_cli.command("articles")
+@guard
+def import_articles(path: Path, since: Optional[str] = typer.Option(None), until: Optional[str] = typer.Option(None),
+                    source: str = typer.Option("jsonl", help="name stored with each article")) -> None:
+    """Import plain article JSONL (id, url, title, text, published)."""
+    from indexer.importers import read_articles_jsonl
+    from indexer.records import ImportReport
+
+    if not path.exists():
+        fail(f"{path} does not exist")
+    report = ImportReport()
+    arts, report = read_articles_jsonl(path, since=day_option(since, "--since"), until=day_option(until, "--until"),
+                                       report=report, source=source)
+    _store(arts, [], report)
+
+
+# ---- ingest ----------------------------------------------------------------------------------------
+
+def _run_ingest(params) -> None:
+    """Run an ingest job (`workers.ingest.IngestParams`) here and print what each shard got."""
+    import json
+
+    from workers.ingest import ingest as run_ingest
+
+    with context() as ctx:
+        typer.echo(f"ingest: {json.dumps(params.to_json())}", err=True)
+        job = run_ingest(ctx.sessions, ctx.load_encoder(), ctx.ingest, params, runner=ctx.runner)
+    typer.echo(f"ingest job {job.id} {job.state}", err=True)
+    counts = job.counts or {}
+    for key in counts.get("planned", []):
+        c, t = counts.get(key, {}), (job.timings or {}).get(key, {})
+        typer.echo(f"{key}: {c.get('articles')} articles -> {c.get('passages')} passages "
+                   f"({t.get('passages_per_s')} passages/s), snapshot {c.get('snapshot')}")
+    if counts.get("empty_months"):
+        typer.echo(f"months without articles (skipped): {' '.join(counts['empty_months'])}")
+    if not counts.get("planned"):
+        typer.echo(job.message)
+
+
+@cli.command("ingest")
+@guard
+def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest this month"),
+           through: Optional[str] = typer.Option(None, help="YYYY-MM: ingest every month not yet ingested up to this one"),
+           from_: Optional[str] = typer.Option(None, "--from", help="YYYY-MM: with --through, the first month "
+                                               "(older articles form one history backfill on an empty index)"),
+           history_before: Optional[str] = typer.Option(None, help="YYYY-MM: (re)build the history shard of "
+                                                        "everything published before this month")) -> None:
+    """Chunk, encode and index articles; each month becomes a shard and a new snapshot."""
+    from workers.ingest import IngestParams
+
+    given = [x for x in (month, through, history_before) if x]
+    if len(given) != 1:
+        fail("give exactly one of --month, --through or --history-before")
+    if from_ and not through:
+        fail("--from goes with --through")
+    _run_ingest(IngestParams(month=month_option(month, "--month"), through=month_option(through, "--through"),
+                             start=month_option(from_, "--from"),
+                             history_before=month_option(history_before, "--history-before")))
+
+
+@index_cli.command("rebuild")
+@guard
+def index_rebuild() -> None:
+    """Re-encode every shard of the newest snapshot from the database (after corruption or an encoder change)."""
+    from workers.ingest import IngestParams
+
+    _run_ingest(IngestParams(rebuild=True))
+
+
+@index_cli.command("reencode")
+@guard
+def index_reencode(encoder: str = typer.Option(..., help="the encoder to switch to: a trained version "
+                                               "(`sqa encoders list`), minilm, or a folder")) -> None:
+    """Re-encode every shard with another encoder and switch the index to it in one snapshot; run the
+    same command again to resume an interrupted run."""
+    reencode_index(encoder)
+
+
+def reencode_index(spec: str) -> None:
+    """Switch the index to the encoder `spec` names (a trained version, minilm or a folder)."""
+    from models.encoders import load_encoder
+    from workers.reencode import reencode
+
+    s = settings()
+    try:
+        enc = load_encoder(spec, device=s.device, encoders_dir=s.encoders_dir)
+    except (ValueError, RuntimeError) as exc:
+        fail(str(exc))
+    with context() as ctx:
+        job = reencode(ctx.sessions, enc, ctx.ingest, runner=ctx.runner)
+    c, t = job.counts or {}, job.timings or {}
+    if not c.get("snapshot"):
+        typer.echo(job.message)
+        return
+    typer.echo(f"re-encoded {c['passages']} passages in {c['shards']} shards with {c['encoder']} "
+               f"({t.get('passages_per_s')} passages/s); snapshot {c['snapshot']} serves")
+    if s.encoder != "auto":
+        typer.echo(f"SQA_ENCODER is pinned to {s.encoder}: set it to auto (or {c['encoder']}) so that the "
+                   "server and the ingests use the new encoder")
+
+
+@index_cli.command("status")
+@guard
+def index_status() -> None:
+    """Show the newest snapshot and check its files against the database."""
+    from app.bootstrap import open_database
+    from app.services.index_state import IndexState
+
+    s = settings()
+    db = open_database(s)
+    try:
+        state = IndexState(db.sessions, s.index_dir, **_encoder_identity(s))
+        if not state.refresh():
+            fail("no index snapshot yet: run `sqa ingest --through YYYY-MM`", code=1)
+        snap = state.current()
+        typer.echo(f"snapshot {snap.snapshot_id}: {snap.index.ntotal} vectors, encoder {snap.manifest.encoder}, "
+                   f"newest day {snap.newest_day}")
+        for e in snap.manifest.shards:
+            typer.echo(f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}  {e.index.kind}  "
+                       f"{e.encoder or snap.manifest.encoder}{'' if e.bm25 else '  (no BM25: sqa index bm25)'}")
+        typer.echo("files and database agree")
+    finally:
+        db.close()
+
+
+@index_cli.command("bm25")
+@guard
+def index_bm25() -> None:
+    """Build the BM25 files of shards ingested before BM25 existed (SQA_RETRIEVER=bm25|hybrid needs them)."""
+    from app.bootstrap import open_database
+    from workers.lexical import build_missing_lexical
+
+    s = settings()
+    db = open_database(s)
+    try:
+        out = build_missing_lexical(db.sessions, s.index_dir)
+    finally:
+        db.close()
+    if not out["built"]:
+        typer.echo(f"every shard of snapshot {out['snapshot']} already has its BM25 index")
+    else:
+        typer.echo(f"BM25 for {', '.join(out['built'])} ({out['passages']} passages); snapshot {out['snapshot']}")
+
+
+def _encoder_identity(s) -> dict:
+    from app.bootstrap import build_encoder
+
+    enc = build_encoder(s)
+    return {"encoder": enc.name, "dim": enc.dim}
+

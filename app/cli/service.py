@@ -1,0 +1,107 @@
+"""`sqa ask`, `serve`, `worker`, `schedule` and `jobs`: running the service."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Optional
+
+import typer
+
+from app.cli.common import cli, context, day_option, fail, guard, settings
+
+jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs.")
+cli.add_typer(jobs_cli, name="jobs")
+
+
+@cli.command("worker")
+@guard
+def worker() -> None:
+    """Run the scheduler process: monthly ingest and quarterly evaluation (never inside the web server)."""
+    from app.bootstrap import run_worker
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_worker(settings())
+
+
+@cli.command("schedule")
+@guard
+def schedule(run: Optional[str] = typer.Option(None, help="run this scheduled job now (monthly-ingest, "
+                                               "quarterly-evaluation)"),
+             period: Optional[str] = typer.Option(None, help="with --run: the month (YYYY-MM) or quarter (YYYYQn)")) -> None:
+    """List the scheduled jobs and their next runs, or run one now."""
+    from app.bootstrap import scheduler_config
+    from workers.scheduler import scheduled_jobs, trigger_now
+
+    if run:
+        with context() as ctx:
+            typer.echo(json.dumps(trigger_now(ctx, run, period), default=str, indent=2))
+        return
+    jobs = scheduled_jobs(scheduler_config(settings()))
+    if not jobs:
+        typer.echo("no jobs scheduled yet: `sqa worker` registers them when it first starts")
+    for j in jobs:
+        typer.echo(f"{j['id']:22s} next {j.get('next_run_time')}  ({j.get('trigger')})")
+
+
+# ---- ask, serve, jobs ------------------------------------------------------------------------------
+
+@cli.command("ask")
+@guard
+def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-DD (default: today)"),
+        top_k: Optional[int] = typer.Option(None), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Answer one question as of a date and print the cited passages."""
+    from app.bootstrap import build_answer_service, build_encoder, build_reader, open_database
+
+    s = settings()
+    asked = day_option(as_of, "--as-of")
+    db = open_database(s)
+    try:
+        service = build_answer_service(s, db, build_encoder(s), build_reader(s))
+        service.index_state.refresh()
+        result = service.answer(question, asked, top_k)
+    finally:
+        db.close()
+    if as_json:
+        from dataclasses import asdict
+
+        typer.echo(json.dumps(asdict(result), default=str, indent=2))
+        return
+    typer.echo(f"Q ({result.as_of}): {question}")
+    typer.echo(f"A: {result.answer or '(no answer)'}")
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    for i, p in enumerate(result.passages, 1):
+        typer.echo(f"  [{i}] {p.published}  {p.score:.3f}  {p.title[:80]}\n      {p.url}\n      {p.text[:200]}…")
+
+
+@cli.command("serve")
+def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
+          log_level: str = typer.Option("info")) -> None:
+    """Run the HTTP API under uvicorn (one process: the models load once)."""
+    import uvicorn
+
+    from app.main import create_app
+
+    s = settings()
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(s), host=host, port=port, log_level=log_level)
+
+
+@jobs_cli.command("show")
+@guard
+def jobs_show(job_id: int) -> None:
+    """Show one job as JSON."""
+    from app.db.tables import Job
+    from app.bootstrap import open_database
+
+    db = open_database(settings())
+    try:
+        with db.sessions() as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                fail(f"no job with id {job_id}")
+            typer.echo(json.dumps({c.name: getattr(job, c.name) for c in Job.__table__.columns}, default=str, indent=2))
+    finally:
+        db.close()
+
+

@@ -1,0 +1,217 @@
+"""`sqa train`, `encoders`, `finetune`, `models` and `selflabel`: the trained readers and encoders."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from app.cli.common import cli, day_option, fail, guard, month_option, run_job, settings
+
+train_cli = typer.Typer(no_args_is_help=True, help="Train models on what is dated before a cut.")
+cli.add_typer(train_cli, name="train")
+
+
+def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: Optional[str], seed: int):
+    from workers.train import ReaderJobSpec
+
+    if kind not in ("fid", "extractive", "ranker"):
+        fail(f"--kind {kind!r} is unknown (use fid, extractive or ranker)")
+    if kind == "ranker":  # reads the same number of passages in training and serving
+        from workers.train_ranker import PASSAGES, SELF_ARTICLES
+
+        n = n_passages or PASSAGES
+        return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed)
+    if base and not Path(base).is_dir():
+        fail(f"--base {base} is not a folder (a local T5/BART checkpoint is expected)")
+    return ReaderJobSpec(kind=kind, max_minutes=max_minutes, max_epochs=epochs, n_passages=n_passages or 5,
+                         backbone="seq2seq" if base else "minilm", base=base or "", seed=seed)
+
+
+@train_cli.command("reader")
+@guard
+def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
+                 kind: str = typer.Option("ranker", help="ranker | extractive | fid (ranker: an entity ranker that "
+                                                              "fits in seconds, measures best on this machine)"),
+                 base: Optional[str] = typer.Option(None, help="fid: a local T5/BART folder (default: warm start "
+                                                               "from the packaged MiniLM)"),
+                 max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none); the best checkpoint is kept"),
+                 epochs: int = typer.Option(3, min=1),
+                 n_passages: Optional[int] = typer.Option(None, min=1, max=100, help="passages per training "
+                                                          "question (default 5; ranker: 10, also when serving)"),
+                 seed: int = typer.Option(0), activate: bool = typer.Option(
+                     False, "--activate/--no-activate", help="make it the active version when done")
+                 ) -> None:
+    """Train a reader version; run the same command again to resume an interrupted run."""
+    from app.services.reader_registry import READER_TRAINING_LOCK
+    from workers.train import run_train_job
+
+    cut = day_option(until, "--until")
+    spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed)
+    version = run_job("train", {"until": str(cut), "kind": kind},
+                      lambda ctx, job: run_train_job(ctx, job, until=cut, spec=spec, activate=activate),
+                      result_key="version", lock=READER_TRAINING_LOCK)
+    typer.echo(f"reader version {version} trained; `sqa models list` shows it")
+
+
+@train_cli.command("retriever")
+@guard
+def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
+                    towers: str = typer.Option("shared", help="shared (one encoder for questions and passages) | "
+                                                              "separate (a question tower and a passage tower)"),
+                    epochs: int = typer.Option(1, min=1),
+                    batch_size: int = typer.Option(16, min=2, help="questions a step (in-batch negatives; larger "
+                                                                   "is better where there is a GPU)"),
+                    lr: float = typer.Option(2e-5, min=0.0),
+                    max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget (0: none); the best "
+                                                                         "validated state is kept"),
+                    self_articles: int = typer.Option(1500, min=0, help="articles sampled for self-labeled questions"),
+                    self_ratio: float = typer.Option(2.0, min=0.0, help="self-labeled pairs kept per gold pair"),
+                    hard_negatives: bool = typer.Option(True, "--hard-negatives/--no-hard-negatives",
+                                                        help="add each question's best BM25 passage without the answer"),
+                    seed: int = typer.Option(0),
+                    switch: bool = typer.Option(False, "--switch/--no-switch", help="re-encode the index with the new "
+                                                "version when done (`sqa index reencode`)")) -> None:
+    """Fine-tune the question and passage encoders (DPR) and save them as an encoder version;
+    run the same command again to resume an interrupted run."""
+    from models.dpr import DprConfig
+    from models.encoders import read_encoder_info
+    from workers.train_retriever import (RETRIEVER_TRAINING_LOCK, RetrieverDataConfig, describe,
+                                         run_train_retriever_job)
+
+    cut = day_option(until, "--until")
+    try:
+        cfg = DprConfig(towers=towers, epochs=epochs, batch_size=batch_size, lr=lr, max_minutes=max_minutes,
+                        hard_negatives=hard_negatives, seed=seed)
+    except ValueError as exc:
+        fail(str(exc))
+    data = RetrieverDataConfig(max_self_articles=self_articles, max_self_ratio=self_ratio, seed=seed)
+    version = run_job("train-retriever", {"until": str(cut), "towers": towers},
+                      lambda ctx, job: run_train_retriever_job(ctx, job, until=cut, cfg=cfg, data=data),
+                      result_key="version", lock=RETRIEVER_TRAINING_LOCK)
+    typer.echo(f"encoder version {version} trained; validation (gold questions of the month before the cut, "
+               "pooled BM25 + dense candidates):")
+    typer.echo(describe(read_encoder_info(settings().encoders_dir / version)))
+    if switch:
+        from app.cli.data import reencode_index
+
+        reencode_index(version)
+    else:
+        typer.echo(f"switch the index to it with `sqa index reencode --encoder {version}`")
+
+
+encoders_cli = typer.Typer(no_args_is_help=True, help="Retriever encoder versions (`sqa train retriever`).")
+cli.add_typer(encoders_cli, name="encoders")
+
+
+@encoders_cli.command("list")
+@guard
+def encoders_list() -> None:
+    """Trained encoder versions with their validation figures; * marks the one the index uses."""
+    from app.bootstrap import index_encoder_name
+    from models.encoders import list_encoder_versions
+
+    s = settings()
+    serving = index_encoder_name(s)
+    typer.echo(f"{'*' if serving == 'all-MiniLM-L6-v2' else ' '} all-MiniLM-L6-v2  (packaged, untuned)")
+    for info in list_encoder_versions(s.encoders_dir):
+        best = info.get("validation", {}).get("best", {})
+        typer.echo(f"{'*' if serving == info['version'] else ' '} {info['version']}  towers {info.get('towers')}  "
+                   f"trained until {info.get('trained_until')}  validation recall@5 {best.get('recall@5')} "
+                   f"recall@20 {best.get('recall@20')}")
+    if serving is None:
+        typer.echo("(no index yet)")
+
+
+@cli.command("finetune")
+@guard
+def finetune(month: str = typer.Option(..., help="YYYY-MM: fine-tune the active reader on this month's news"),
+             max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none)")) -> None:
+    """Continue the active reader on the month's self-labeled questions plus a replay sample of
+    older ones; the new version becomes active."""
+    from app.services.reader_registry import READER_TRAINING_LOCK
+    from workers.train import run_finetune_job
+
+    month_option(month, "--month")
+    version = run_job("finetune", {"month": month},
+                      lambda ctx, job: run_finetune_job(ctx, job, month=month, max_minutes=max_minutes),
+                      result_key="version", lock=READER_TRAINING_LOCK)
+    typer.echo(f"reader version {version} fine-tuned on {month} and activated")
+
+
+# ---- models: trained reader versions ----------------------------------------------------------------
+
+models_cli = typer.Typer(no_args_is_help=True, help="Trained reader versions (the registry).")
+cli.add_typer(models_cli, name="models")
+
+
+@models_cli.command("list")
+@guard
+def models_list() -> None:
+    """Every trained reader version, newest first; * marks the active one."""
+    from app.bootstrap import open_database
+    from app.services.reader_registry import list_versions
+
+    db = open_database(settings())
+    try:
+        with db.sessions() as session:
+            rows = list_versions(session)
+            if not rows:
+                typer.echo("no trained reader versions yet: run `sqa train reader --until YYYY-MM-DD`")
+                return
+            typer.echo(f"  {'version':40s} {'kind':10s} {'state':9s} {'trained until':13s} {'month':7s} parent")
+            for r in rows:
+                typer.echo(f"{'*' if r.active else ' '} {r.version:40s} {r.kind:10s} {r.state:9s} "
+                           f"{str(r.trained_until or '-'):13s} {r.month or '-':7s} {r.parent_version or '-'}")
+    finally:
+        db.close()
+
+
+@models_cli.command("activate")
+@guard
+def models_activate(version: str) -> None:
+    """Make a ready version the active one (servers with SQA_READER=auto switch to it)."""
+    from app.bootstrap import open_database
+    from app.services.reader_registry import activate_version
+
+    s = settings()
+    db = open_database(s)
+    try:
+        with db.sessions() as session, session.begin():
+            activate_version(session, version, models_dir=s.models_dir)  # unknown / not ready: exit 2
+    finally:
+        db.close()
+    typer.echo(f"activated reader version {version}; servers with SQA_READER=auto serve it within "
+               f"SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s)")
+
+
+@cli.command("selflabel")
+@guard
+def selflabel(month: Optional[str] = typer.Option(None, help="YYYY-MM: articles published in this month"),
+              until: Optional[str] = typer.Option(None, help="YYYY-MM-DD: articles published before this day"),
+              n: int = typer.Option(30, help="how many generated questions to print"),
+              seed: int = typer.Option(0, help="the same seed prints the same questions"),
+              max_articles: int = typer.Option(200, help="generate from this many random articles")) -> None:
+    """Print self-labeled questions generated from random stored articles, and why others were rejected."""
+    from app.bootstrap import open_database
+    from models.selflabel import RULES, sample_from_database
+
+    if month and until:
+        fail("give at most one of --month or --until")
+    month_option(month, "--month")
+    cut = day_option(until, "--until")
+    db = open_database(settings(), migrate=False)  # read only: never migrates someone's database
+    try:
+        with db.sessions() as session:
+            questions, stats = sample_from_database(session, until=cut, month=month, n=n, seed=seed,
+                                                    max_articles=max_articles)
+    finally:
+        db.close()
+    for q in questions:
+        typer.echo(f"{q.published} | {q.question} | {q.answer} ({q.answer_label})")
+    typer.echo(f"articles {stats.articles}, sentences {stats.sentences}, candidate entities {stats.candidates}, "
+               f"accepted {stats.accepted}")
+    for reason, count in sorted(stats.rejected.items(), key=lambda kv: -kv[1]):
+        typer.echo(f"  rejected {count:6d}  {reason}: {RULES[reason]}")
+
+

@@ -1,0 +1,64 @@
+"""What a job is handed: the database, the job runner, the directories and configs, and factories
+for the heavy things (loaded only by the jobs that need them).
+
+The entry points (the HTTP app, the CLI, the scheduler) build one from the settings through
+`app.bootstrap.build_context`; nothing under workers/ reads the settings.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from app.db.engine import Database
+from workers.drift import DriftConfig
+from workers.evaluate import EvalConfig
+from workers.ingest import IngestConfig
+from workers.runner import JobRunner
+from workers.transport import TransportConfig
+
+if TYPE_CHECKING:  # types only: a context never loads a model by being built
+    from app.services.answering import AnswerService
+    from app.services.index_state import IndexState
+    from models.encoders import TextEncoder
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Frozen: a job reads it and never changes it. Field names follow the SQA_* settings."""
+
+    db: Database
+    runner: JobRunner
+    home: Path
+    index_dir: Path
+    work_dir: Path
+    models_dir: Path
+    encoders_dir: Path
+    reports_dir: Path
+    device: str
+    retriever: str  # SQA_RETRIEVER with its fusion, e.g. "hybrid-weighted-0.5" (cache keys)
+    news_source: str
+    finetune_policy: str
+    drift_measure: str
+    drift_drop_threshold: float
+    ingest: IngestConfig
+    evaluation: EvalConfig
+    transport: TransportConfig
+    drift: DriftConfig
+    # The encoder the serving index was built with (SQA_ENCODER), loaded on first call.
+    load_encoder: Callable[[], "TextEncoder"]
+    # The served pipeline (SQA_RETRIEVER; SQA_READER, or the reader given), on a fresh index state.
+    load_answer_service: Callable[..., "AnswerService"]
+    # An index state over `encoder` (lexical: with the BM25 files).
+    open_index_state: Callable[["TextEncoder", bool], "IndexState"]
+
+    @property
+    def sessions(self):
+        return self.db.sessions
+
+    def eval_config(self, max_questions: int | None = None) -> EvalConfig:
+        """The evaluation settings, with another number of questions per quarter when given."""
+        if max_questions is None:
+            return self.evaluation
+        return dataclasses.replace(self.evaluation, max_questions=max_questions)
