@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DATA ?= ../shared/data/realtimeqa
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: install demo test test-unit test-integration bench clean
+.PHONY: install demo lint test test-unit test-integration bench clean
 
 install: $(VENV)/.installed
 
@@ -22,10 +22,14 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	$(PY) scripts/demo.py --data "$(DATA)"
 
-test: install
+# The architecture contract (pyproject.toml's [tool.importlinter]): a back-edge or a cycle fails the build.
+lint: install
+	$(VENV)/bin/lint-imports
+
+test: install lint
 	$(PY) -m pytest
 
-test-unit: install
+test-unit: install lint
 	$(PY) -m pytest -m "not integration"
 
 test-integration: install

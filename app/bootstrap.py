@@ -23,7 +23,7 @@ from app.services.answering import AnswerLimits, AnswerService
 from app.services.index_state import IndexState
 from app.services.reader_registry import check_servable, get_version
 from app.services.reader_state import ReaderState, RegistrySource
-from app.services.retrieval import make_retriever
+from app.services.retrieval import Retriever, make_retriever
 from indexer.ivf import ShardPolicy
 from models.encoders import TextEncoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
@@ -192,6 +192,11 @@ def shard_policy(settings: Settings) -> ShardPolicy:
                        codec=settings.ivf_codec)
 
 
+def build_retriever(settings: Settings, encoder: TextEncoder) -> Retriever:
+    """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT."""
+    return make_retriever(settings.retriever, encoder, fusion=settings.fusion, dense_weight=settings.fusion_dense_weight)
+
+
 def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
                          reader: Reader | ReaderState | None = None) -> AnswerService:
     """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names."""
@@ -200,8 +205,7 @@ def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
     state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")  # SQA_RETRIEVER
     limits = AnswerLimits(default_top_k=settings.top_k, max_top_k=settings.max_top_k,
                           reader_passages=settings.reader_passages, max_question_chars=settings.max_question_chars)
-    retriever = make_retriever(settings.retriever, encoder, fusion=settings.fusion,
-                               dense_weight=settings.fusion_dense_weight)
+    retriever = build_retriever(settings, encoder)
     return AnswerService(encoder=encoder, reader=reader, index_state=state, session_factory=db.sessions,
                          limits=limits, retriever=retriever)
 

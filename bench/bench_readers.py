@@ -1,17 +1,17 @@
 """Reader bake-off: EM/F1 and CPU latency of several readers on the same dated questions, next to
 the published RealTimeQA systems scored on exactly the same question ids.
 
-    .venv/bin/python -m bench.bench_readers --home /work/sqa-data --from 2023-04-01 --to 2023-06-30 \
+    .venv/bin/python -m bench.bench_readers --home "$SQA_HOME" --from 2023-04-01 --to 2023-06-30 \
         --readers smollm2,first-entity,fid=trained:/path/to/checkpoint --gold-for fid \
         --passages 10 --top-k 20 --threads 1 --out results.json
-    .venv/bin/python -m bench.bench_readers --home /work/sqa-data --from 2022-01-01 --to 2022-12-31 \
+    .venv/bin/python -m bench.bench_readers --home "$SQA_HOME" --from 2022-01-01 --to 2022-12-31 \
         --baselines-only                                  # the published systems alone, no index needed
 
 Questions: those of the window in the home's database, cut to RealTimeQA's generation subset
 (first gold answer of at most --max-answer-tokens normalised tokens, and making sense without its
 choices; how many were left out, and why, is printed), optionally a --seed sample of
---max-questions. Each question is retrieved once (dense, time-filtered: nothing published after
-the question date), and every reader gets the same top --passages passages. Readers named in
+--max-questions. Each question is retrieved once with the service's retriever (SQA_RETRIEVER, hybrid by
+default; time-filtered: nothing published after the question date), and every reader gets the same top --passages passages. Readers named in
 --gold-for are also run on the gold-containing passage alone (`evaluation.bakeoff.gold_passage`):
 an upper bound that separates reading from retrieval; questions without one are left out of that
 row. Latency is the reader's own call (`generate`, perf_counter), after one warm-up call.
@@ -158,25 +158,24 @@ class PartialCache:
 
 
 def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passages: int, bar: bool):
-    """Retrieve once per question: ({qid: Item with the top `passages`}, retrieval figures)."""
+    """Retrieve once per question with the service's retriever (SQA_RETRIEVER, as `sqa serve` does):
+    ({qid: Item with the top `passages`}, retrieval figures)."""
     from tqdm import tqdm
 
-    from app.bootstrap import build_encoder
+    from app.bootstrap import build_encoder, build_retriever, index_state
     from app.services.answering import AnswerLimits, AnswerService
-    from app.services.index_state import IndexState
     from models.readers import FirstEntityReader, ReaderPassage
 
     encoder = build_encoder(settings)
-    state = IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim)
+    state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")
     limits = AnswerLimits(default_top_k=top_k, max_top_k=top_k, reader_passages=passages,
                           max_question_chars=1_000_000)
     service = AnswerService(encoder=encoder, reader=FirstEntityReader(), index_state=state,
-                            session_factory=db.sessions, limits=limits)
+                            session_factory=db.sessions, limits=limits, retriever=build_retriever(settings, encoder))
     state.refresh()
     snap = state.current()
     if snap is None:
-        raise SystemExit(f"error: no index snapshot in {settings.home}: run `sqa ingest` first "
-                         "(or use --baselines-only)")
+        raise SystemExit(f"error: no index snapshot in {settings.home}: run `sqa ingest` first (or --baselines-only)")
     items, ms, hit_k, hit_top = {}, [], 0, 0
     for q in tqdm(questions, desc="retrieve", unit="q", disable=not bar, file=sys.stderr):
         t0 = time.perf_counter()
@@ -190,7 +189,7 @@ def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passa
         items[q.qid] = Item(q, tuple(ReaderPassage(p.title, p.text, p.published) for p in top),
                             tuple(p.passage_id for p in top))
     n = len(questions)
-    figures = {"snapshot": snap.snapshot_id, "encoder": snap.manifest.encoder,
+    figures = {"snapshot": snap.snapshot_id, "encoder": snap.manifest.encoder, "retriever": service.retriever.name,
                "newest_indexed_day": str(snap.newest_day), "shards": [e.file for e in snap.manifest.shards],
                f"recall@{passages}": hit_k / n if n else 0.0, f"recall@{top_k}": hit_top / n if n else 0.0,
                "latency": latency_summary(ms)}
@@ -273,6 +272,7 @@ def baseline_rows(data: Path, systems: list[str], questions: list[BenchQuestion]
 
 
 def print_table(rows: list[dict]) -> None:
+    print()
     def ms(x):
         return "-" if x is None else f"{x:.0f}" if x >= 10 else f"{x:.2g}"
 
@@ -403,7 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         db.close()
 
-    print()
     print_table(rows)
     for r in rows:
         if r["kind"] == "gold":
@@ -415,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     if retrieval:
         k, top = args.passages, args.top_k
         lat = retrieval["latency"]
-        print(f"\nretrieval ({retrieval['encoder']}, snapshot {retrieval['snapshot']}, newest article "
-              f"{retrieval['newest_indexed_day']}): recall@{k} {100 * retrieval[f'recall@{k}']:.1f}, "
+        print(f"\nretrieval ({retrieval['retriever']} over {retrieval['encoder']}, snapshot {retrieval['snapshot']}, "
+              f"newest article {retrieval['newest_indexed_day']}): recall@{k} {100 * retrieval[f'recall@{k}']:.1f}, "
               f"recall@{top} {100 * retrieval[f'recall@{top}']:.1f} (share of questions whose top passages hold a "
               f"gold answer); retrieve p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms")
         last_asked = str(max(q.asked for q in questions))
@@ -428,10 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"machine: {os.cpu_count()} cores, load average {load and ' / '.join(f'{x:.1f}' for x in load)}, "
           f"threads {args.threads or 'default'}")
-
     if args.out:
-        result = {
-            "config": {"home": str(settings.home), "from": str(args.first), "to": str(args.last),
+        result = {"config": {"home": str(settings.home), "from": str(args.first), "to": str(args.last),
                        "readers": [vars(s) for s in args.reader_specs], "gold_for": args.gold,
                        "passages": args.passages, "top_k": args.top_k, "max_questions": args.max_questions,
                        "seed": args.seed, "max_answer_tokens": args.max_answer_tokens, "encoder": args.encoder,
@@ -441,8 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                           "left_out": dict(left_out), "evaluated": len(questions)},
             "retrieval": retrieval, "rows": rows, "notes": notes,
             "per_question": [{"qid": q.qid, "asked": str(q.asked), "question": q.text, "answers": list(q.answers),
-                              "gold_passage_id": gold_ids.get(q.qid)} for q in questions],
-        }
+                              "gold_passage_id": gold_ids.get(q.qid)} for q in questions]}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(f"written to {args.out}")

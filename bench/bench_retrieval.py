@@ -2,7 +2,7 @@
 own date, over everything the home's index holds up to that date (not only the articles found for
 that question), by each retriever on the same questions.
 
-    .venv/bin/python -m bench.bench_retrieval --home /work/sqa-data --from 2023-01-01 --to 2023-06-30 \
+    .venv/bin/python -m bench.bench_retrieval --home "$SQA_HOME" --from 2023-01-01 --to 2023-06-30 \
         --retrievers dense,bm25,hybrid-rrf,hybrid-weighted --out retrieval.json
 
 Dense search uses the encoder the home's index was built with (SQA_ENCODER=auto): to measure a

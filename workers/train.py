@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typing import TYPE_CHECKING
 
-from app.db.tables import Article, Job, Passage, Question
+from app.db.tables import Article, Passage, Question
 from evaluation.bakeoff import generation_subset, gold_passage, passage_body
 from evaluation.metrics import answer_in_text
 from indexer.dates import month_key, month_start, next_month, parse_month
@@ -227,7 +227,7 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
                         activate: bool | None = None) -> str:
     """Shared by training and fine-tuning: data (cached in `work`), the loop, the version folder.
     Run it under the reader-training lock (`READER_TRAINING_LOCK`): one reader training per SQA_HOME."""
-    from app.services.answering import DenseRetriever
+    from app.services.retrieval import DenseRetriever
     from app.services.reader_registry import new_version_name, register_version
     from models.trained import write_reader_info
 

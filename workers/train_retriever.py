@@ -74,7 +74,7 @@ def _holds(answers, passage) -> bool:
 def _pair(session, bm25, snapshot, question: str, as_of: dt.date, answers, positive_row, source: str,
           k: int) -> Pair | None:
     """The pair for one question, or None without a positive."""
-    from app.services.answering import fetch_passages
+    from app.services.retrieval import fetch_passages
 
     hits = fetch_passages(session, bm25.search(snapshot, question, as_of, k), as_of)
     positive = None if source == "self" else next((p for p in hits if _holds(answers, p)), None)
@@ -99,7 +99,7 @@ def _keep(pairs: list, missing: dict, pair: Pair | None, source: str) -> None:
 def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.date, until: dt.date,
                cfg: RetrieverDataConfig, progress=None) -> tuple[list[Pair], dict, dict]:
     """(training pairs, validation {items, pool}, counts)."""
-    from app.services.answering import DenseRetriever, fetch_passages
+    from app.services.retrieval import DenseRetriever, fetch_passages
     from app.services.retrieval import Bm25Retriever
     from workers.train import DataConfig, _self_gold_row, gold_questions, self_labeled
 

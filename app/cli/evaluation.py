@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from app.cli.common import cli, context, fail, guard, num, run_job, settings
+from app.cli.common import cli, fail, guard, num, run_job, settings
 
 
 def _print_run(run_id: int) -> None:

@@ -1,14 +1,14 @@
 """Apply Alembic migrations from code (start-up, `sqa db upgrade`, tests)."""
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 
-import migrations
-
-MIGRATIONS_DIR = Path(migrations.__file__).parent
+# The migration scripts, found as package data (not imported: migrations/env.py sits above app.db).
+MIGRATIONS_DIR = Path(str(files("migrations")))
 
 
 def alembic_config(url: str) -> Config:

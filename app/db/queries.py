@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Article, Job, Question
+from app.db.tables import Article, Question
 from indexer.dates import month_key
 from indexer.records import ArticleRecord, QuestionRecord
 
@@ -85,12 +85,3 @@ def article_months(session: Session) -> dict[str, int]:
 
 def earliest_question_day(session: Session) -> dt.date | None:
     return session.scalar(select(func.min(Question.asked)))
-
-
-# ---- jobs -----------------------------------------------------------------------------------------
-
-def create_job(session: Session, kind: str, params: dict) -> Job:
-    job = Job(kind=kind, params=params, state="queued", progress=0.0, message="queued", counts={}, timings={})
-    session.add(job)
-    session.flush()
-    return job

@@ -1,4 +1,4 @@
-"""The answer path as plain Python: dated question -> time-filtered dense retrieval -> reader.
+"""The answer path as plain Python: dated question -> time-filtered retrieval -> reader.
 
 Used by the API, the CLI (`sqa ask`) and evaluation alike. Nothing published after `as_of`
 reaches the reader: the index filters by id range, and the fetched rows are checked again.
@@ -10,29 +10,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.tables import Passage
 from app.services.errors import IndexNotReadyError, InvalidInputError
 from app.services.index_state import IndexState, LoadedSnapshot
 from app.services.reader_state import ReaderState
+from app.services.retrieval import DenseRetriever, RetrievedPassage, Retriever
 from models.encoders import TextEncoder
-from models.readers import Reader, ReaderPassage, dated_question
+from models.readers import Reader, ReaderPassage
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RetrievedPassage:
-    passage_id: int
-    faiss_id: int
-    article_id: int
-    title: str
-    url: str
-    published: dt.date
-    score: float
-    text: str
 
 
 @dataclass(frozen=True)
@@ -53,52 +40,10 @@ class AnswerLimits:
     max_question_chars: int = 1000
 
 
-class DenseRetriever:
-    """Encodes the dated question and searches the snapshot's shards up to as_of.
-
-    Other retrievers (BM25, hybrid: `app.services.retrieval`) have the same two methods.
-    """
-
-    name = "dense"
-
-    def __init__(self, encoder: TextEncoder) -> None:
-        self.encoder = encoder
-
-    def search(self, snapshot: LoadedSnapshot, question: str, as_of: dt.date, k: int) -> list[tuple[int, float]]:
-        """(faiss id, score) hits, best first."""
-        encoder = snapshot.encoder or self.encoder  # the snapshot's own encoder version when it carries one
-        qvec = encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
-        scores, ids = snapshot.index.search(qvec, as_of, k)  # (1, k) each, -1 padded
-        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
-
-    def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
-                 top_k: int) -> list[RetrievedPassage]:
-        return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
-
-
-def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.date) -> list[RetrievedPassage]:
-    """Rows for (faiss_id, score) hits, in hit order; drops (and logs) anything after as_of."""
-    if not hits:
-        return []
-    rows = session.scalars(select(Passage).where(Passage.faiss_id.in_([h[0] for h in hits]))).all()
-    by_id = {r.faiss_id: r for r in rows}
-    out = []
-    for fid, score in hits:
-        row = by_id.get(fid)
-        if row is None:
-            log.warning("passage with faiss id %d is in the index but not in the database", fid)
-            continue
-        if row.published > as_of:  # cannot happen with a correct index; never let it through
-            log.error("passage %d published %s came back for as_of %s: dropped", row.id, row.published, as_of)
-            continue
-        out.append(RetrievedPassage(row.id, fid, row.article_id, row.article.title, row.article.url,
-                                    row.published, score, row.text))
-    return out
-
-
 class AnswerService:
     def __init__(self, *, encoder: TextEncoder, reader: Reader | ReaderState, index_state: IndexState,
-                 session_factory: sessionmaker[Session], limits: AnswerLimits, retriever=None) -> None:
+                 session_factory: sessionmaker[Session], limits: AnswerLimits,
+                 retriever: Retriever | None = None) -> None:
         """`reader`: a Reader that serves for good, or a ReaderState that may swap readers.
         `retriever`: DenseRetriever(encoder) when None (SQA_RETRIEVER: `app.services.retrieval`)."""
         self.retriever = retriever if retriever is not None else DenseRetriever(encoder)

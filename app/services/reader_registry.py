@@ -22,8 +22,8 @@ from app.services.errors import ConflictError, NotFoundError
 
 KINDS = ("fid", "extractive", "ranker")
 STATES = ("training", "ready", "failed")
-# One reader training or fine-tune at a time per SQA_HOME: the file lock
-# workers.jobs.kind_lock(settings, READER_TRAINING_LOCK), held by whoever runs the training.
+# One reader training or fine-tune at a time per SQA_HOME: the job runner's lock of this name
+# (workers.runner.JobRunner.lock), held by whoever runs the training.
 READER_TRAINING_LOCK = "reader-training"
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

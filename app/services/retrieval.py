@@ -1,21 +1,104 @@
-"""Retrievers besides the dense one: BM25 over the snapshot's month shards, and hybrid (both, fused).
+"""Retrievers: dense (the encoder over FAISS month shards), BM25 over the same shards, and hybrid
+(both, fused). Each implements `Retriever`.
 
-All of them take the same arguments as `DenseRetriever.retrieve` and apply the same date filter
-(the shards up to as_of, an id-prefix in the boundary month); the fetched rows are checked
-against as_of again by `fetch_passages`. SQA_RETRIEVER picks one (`make_retriever`).
+All apply the same date filter (the shards up to as_of, an id-prefix in the boundary month); the
+fetched rows are checked against as_of again by `fetch_passages`. SQA_RETRIEVER picks one
+(`make_retriever`); the service, evaluation, training data and the benchmarks take it from there.
 """
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import Protocol
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.services.answering import DenseRetriever, RetrievedPassage, fetch_passages
+from app.db.tables import Passage
 from app.services.errors import IndexNotReadyError
 from app.services.index_state import LoadedSnapshot
 from indexer.fusion import FUSIONS, reciprocal_rank_fusion, weighted_fusion
 from indexer.lexical import LexicalIndex
 from models.encoders import TextEncoder
+from models.readers import dated_question
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class RetrievedPassage:
+    passage_id: int
+    faiss_id: int
+    article_id: int
+    title: str
+    url: str
+    published: dt.date
+    score: float
+    text: str
+
+
+class Retriever(Protocol):
+    """Finds passages published on or before `as_of` in a snapshot.
+
+    `encoder` is the index's encoder (what the service ingests with, whatever the retriever), `name`
+    goes into each answer's versions.
+    """
+
+    name: str
+    encoder: TextEncoder
+
+    def search(self, snapshot: LoadedSnapshot, question: str, as_of: dt.date, k: int) -> list[tuple[int, float]]:
+        """(faiss id, score) hits, best first, at most k."""
+        ...
+
+    def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
+                 top_k: int) -> list[RetrievedPassage]:
+        """The hits' passages with their articles, in hit order (none after as_of)."""
+        ...
+
+
+class DenseRetriever:
+    """Encodes the dated question and searches the snapshot's shards up to as_of.
+
+    Other retrievers (BM25, hybrid: `app.services.retrieval`) have the same two methods.
+    """
+
+    name = "dense"
+
+    def __init__(self, encoder: TextEncoder) -> None:
+        self.encoder = encoder
+
+    def search(self, snapshot: LoadedSnapshot, question: str, as_of: dt.date, k: int) -> list[tuple[int, float]]:
+        """(faiss id, score) hits, best first."""
+        encoder = snapshot.encoder or self.encoder  # the snapshot's own encoder version when it carries one
+        qvec = encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
+        scores, ids = snapshot.index.search(qvec, as_of, k)  # (1, k) each, -1 padded
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+
+    def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
+                 top_k: int) -> list[RetrievedPassage]:
+        return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
+
+
+def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.date) -> list[RetrievedPassage]:
+    """Rows for (faiss_id, score) hits, in hit order; drops (and logs) anything after as_of."""
+    if not hits:
+        return []
+    rows = session.scalars(select(Passage).where(Passage.faiss_id.in_([h[0] for h in hits]))).all()
+    by_id = {r.faiss_id: r for r in rows}
+    out = []
+    for fid, score in hits:
+        row = by_id.get(fid)
+        if row is None:
+            log.warning("passage with faiss id %d is in the index but not in the database", fid)
+            continue
+        if row.published > as_of:  # cannot happen with a correct index; never let it through
+            log.error("passage %d published %s came back for as_of %s: dropped", row.id, row.published, as_of)
+            continue
+        out.append(RetrievedPassage(row.id, fid, row.article_id, row.article.title, row.article.url,
+                                    row.published, score, row.text))
+    return out
+
 
 RETRIEVERS = ("dense", "bm25", "hybrid")
 FUSION_DEPTH = 50  # candidates each retriever contributes to a hybrid ranking (at least top_k)

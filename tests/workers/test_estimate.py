@@ -63,7 +63,11 @@ def test_cli_estimate_on_the_sample_prints_the_table_and_reuses_its_cache(sqa, s
 
 
 def test_the_item_cache_is_kept_apart_per_retriever(make_settings):
-    from workers.ranker_items import cache_path
+    from app.bootstrap import retriever_key
+    from workers.ranker_items import cache_path as cache_for
+
+    def cache_path(settings, snapshot_id, passages):  # as a job's context derives it from the settings
+        return cache_for(settings.work_dir, retriever_key(settings), snapshot_id, passages)
 
     paths = {cache_path(make_settings(retriever=r, fusion=f), "snap-1", 10)
              for r, f in [("dense", "rrf"), ("bm25", "rrf"), ("hybrid", "rrf"), ("hybrid", "weighted")]}

@@ -23,7 +23,7 @@ def _one_thread():
 
 def _datasets(settings, until: dt.date, val_from: dt.date):
     from app.bootstrap import build_encoder
-    from app.services.answering import DenseRetriever
+    from app.services.retrieval import DenseRetriever
     from app.services.index_state import IndexState
 
     db = open_database(settings)

@@ -144,17 +144,18 @@ def _activate_fake_version(settings, reader_name_in_runs: str):
 
 
 def test_on_drift_decision_compares_the_predicted_drop_with_the_threshold(evaluated):
+    from app.bootstrap import build_context
     from app.services.reader_registry import active_version
-    from workers.jobs import drift_decision
+    from workers.scheduled import drift_decision
 
     db = _activate_fake_version(evaluated, "extractive:v1")
     try:
         with db.sessions() as session:
             active = active_version(session)
-            lenient = drift_decision(evaluated.model_copy(update={"drift_drop_threshold": 1000.0}), session,
-                                     active, "2024-03")
-            strict = drift_decision(evaluated.model_copy(update={"drift_drop_threshold": 0.0}), session,
-                                    active, "2024-03")
+            lenient = drift_decision(build_context(evaluated.model_copy(update={"drift_drop_threshold": 1000.0}), db),
+                                     session, active, "2024-03")
+            strict = drift_decision(build_context(evaluated.model_copy(update={"drift_drop_threshold": 0.0}), db),
+                                    session, active, "2024-03")
     finally:
         db.close()
     assert lenient["finetune"] is False and "is within the threshold 1000.00" in lenient["reason"]
@@ -164,13 +165,14 @@ def test_on_drift_decision_compares_the_predicted_drop_with_the_threshold(evalua
 
 
 def test_on_drift_decision_needs_an_evaluated_version(evaluated):
+    from app.bootstrap import build_context
     from app.services.reader_registry import active_version
-    from workers.jobs import drift_decision
+    from workers.scheduled import drift_decision
 
     db = _activate_fake_version(evaluated, "first-entity")  # runs answered by another reader
     try:
         with db.sessions() as session:
-            decision = drift_decision(evaluated, session, active_version(session), "2024-03")
+            decision = drift_decision(build_context(evaluated, db), session, active_version(session), "2024-03")
     finally:
         db.close()
     assert decision["finetune"] is False and "extractive:v1 has none yet" in decision["reason"]

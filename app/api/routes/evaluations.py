@@ -6,12 +6,12 @@ import mimetypes
 import re
 from pathlib import Path
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, status
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
-from app.api.deps import AdminDep, JobsDep, SessionDep, SettingsDep
+from app.api.deps import AdminDep, JobsDep, SessionDep
 from app.db.tables import EvalResult, EvalRun
 from app.services.errors import InvalidInputError, NotFoundError
 from evaluation.temporal import quarter_bounds
