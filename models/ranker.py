@@ -20,8 +20,8 @@ from pathlib import Path
 
 from evaluation.bakeoff import passage_body
 from models.candidates import CandidateRanker, RankerItem, annotate_passages, annotated
-from models.readers import BatchedReader, Item, ReaderAnswer, ReaderPassage
-from models.trained import SavedConfig
+from models.reader_base import BatchedReader, Item, ReaderAnswer, ReaderPassage
+from models.saved_config import SavedConfig
 
 RANKER_FILE = "ranker.json"
 
