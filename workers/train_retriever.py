@@ -2,7 +2,7 @@
 dated before the cut, and register the result as an encoder version.
 
 Training pairs: each gold question dated before the validation month, and questions generated from
-the articles published before it (`models/selflabel.py`, the reader's generator), dated as the
+the articles published before it (`models/selflabel/`, the reader's generator), dated as the
 service dates a question ("Today is ... . <question>"). The positive is the passage that holds the
 answer: for a gold question the first BM25 hit (as of its date) that does, else its cited
 article's passage; for a self-labeled one the passage its sentence came from. The hard negative is
