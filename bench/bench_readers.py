@@ -12,7 +12,7 @@ Questions: those of the window in the home's database, cut to RealTimeQA's gener
 choices; how many were left out, and why, is printed), optionally a --seed sample of
 --max-questions. Each question is retrieved once (dense, time-filtered: nothing published after
 the question date), and every reader gets the same top --passages passages. Readers named in
---gold-for are also run on the gold-containing passage alone (`evaluation.bakeoff.gold_passage`):
+--gold-for are also run on the gold-containing passage alone (`workers.bakeoff.gold_passage`):
 an upper bound that separates reading from retrieval; questions without one are left out of that
 row. Latency is the reader's own call (`generate`, perf_counter), after one warm-up call.
 
@@ -35,9 +35,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.bakeoff import (MAX_ANSWER_TOKENS, baseline_files, generation_subset, gold_passage,
-                                latency_summary, load_baseline_predictions, passage_body, score)
+from evaluation.bakeoff import (MAX_ANSWER_TOKENS, baseline_files, generation_subset, latency_summary,
+                                load_baseline_predictions, score)
 from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
@@ -199,6 +200,7 @@ def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passa
 
 def gold_items(sessions, questions: list[BenchQuestion]) -> dict[str, Item]:
     from models.readers import ReaderPassage
+    from workers.bakeoff import gold_passage
 
     out = {}
     with sessions() as session:

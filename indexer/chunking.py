@@ -165,3 +165,11 @@ def split_passages(
     single longer sentence is cut into word windows. Empty text gives [].
     """
     return chunk_texts([(text, published)], sentences_per_passage=sentences_per_passage, max_words=max_words)[0]
+
+
+def passage_body(text: str, published: dt.date) -> str:
+    """A passage without the date prefix `chunk_texts` gives it ("Thursday, February 7, 2019. "), so
+    that an answer like "Friday" or "2023" is not found in the date every passage starts with. A text
+    without that exact prefix comes back unchanged. The one implementation: readers, the ranker,
+    drift, training jobs and benchmarks all call this."""
+    return text.removeprefix(format_long(published) + ". ")

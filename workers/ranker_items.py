@@ -21,7 +21,7 @@ import numpy as np
 
 from app.core.config import Settings
 from app.runtime import Database, build_answer_service, build_encoder
-from evaluation.bakeoff import passage_body
+from indexer.chunking import passage_body
 from models.candidates import RankerItem, annotate_passages, annotated
 from workers.progress import Progress
 

@@ -23,11 +23,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.tables import Article, Job, Passage, Question
-from evaluation.bakeoff import generation_subset, gold_passage, passage_body
+from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start, next_month, parse_month
 from models.readers import ReaderPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample, load_examples, save_examples
+from workers.bakeoff import gold_passage
 from workers.progress import fraction_reporter
 
 log = logging.getLogger(__name__)

@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from evaluation.bakeoff import gold_passage, passage_body
 from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.readers import dated_question
+from workers.bakeoff import gold_passage
 from workers.train import _digest
 from workers.progress import fraction_reporter
 
