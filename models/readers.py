@@ -10,6 +10,7 @@ import datetime as dt
 import re
 from typing import Sequence
 
+from indexer.chunking import passage_body
 from models.reader_base import (BatchedReader, Item, Reader, ReaderAnswer, ReaderPassage, check_passages,
                                 dated_question, shorten_answer, strip_restated_question)
 
@@ -34,7 +35,7 @@ class FirstEntityReader:
         if not passages:
             return ReaderAnswer(text="", raw="")
         q_words = set(re.findall(r"[a-z0-9']+", question.lower()))
-        body = passages[0].text.split(". ", 1)[-1]  # drop the date prefix
+        body = passage_body(passages[0].text, passages[0].published)  # drop the date prefix
         for match in _ENTITY.finditer(body):
             phrase = match.group(1)
             words = [w for w in phrase.split() if w not in _STOP and w not in _DATE_WORDS]
