@@ -43,8 +43,8 @@ from evaluation.drift import MonthProfile, build_profile, drift_between, load_pr
 from indexer.chunking import passage_body
 from indexer.dates import month_end, parse_month
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
+from indexer.manifest import Manifest, ShardEntry, read_manifest
 from indexer.shards import key_span
-from indexer.snapshot import Manifest, ShardEntry, read_manifest
 
 log = logging.getLogger(__name__)
 
