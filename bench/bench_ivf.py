@@ -37,8 +37,9 @@ import numpy as np
 from indexer.dates import day_number, from_day_number, month_end, month_key, next_month
 from indexer.ids import ids_through, make_ids
 from indexer.ivf import FLAT, ivf_spec
+from indexer.manifest import Manifest, write_manifest
 from indexer.shards import MonthShard, ShardedIndex
-from indexer.snapshot import Manifest, ShardCache, write_manifest, write_shard
+from indexer.snapshot import ShardCache, write_shard
 
 SHARES = (1.0, 0.1, 0.01)
 LATENT, NOISE = 16, 0.3
@@ -72,7 +73,8 @@ def rss_bytes() -> int:
 def loaded_rss(index_dir: Path, manifest: Manifest) -> int:
     """RSS a fresh process gains by loading the snapshot (its own baseline taken after the imports)."""
     code = ("import sys; from pathlib import Path; from bench.bench_ivf import rss_bytes; "
-            "from indexer.snapshot import ShardCache, read_manifest; d = Path(sys.argv[1]); "
+            "from indexer.manifest import read_manifest; from indexer.snapshot import ShardCache; "
+            "d = Path(sys.argv[1]); "
             "m = read_manifest(d / 'snapshots' / sys.argv[2]); r0 = rss_bytes(); "
             "i = ShardCache().open_snapshot(d, m, expected_encoder=None, expected_dim=None); "
             "print(rss_bytes() - r0)")

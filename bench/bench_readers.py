@@ -10,11 +10,12 @@ the published RealTimeQA systems scored on exactly the same question ids.
 Questions: those of the window in the home's database, cut to RealTimeQA's generation subset
 (first gold answer of at most --max-answer-tokens normalised tokens, and making sense without its
 choices; how many were left out, and why, is printed), optionally a --seed sample of
---max-questions. Each question is retrieved once with the service's retriever (SQA_RETRIEVER, hybrid by
-default; time-filtered: nothing published after the question date), and every reader gets the same top --passages passages. Readers named in
---gold-for are also run on the gold-containing passage alone (`evaluation.bakeoff.gold_passage`):
-an upper bound that separates reading from retrieval; questions without one are left out of that
-row. Latency is the reader's own call (`generate`, perf_counter), after one warm-up call.
+--max-questions. Each question is retrieved once with the service's retriever (SQA_RETRIEVER, hybrid
+by default; time-filtered: nothing published after the question date), and every reader gets the
+same top --passages passages. Readers named in --gold-for are also run on the gold-containing
+passage alone (`workers.bakeoff.gold_passage`): an upper bound that separates reading from
+retrieval; questions without one are left out of that row. Latency is the reader's own call
+(`generate`, perf_counter), after one warm-up call.
 
 Every answer is appended to `<out>.partial.jsonl` as it is made; a rerun with the same --out
 reuses an answer when the reader spec and the passages it saw are the same, so a long run can be
@@ -35,9 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.bakeoff import (MAX_ANSWER_TOKENS, baseline_files, generation_subset, gold_passage,
-                                latency_summary, load_baseline_predictions, passage_body, score)
+from evaluation.bakeoff import MAX_ANSWER_TOKENS, baseline_files, generation_subset, latency_summary
+from evaluation.bakeoff import load_baseline_predictions, score
 from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
@@ -198,14 +200,12 @@ def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passa
 
 def gold_items(sessions, questions: list[BenchQuestion]) -> dict[str, Item]:
     from models.readers import ReaderPassage
+    from workers.bakeoff import gold_passage
 
-    out = {}
     with sessions() as session:
-        for q in questions:
-            row = gold_passage(session, q)
-            if row is not None:
-                out[q.qid] = Item(q, (ReaderPassage(row.article.title, row.text, row.published),), (row.id,))
-    return out
+        pairs = [(q, gold_passage(session, q)) for q in questions]
+        return {q.qid: Item(q, (ReaderPassage(row.article.title, row.text, row.published),), (row.id,))
+                for q, row in pairs if row is not None}
 
 
 def run_reader(label: str, spec: str, items: list[Item], cache: PartialCache, get_reader, *, bar: bool) -> dict:

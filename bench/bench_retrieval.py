@@ -26,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.bakeoff import latency_summary, passage_body
+from evaluation.bakeoff import latency_summary
 from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
 
 KS = (1, 5, 20)  # --ks adds deeper cut-offs (e.g. 100, to see how much a re-ranker could gain)
 RETRIEVERS = {"dense": ("dense", {}), "bm25": ("bm25", {}), "hybrid-rrf": ("hybrid", {"fusion": "rrf"}),

@@ -1,6 +1,6 @@
-"""The reader bake-off's pure parts: the generation subset, published baselines, scoring, the
-gold-containing passage, latency summaries. `bench/bench_readers.py` wires them to the database,
-the index and the readers.
+"""The reader bake-off's pure parts: the generation subset, published baselines, scoring, latency
+summaries. `bench/bench_readers.py` wires them to the database, the index and the readers; the
+gold-containing passage is looked up in the database by `workers/bakeoff.py`.
 
 Questions are anything with `qid`, `text`, `asked`, `answers` (gold strings) and `meta` (the ORM
 `Question` or a plain stand-in). Scores are fractions in [0, 1]; the primary metric is
@@ -15,17 +15,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from evaluation.metrics import PRIMARY_METRIC, answer_in_text, exact_match, normalize_answer, token_f1
+from evaluation.metrics import PRIMARY_METRIC, exact_match, normalize_answer, token_f1
 from evaluation.subsets import needs_choices
-from indexer.dates import format_long
 from indexer.jsonl import iter_jsonl
 from indexer.records import ImportReport
 
 __all__ = ["PRIMARY_METRIC", "GREATER_IS_BETTER", "MAX_ANSWER_TOKENS", "generation_subset",
-           "load_baseline_predictions", "score", "gold_passage", "passage_body", "latency_summary"]
+           "load_baseline_predictions", "score", "latency_summary"]
 
 GREATER_IS_BETTER = True
 MAX_ANSWER_TOKENS = 5  # RealTimeQA's generation setting: short answers only
@@ -145,47 +141,6 @@ def score(predictions: dict[str, str], questions: Sequence[BakeoffQuestion]) -> 
         em += exact_match(pred, q.answers)
         f1 += token_f1(pred, q.answers)
     return {"n": n, "answered": answered, "em": em / n if n else 0.0, "f1": f1 / n if n else 0.0}
-
-
-def passage_body(text: str, published: dt.date) -> str:
-    """A passage without its date prefix, so that an answer like "Friday" or "2023" is not found
-    in the date every passage starts with."""
-    return text.removeprefix(format_long(published) + ". ")
-
-
-def gold_passage(session: Session, question: BakeoffQuestion):
-    """The passage that holds a gold answer and was published on or before the question date.
-
-    Looks in the articles of the question's `gold_urls` (the quiz's own citation) first, then its
-    `search_result_urls` in search order, each article's passages in order; the first passage
-    whose body (date prefix left out) contains a gold answer as a whole-token span wins. Nothing
-    published after `question.asked` is ever returned. None when no such passage is stored (the
-    article was never ingested, or does not state the answer in one passage).
-
-    Returns:
-        A `Passage` row (its `article` loaded), or None.
-    """
-    from app.db.tables import Article, Passage
-
-    meta = question.meta or {}
-    urls = list(dict.fromkeys([*meta.get("gold_urls", []), *meta.get("search_result_urls", [])]))
-    if not urls or not question.answers:
-        return None
-    rank = {u: i for i, u in enumerate(urls)}
-    articles = []
-    for i in range(0, len(urls), 500):
-        articles += session.execute(select(Article.id, Article.url).where(
-            Article.url.in_(urls[i:i + 500]), Article.published <= question.asked)).all()
-    if not articles:
-        return None
-    article_rank = {aid: rank[url] for aid, url in articles}
-    rows = session.scalars(select(Passage).where(Passage.article_id.in_(list(article_rank)),
-                                                 Passage.published <= question.asked)
-                           .order_by(Passage.ordinal, Passage.id)).all()
-    for row in sorted(rows, key=lambda r: (article_rank[r.article_id], r.ordinal, r.id)):
-        if answer_in_text(question.answers, passage_body(row.text, row.published)):
-            return row
-    return None
 
 
 def latency_summary(ms: Sequence[float]) -> dict[str, float | int | None]:

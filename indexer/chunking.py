@@ -40,6 +40,11 @@ def _sentencizer():
     return nlp
 
 
+def _date_prefix(published: dt.date) -> str:
+    """'Thursday, February 7, 2019. ': what every passage of an article published that day starts with."""
+    return format_long(published) + ". "
+
+
 def _check_sizes(sentences_per_passage: int, max_words: int) -> None:
     if not isinstance(sentences_per_passage, int) or sentences_per_passage < 1:
         raise ValueError(f"sentences_per_passage must be a positive integer, not {sentences_per_passage!r}")
@@ -147,7 +152,7 @@ def chunk_texts(
     docs = iter(_sentencizer().pipe(flat, batch_size=batch_size))
     out = []
     for (_, published), sentences in zip(items, _sentences(docs, [len(ps) for ps in paragraphs])):
-        out.append(_pack(sentences, format_long(published) + ". ", sentences_per_passage, max_words))
+        out.append(_pack(sentences, _date_prefix(published), sentences_per_passage, max_words))
     return out
 
 
@@ -165,3 +170,11 @@ def split_passages(
     single longer sentence is cut into word windows. Empty text gives [].
     """
     return chunk_texts([(text, published)], sentences_per_passage=sentences_per_passage, max_words=max_words)[0]
+
+
+def passage_body(text: str, published: dt.date) -> str:
+    """A passage without the date prefix `chunk_texts` gives it ("Thursday, February 7, 2019. "), so
+    that an answer like "Friday" or "2023" is not found in the date every passage starts with. A text
+    without that exact prefix comes back unchanged. The one implementation: readers, the ranker,
+    drift, training jobs and benchmarks all call this."""
+    return text.removeprefix(_date_prefix(published))

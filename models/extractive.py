@@ -16,8 +16,8 @@ from typing import Sequence
 
 import torch
 
-from models.readers import BatchedReader, Item, ReaderAnswer, ReaderPassage, dated_question
-from models.trained import SavedConfig
+from models.reader_base import BatchedReader, Item, ReaderAnswer, ReaderPassage, dated_question
+from models.saved_config import SavedConfig
 
 CONFIG_FILE = "span_config.json"
 HEAD_FILE = "span_head.pt"

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.bakeoff import passage_body
+from indexer.chunking import passage_body
 from models.candidates import CandidateRanker, RankerItem, annotate_passages, annotated
-from models.readers import BatchedReader, Item, ReaderAnswer, ReaderPassage
-from models.trained import SavedConfig
+from models.reader_base import BatchedReader, Item, ReaderAnswer, ReaderPassage
+from models.saved_config import SavedConfig
 
 RANKER_FILE = "ranker.json"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from indexer.dates import format_long
-from models.readers import ReaderAnswer, ReaderPassage, check_passages, shorten_answer
+from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, shorten_answer
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEM = ("You answer questions about the news. Use only the passages given. "

@@ -6,28 +6,12 @@ beside the weights decides its architecture on reload.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
-from models.readers import Reader
+from models.reader_base import Reader
 
 INFO_FILE = "reader.json"
-
-
-class SavedConfig:
-    """For a model's frozen config dataclass: JSON out, and back in ignoring unknown keys (a config
-    written by a newer version still loads)."""
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict):
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
 KINDS = ("fid", "extractive", "ranker")
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from evaluation.metrics import exact_match, token_f1
-from models.readers import ReaderPassage
+from models.reader_base import ReaderPassage
 
 log = logging.getLogger(__name__)
 

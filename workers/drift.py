@@ -40,10 +40,11 @@ from app.services.errors import InvalidInputError
 from app.services.index_state import latest_snapshot_row
 from app.services.reader_registry import active_version
 from evaluation.drift import MonthProfile, build_profile, drift_between, load_profile, parse_features, save_profile
-from indexer.dates import format_long, month_end, parse_month
+from indexer.chunking import passage_body
+from indexer.dates import month_end, parse_month
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
+from indexer.manifest import Manifest, ShardEntry, read_manifest
 from indexer.shards import key_span
-from indexer.snapshot import Manifest, ShardEntry, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +102,7 @@ def passage_bodies(session: Session, entry: ShardEntry) -> list[str]:
     if len(rows) != entry.count:
         raise IndexIntegrityError(f"shard {entry.key}: the database holds {len(rows)} passages of build {build}, "
                                   f"the manifest {entry.count}; {REBUILD_HINT}")
-    out = []
-    for text, published in rows:
-        prefix = f"{format_long(published)}. "
-        out.append(text[len(prefix):] if text.startswith(prefix) else text)
-    return out
+    return [passage_body(text, published) for text, published in rows]
 
 
 # ---- profiles ------------------------------------------------------------------------------------

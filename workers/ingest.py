@@ -32,8 +32,9 @@ from indexer.errors import IndexIntegrityError
 from indexer.ids import make_ids
 from indexer.ivf import ShardPolicy
 from indexer.lexical import Bm25Shard
+from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard
-from indexer.snapshot import Manifest, garbage_files, read_manifest, write_manifest, write_shard
+from indexer.snapshot import garbage_files, write_shard
 from models.encoders import TextEncoder
 from workers.drift import DriftConfig, drift_after_ingest
 from workers.locks import JobLock

@@ -19,7 +19,8 @@ from app.services.errors import InvalidInputError
 from app.services.index_state import latest_snapshot_row
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
 from indexer.lexical import Bm25Shard
-from indexer.snapshot import Manifest, read_manifest, write_lexical, write_manifest
+from indexer.manifest import Manifest, read_manifest, write_manifest
+from indexer.snapshot import write_lexical
 from workers.ingest import ingest_lock
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from evaluation.bakeoff import passage_body
+from indexer.chunking import passage_body
 from models.candidates import RankerItem, annotate_passages, annotated
 from workers.progress import Progress
 

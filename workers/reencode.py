@@ -24,8 +24,9 @@ from sqlalchemy.orm import sessionmaker, Session
 from app.db.tables import IndexSnapshot, Job, Passage
 from app.services.errors import InvalidInputError
 from app.services.index_state import latest_snapshot_row
+from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard
-from indexer.snapshot import Manifest, read_manifest, write_manifest, write_shard
+from indexer.snapshot import write_shard
 from models.encoders import TextEncoder
 from workers.ingest import IngestConfig, collect_garbage, encode_with_checkpoints, ingest_lock
 from workers.runner import JobHandle, JobRunner

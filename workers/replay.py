@@ -25,7 +25,7 @@ from app.services.answering import AnswerService
 from app.services.index_state import LoadedSnapshot, latest_snapshot_row
 from evaluation.temporal import quarter_bounds, quarter_of, quarter_range
 from indexer.dates import parse_month
-from indexer.snapshot import Manifest, read_manifest, write_manifest
+from indexer.manifest import Manifest, read_manifest, write_manifest
 from workers.evaluate import EvalConfig, complete_run, find_or_create_run
 from workers.ingest import IngestConfig, ingest, plans_for
 

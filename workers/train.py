@@ -18,17 +18,19 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from typing import TYPE_CHECKING
 
 from app.db.tables import Article, Passage, Question
-from evaluation.bakeoff import generation_subset, gold_passage, passage_body
+from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start, next_month, parse_month
 from models.readers import ReaderPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample, load_examples, save_examples
+from workers.bakeoff import gold_passage
 from workers.progress import fraction_reporter
 from workers.runner import JobHandle
 

@@ -2,7 +2,7 @@
 dated before the cut, and register the result as an encoder version.
 
 Training pairs: each gold question dated before the validation month, and questions generated from
-the articles published before it (`models/selflabel.py`, the reader's generator), dated as the
+the articles published before it (`models/selflabel/`, the reader's generator), dated as the
 service dates a question ("Today is ... . <question>"). The positive is the passage that holds the
 answer: for a gold question the first BM25 hit (as of its date) that does, else its cited
 article's passage; for a self-labeled one the passage its sentence came from. The hard negative is
@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from evaluation.bakeoff import gold_passage, passage_body
 from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.readers import dated_question
+from workers.bakeoff import gold_passage
 from workers.train import _digest
 from workers.progress import fraction_reporter
 from workers.runner import JobHandle

@@ -194,7 +194,8 @@ def selflabel(month: Optional[str] = typer.Option(None, help="YYYY-MM: articles 
               max_articles: int = typer.Option(200, help="generate from this many random articles")) -> None:
     """Print self-labeled questions generated from random stored articles, and why others were rejected."""
     from app.bootstrap import open_database
-    from models.selflabel import RULES, sample_from_database
+    from models.selflabel import RULES
+    from workers.selflabel_sample import sample_from_database
 
     if month and until:
         fail("give at most one of --month or --until")

@@ -35,6 +35,28 @@ class ReaderSpec:
 
 _READER_PATH_PREFIXES = ("fid", "extractive", "ranker", "trained")
 
+# evaluation/drift.py's FEATURE_KINDS, spelled out so that the settings import nothing from
+# evaluation/ (tests/app/test_config_drift_names.py checks that they, and the drift_measure
+# choices, agree with evaluation/drift.py).
+DRIFT_FEATURE_KINDS = ("words", "entities")
+
+
+def parse_drift_features(value: str) -> tuple[str, ...]:
+    """'entities, words' -> ('words', 'entities'), in DRIFT_FEATURE_KINDS order; the same result and
+    messages as evaluation.drift.parse_features.
+
+    Raises:
+        ValueError naming the unknown kind, or when no kind is given.
+    """
+    kinds = {k.strip().lower() for k in value.split(",") if k and k.strip()}
+    unknown = sorted(kinds - set(DRIFT_FEATURE_KINDS))
+    if unknown:
+        raise ValueError(f"drift feature {unknown[0]!r} is unknown (use {' and/or '.join(DRIFT_FEATURE_KINDS)}, "
+                         "comma-separated)")
+    if not kinds:
+        raise ValueError(f"no drift features given (use {' and/or '.join(DRIFT_FEATURE_KINDS)})")
+    return tuple(k for k in DRIFT_FEATURE_KINDS if k in kinds)
+
 
 def parse_reader_spec(spec: str) -> ReaderSpec:
     """'auto', 'smollm2', 'fid:/models/v1', 'version:fid-2023-03-31-1a2b3c' -> ReaderSpec.
@@ -155,9 +177,7 @@ class Settings(BaseSettings):
     @field_validator("drift_features")
     @classmethod
     def _drift_features(cls, v: str) -> str:
-        from evaluation.drift import parse_features  # numpy only: cheap
-
-        return ",".join(parse_features(v))
+        return ",".join(parse_drift_features(v))
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

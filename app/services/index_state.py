@@ -18,8 +18,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.tables import IndexSnapshot
 from indexer.lexical import LexicalIndex
+from indexer.manifest import Manifest, read_manifest
 from indexer.shards import ShardedIndex
-from indexer.snapshot import IndexIntegrityError, LexicalMissingError, Manifest, ShardCache, read_manifest
+from indexer.snapshot import IndexIntegrityError, LexicalMissingError, ShardCache
 from models.encoders import TextEncoder
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.bakeoff import (generation_subset, gold_passage, latency_summary, load_baseline_predictions,
-                                passage_body, score)
+from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
 from evaluation.metrics import exact_match, token_f1
+from indexer.chunking import passage_body
 from indexer.records import ImportReport
+from workers.bakeoff import gold_passage
 
 KC = "https://www.kestrel-courier.example/2024"
 TITLE_PUSH = f"{KC}/01/03/harriers-title-push"             # "Tomas Verhoeven"

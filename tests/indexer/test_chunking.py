@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from indexer.chunking import chunk_texts, split_passages
+from indexer.chunking import chunk_texts, passage_body, split_passages
 from indexer.dates import format_long
 from indexer.importers import read_realtimeqa
 
@@ -106,3 +106,10 @@ def test_chunk_texts_matches_split_passages_and_keeps_order():
     assert batched == [split_passages(text, day) for text, day in items]
     assert batched[3] == []
     assert batched == chunk_texts(items)  # deterministic
+
+
+def test_passage_body_strips_only_the_date_prefix_chunking_adds():
+    passages = split_passages("Mr. Smith won on Friday. He left in 2019.", DAY)
+    assert [passage_body(p, DAY) for p in passages] == ["Mr. Smith won on Friday. He left in 2019."]
+    assert passage_body("Mr. Smith won.", DAY) == "Mr. Smith won."  # no prefix: unchanged
+    assert passage_body(passages[0], DAY + dt.timedelta(days=1)) == passages[0]  # another day's prefix stays

@@ -12,8 +12,9 @@ from indexer.dates import day_number
 from indexer.errors import IndexIntegrityError
 from indexer.ids import id_day, ids_from, ids_through, make_ids
 from indexer.ivf import FLAT, ShardPolicy, ShardSpec, filtered_nprobe, ivf_spec
+from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard, ShardedIndex
-from indexer.snapshot import Manifest, ShardCache, read_manifest, write_manifest, write_shard
+from indexer.snapshot import ShardCache, write_shard
 
 D = dt.date
 DIM = 32

@@ -12,16 +12,9 @@ from indexer.dates import day_number
 from indexer.errors import IndexIntegrityError
 from indexer.ids import id_day, make_ids
 from indexer.lexical import Bm25Shard, LexicalIndex, tokenize
+from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard, ShardedIndex
-from indexer.snapshot import (
-    LexicalMissingError,
-    Manifest,
-    ShardCache,
-    garbage_files,
-    read_manifest,
-    write_manifest,
-    write_shard,
-)
+from indexer.snapshot import LexicalMissingError, ShardCache, garbage_files, write_shard
 from models.encoders import HashEncoder
 from models.readers import dated_question
 

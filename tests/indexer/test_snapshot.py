@@ -11,17 +11,9 @@ import pytest
 
 from indexer.dates import day_number
 from indexer.ids import make_ids
+from indexer.manifest import Manifest, ShardEntry, read_manifest, write_manifest
 from indexer.shards import MonthShard, ShardedIndex
-from indexer.snapshot import (
-    IndexIntegrityError,
-    Manifest,
-    ShardCache,
-    ShardEntry,
-    garbage_files,
-    read_manifest,
-    write_manifest,
-    write_shard,
-)
+from indexer.snapshot import IndexIntegrityError, ShardCache, garbage_files, write_shard
 
 DIM = 8
 ENCODER = "fake-hash-encoder-v1"

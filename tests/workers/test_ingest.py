@@ -19,7 +19,7 @@ from app.bootstrap import build_encoder, ingest_config, open_database
 from app.services.errors import InvalidInputError, NoArticlesError
 from app.services.index_state import IndexState, latest_snapshot_row
 from indexer.importers import read_realtimeqa
-from indexer.snapshot import read_manifest
+from indexer.manifest import read_manifest
 from models.encoders import HashEncoder
 from tests.conftest import SAMPLE, load_sample
 from workers.imports import store_records

@@ -8,7 +8,7 @@ import pytest
 
 from app.bootstrap import index_state, ingest_config, open_database
 from app.services.index_state import latest_snapshot_row
-from indexer.snapshot import read_manifest
+from indexer.manifest import read_manifest
 from models.encoders import HashEncoder
 from workers.reencode import reencode
 

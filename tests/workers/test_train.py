@@ -39,7 +39,7 @@ def _datasets(settings, until: dt.date, val_from: dt.date):
 
 
 def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
-    from evaluation.bakeoff import passage_body
+    from indexer.chunking import passage_body
     from evaluation.metrics import answer_in_text
 
     until, val_from = dt.date(2024, 3, 1), dt.date(2024, 2, 1)
