@@ -24,7 +24,7 @@ from evaluation.temporal import quarter_bounds, quarter_index, quarter_range
 from models.candidates import CandidateRanker, MajorityAnswer, RankerItem, mean_f1
 from workers.progress import Progress
 from workers.ranker_items import prepare_items
-from workers.train import gold_questions
+from workers.reader_data import gold_questions
 
 if TYPE_CHECKING:
     from workers.context import JobContext

@@ -83,7 +83,7 @@ def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, dat
     from app.services.reader_registry import new_version_name, register_version
     from models.ranker import RankerConfig, RankerModel
     from models.trained import write_reader_info
-    from workers.train import gold_questions, indexed_start, self_labeled, serving_snapshot
+    from workers.reader_data import gold_questions, indexed_start, self_labeled, serving_snapshot
 
     val_from = month_start(until - dt.timedelta(days=1))
     db, progress = ctx.db, job

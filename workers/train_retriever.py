@@ -34,7 +34,7 @@ from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.readers import dated_question
 from workers.bakeoff import gold_passage
-from workers.train import _digest
+from workers.reader_data import digest
 from workers.progress import fraction_reporter
 from workers.runner import JobHandle
 
@@ -102,7 +102,7 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
     """(training pairs, validation {items, pool}, counts)."""
     from app.services.retrieval import DenseRetriever, fetch_passages
     from app.services.retrieval import Bm25Retriever
-    from workers.train import DataConfig, _self_gold_row, gold_questions, self_labeled
+    from workers.reader_data import DataConfig, _self_gold_row, gold_questions, self_labeled
 
     bm25, dense = Bm25Retriever(encoder), DenseRetriever(encoder)
     golds, left_out = gold_questions(session, train_from, until)
@@ -198,16 +198,16 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
     """Train an encoder version on what is dated before `until`; returns its name. Run it under
     the retriever-training lock (`RETRIEVER_TRAINING_LOCK`; the CLI does, through the job runner)."""
     from models.encoders import packaged_minilm_path
-    from workers.train import indexed_start
+    from workers.reader_data import indexed_start
 
     cfg, data = cfg or DprConfig(), data or RetrieverDataConfig()
     db, progress = ctx.db, job
     val_from = month_start(until - dt.timedelta(days=1))
-    digest = _digest(cfg, data)[:6]
+    key = digest(cfg, data)[:6]
     # the data (pairs, validation pool) are kept for other runs on them (the other towers, say);
     # the run folder (checkpoints) goes once the version is saved
-    work = ctx.work_dir / "train-retriever" / f"data-{until}-{_digest(data)[:6]}"
-    run = ctx.work_dir / "train-retriever" / f"run-{until}-{digest}"
+    work = ctx.work_dir / "train-retriever" / f"data-{until}-{digest(data)[:6]}"
+    run = ctx.work_dir / "train-retriever" / f"run-{until}-{key}"
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if (work / "pairs.jsonl").exists() and (work / "val.json").exists():
@@ -244,7 +244,7 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
 
     t1 = time.perf_counter()
     result = train_biencoder(model, pairs, run, validate, metric=METRIC, report=report)
-    version = f"dpr-{until}-{cfg.towers}-{digest}"
+    version = f"dpr-{until}-{cfg.towers}-{key}"
     info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "trained_until": until.isoformat(),
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "data": counts,
             "data_config": asdict(data), "validation": {"best": result.best, "bm25": bm25_figures,

@@ -10,7 +10,8 @@ from app.bootstrap import open_database
 from app.services.reader_registry import active_version, list_versions
 from models.trained import load_trained_reader, read_reader_info
 from models.training import load_examples
-from workers.train import DataConfig, ReaderJobSpec, build_datasets, run_finetune_job, run_train_job
+from workers.reader_data import DataConfig, build_datasets
+from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
 
 TINY = dict(kind="extractive", n_passages=2, infer_passages=2, max_passage_tokens=64, max_epochs=1, eval_every=5,
             max_self_articles=12, batch_size=2)

@@ -1,0 +1,167 @@
+"""Training data for the readers: gold questions dated before a cut and self-labeled questions from
+the articles before it, each with the passages the index retrieves as of the question's date (the
+passage holding the answer is put in when retrieval missed it). Shared by the reader training jobs
+(workers/train.py, workers/train_ranker.py), the retriever job and `sqa estimate`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.tables import Article, Passage, Question
+from evaluation.bakeoff import generation_subset
+from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
+from models.readers import ReaderPassage
+from models.training import TrainExample
+from workers.bakeoff import gold_passage
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    n_passages: int = 5  # passages per training example
+    retrieve_k: int = 10  # retrieved before the gold passage is ensured among the first n_passages
+    max_self_articles: int = 1200  # articles sampled for self-labeled questions
+    self_per_article: int = 2
+    max_val: int = 120  # validation questions (gold, last month before the cut)
+    seed: int = 0
+
+
+@dataclass
+class DataCounts:
+    gold: int = 0
+    self_labeled: int = 0
+    val: int = 0
+    gold_inserted: int = 0  # examples whose answer-holding passage retrieval missed
+    skipped_no_gold_passage: int = 0
+    left_out: dict | None = None
+
+
+class _Builder:
+    """Turns questions into TrainExamples with the serving index as of each question's date."""
+
+    def __init__(self, session: Session, retriever, snapshot, cfg: DataConfig, counts: DataCounts) -> None:
+        self.session, self.retriever, self.snapshot, self.cfg, self.counts = session, retriever, snapshot, cfg, counts
+        self.rng = random.Random(cfg.seed)
+
+    def example(self, qid: str, question: str, as_of: dt.date, answers: tuple[str, ...], source: str,
+                gold_row) -> TrainExample | None:
+        n = self.cfg.n_passages
+        found = self.retriever.retrieve(self.session, self.snapshot, question, as_of, self.cfg.retrieve_k)
+        ps = [ReaderPassage(p.title, p.text, p.published) for p in found]
+        top = ps[:n]
+        if not any(answer_in_text(list(answers), passage_body(p.text, p.published)) for p in top):
+            row = gold_row() if callable(gold_row) else gold_row
+            if row is None:
+                self.counts.skipped_no_gold_passage += 1
+                return None
+            gold = ReaderPassage(row.article.title, row.text, row.published)
+            top = [p for p in top if p.text != gold.text][: n - 1]
+            top.insert(self.rng.randrange(len(top) + 1), gold)
+            self.counts.gold_inserted += 1
+        return TrainExample(qid, question, as_of, answers, tuple(top), source)
+
+
+def _self_gold_row(session: Session, url: str, answer: str, sentence: str):
+    """The source article's passage that holds the self-labeled answer (and its sentence, if it can)."""
+    rows = session.scalars(select(Passage).join(Article).where(Article.url == url)
+                           .order_by(Passage.ordinal, Passage.id)).all()
+    holding = [r for r in rows if answer_in_text([answer], passage_body(r.text, r.published))]
+    for r in holding:
+        if sentence[:60] in r.text:
+            return r
+    return holding[0] if holding else None
+
+
+def gold_questions(session: Session, first: dt.date, before: dt.date) -> tuple[list[Question], dict]:
+    rows = session.scalars(select(Question).where(Question.asked >= first, Question.asked < before)
+                           .order_by(Question.asked, Question.qid)).all()
+    kept, left_out = generation_subset(rows)
+    return kept, dict(left_out)
+
+
+def self_labeled(session: Session, first: dt.date, before: dt.date, cfg: DataConfig, *, per_article: int | None = None,
+                 max_articles: int | None = None):
+    """Self-labeled questions from a seeded sample of the articles published in [first, before)."""
+    from models.selflabel import generate_questions
+
+    ids = list(session.scalars(select(Article.id).where(Article.published >= first, Article.published < before)
+                               .order_by(Article.id)))
+    rng = random.Random(cfg.seed)
+    rng.shuffle(ids)
+    ids = sorted(ids[: max_articles if max_articles is not None else cfg.max_self_articles])
+    articles = session.scalars(select(Article).where(Article.id.in_(ids))).all() if ids else []
+    return list(generate_questions(articles, max_per_article=per_article or cfg.self_per_article, seed=cfg.seed))
+
+
+def indexed_start(snapshot) -> dt.date:
+    """The first day the serving index has passages for (questions before it have no evidence)."""
+    spans = [e.span for e in snapshot.manifest.shards]
+    if not spans:
+        raise ValueError("the index is empty: run `sqa ingest` first")
+    return min(s[0] for s in spans)
+
+
+def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date, until: dt.date,
+                   val_from: dt.date, cfg: DataConfig, progress=None, self_from: dt.date | None = None,
+                   replay: list[TrainExample] | None = None) -> tuple[list[TrainExample], list[TrainExample], DataCounts]:
+    """(train, val, counts). Gold questions in [train_from, val_from) train; those in [val_from,
+    until) validate; self-labeled questions from articles in [self_from or train_from, until) train."""
+    counts = DataCounts()
+    b = _Builder(session, retriever, snapshot, cfg, counts)
+    golds, left_out = gold_questions(session, train_from, until)
+    counts.left_out = left_out
+    val_q = [q for q in golds if q.asked >= val_from]
+    random.Random(cfg.seed).shuffle(val_q)
+    val_q = val_q[: cfg.max_val]
+    train_q = [q for q in golds if q.asked < val_from]
+    selfq = self_labeled(session, self_from or train_from, until, cfg)
+    total = len(train_q) + len(val_q) + len(selfq)
+    if progress:
+        progress.stage("retrieve", total)
+    train: list[TrainExample] = list(replay or [])
+    val: list[TrainExample] = []
+    for dest, q in [(train, q) for q in train_q] + [(val, q) for q in val_q]:
+        ex = b.example(q.qid, q.text, q.asked, tuple(q.answers), "gold", lambda q=q: gold_passage(session, q))
+        if ex is not None:
+            dest.append(ex)
+        if progress:
+            progress.advance()
+    for i, g in enumerate(selfq):
+        ex = b.example(f"self-{g.published}-{i}", g.question, g.published, (g.answer,), "self",
+                       lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence))
+        if ex is not None:
+            train.append(ex)
+        if progress:
+            progress.advance()
+    counts.gold = sum(ex.source == "gold" for ex in train)
+    counts.self_labeled = sum(ex.source == "self" for ex in train)
+    counts.val = len(val)
+    return train, val, counts
+
+
+def digest(*parts) -> str:
+    """A stable short key of the job's parameters (a rerun with the same ones resumes)."""
+    text = json.dumps([asdict(p) for p in parts], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def serving_snapshot(ctx: JobContext):
+    """(encoder, the serving snapshot) for building training data; ValueError when nothing is indexed."""
+    encoder = ctx.load_encoder()
+    state = ctx.open_index_state(encoder, False)
+    state.refresh()
+    snapshot = state.current()
+    if snapshot is None:
+        raise ValueError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+    return encoder, snapshot
