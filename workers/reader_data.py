@@ -156,10 +156,11 @@ def digest(*parts) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def serving_snapshot(ctx: JobContext):
-    """(encoder, the serving snapshot) for building training data; ValueError when nothing is indexed."""
+def serving_snapshot(ctx: JobContext, *, lexical: bool = False):
+    """(encoder, the serving snapshot) for building training data (`lexical`: with its BM25 files);
+    ValueError when nothing is indexed."""
     encoder = ctx.load_encoder()
-    state = ctx.open_index_state(encoder, False)
+    state = ctx.open_index_state(encoder, lexical)
     state.refresh()
     snapshot = state.current()
     if snapshot is None:

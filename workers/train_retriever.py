@@ -198,7 +198,7 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
     """Train an encoder version on what is dated before `until`; returns its name. Run it under
     the retriever-training lock (`RETRIEVER_TRAINING_LOCK`; the CLI does, through the job runner)."""
     from models.encoders import packaged_minilm_path
-    from workers.reader_data import indexed_start
+    from workers.reader_data import indexed_start, serving_snapshot
 
     cfg, data = cfg or DprConfig(), data or RetrieverDataConfig()
     db, progress = ctx.db, job
@@ -215,12 +215,7 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
         val = json.loads((work / "val.json").read_text())
         counts = json.loads((work / "counts.json").read_text())
     else:
-        encoder = ctx.load_encoder()
-        state = ctx.open_index_state(encoder, True)
-        state.refresh()
-        snapshot = state.current()
-        if snapshot is None:
-            raise ValueError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+        encoder, snapshot = serving_snapshot(ctx, lexical=True)
         if snapshot.lexical is None:
             raise ValueError(snapshot.lexical_error or "the index has no BM25 files: run `sqa index bm25`")
         first = indexed_start(snapshot)
