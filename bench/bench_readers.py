@@ -33,26 +33,18 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from evaluation.bakeoff import MAX_ANSWER_TOKENS, baseline_files, generation_subset, latency_summary
 from evaluation.bakeoff import load_baseline_predictions, score
 from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
+from workers.bakeoff import BenchQuestion, load_questions
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 DEFAULT_BASELINES = "open_rag_gcs_gen,open_gpt3_gcs_gen,closed_t5_gen"
-
-
-@dataclass(frozen=True)
-class BenchQuestion:
-    qid: str
-    text: str
-    asked: dt.date
-    answers: tuple[str, ...]
-    meta: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -110,17 +102,6 @@ def trained_info(spec: str) -> dict | None:
 
     info = read_reader_info(Path(spec[len("trained:"):]).expanduser())
     return {k: info.get(k) for k in ("kind", "version", "trained_until", "parent_version")}
-
-
-def load_questions(sessions, first: dt.date, last: dt.date) -> list[BenchQuestion]:
-    from sqlalchemy import select
-
-    from app.db.tables import Question
-
-    with sessions() as session:
-        rows = session.scalars(select(Question).where(Question.asked.between(first, last))
-                               .order_by(Question.asked, Question.qid)).all()
-        return [BenchQuestion(q.qid, q.text, q.asked, tuple(q.answers or ()), dict(q.meta or {})) for q in rows]
 
 
 class PartialCache:

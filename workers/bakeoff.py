@@ -4,10 +4,13 @@ The pure parts (generation subset, baselines, scoring) are `evaluation/bakeoff.p
 """
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import dataclass, field
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Article, Passage
+from app.db.tables import Article, Passage, Question
 from evaluation.bakeoff import BakeoffQuestion
 from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
@@ -44,3 +47,20 @@ def gold_passage(session: Session, question: BakeoffQuestion):
         if answer_in_text(question.answers, passage_body(row.text, row.published)):
             return row
     return None
+
+
+@dataclass(frozen=True)
+class BenchQuestion:
+    qid: str
+    text: str
+    asked: dt.date
+    answers: tuple[str, ...]
+    meta: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def load_questions(sessions, first: dt.date, last: dt.date) -> list[BenchQuestion]:
+    """The questions asked in [first, last], by day, as plain values (a BakeoffQuestion each)."""
+    with sessions() as session:
+        rows = session.scalars(select(Question).where(Question.asked.between(first, last))
+                               .order_by(Question.asked, Question.qid)).all()
+        return [BenchQuestion(q.qid, q.text, q.asked, tuple(q.answers or ()), dict(q.meta or {})) for q in rows]

@@ -1,0 +1,249 @@
+"""Where answers are lost, on the served pipeline: retrieval recall, the reader on the retrieved and
+on the gold passage, end to end, and the time of each stage, on fixed question sets.
+
+    .venv/bin/python -m bench.bench_quality --home "$SQA_HOME" --out /tmp/quality.json
+    SQA_READER=first-entity .venv/bin/python -m bench.bench_quality --home "$SQA_HOME" --windows 2023-04-01:2023-06-30
+
+It builds the answer service exactly as `sqa serve` does (app.bootstrap.build_answer_service: the
+SQA_* settings of the environment with their defaults: retriever, reader, passages) over the home's
+serving snapshot, and for each window (default: 2023-01..03, the tuning quarter, and 2023-04..06,
+the reporting quarter) takes RealTimeQA's generation subset of the window's questions (a --seed
+sample of --max-questions), each asked as of its own date:
+
+- recall@1/5/10/20/50: the share of questions whose top-k retrieved passages (the service's
+  retriever, same date filter) hold a gold answer string; `own articles`: the share whose own
+  search-result articles, as stored, hold one (a ceiling for any retriever over this corpus);
+- end to end: `service.answer(question, as_of)` as the API runs it (EM/F1, and timings_ms per stage);
+- gold passage: the same reader given only the stored passage that holds the answer (reading
+  without retrieval; questions without one are left out of that row and counted);
+- a published system's answers on the same question ids (--baseline, GPT-3 + Google search).
+
+Every answer is appended to `<out>.partial.jsonl`; a rerun with the same --out reuses the answers of
+the same reader, snapshot and question, so a long run can be killed and resumed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
+from evaluation.metrics import answer_in_text
+from indexer.chunking import passage_body
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
+DEFAULT_WINDOWS = "2023-01-01:2023-03-31,2023-04-01:2023-06-30"
+KS = (1, 5, 10, 20, 50)
+
+
+def parse_windows(text: str) -> list[tuple[dt.date, dt.date]]:
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition(":")
+        a, b = dt.date.fromisoformat(first), dt.date.fromisoformat(last)
+        if a > b:
+            raise ValueError(f"window {part}: {a} is after {b}")
+        out.append((a, b))
+    if not out:
+        raise ValueError("no window given (use FIRST:LAST,...)")
+    return out
+
+
+class AnswerCache:
+    """(kind, reader, snapshot, qid) -> {"prediction", "ms"}, appended to a JSONL file as it goes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.rows = path, {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                r = json.loads(line)
+                self.rows[(r["kind"], r["reader"], r["snapshot"], r["qid"])] = r
+
+    def get(self, *key):
+        return self.rows.get(key)
+
+    def add(self, record: dict) -> None:
+        self.rows[(record["kind"], record["reader"], record["snapshot"], record["qid"])] = record
+        if self.path is not None:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+def own_article_hit(session, question) -> bool:
+    """Does any stored article of the question's own (its gold and search-result articles, published
+    by its date) hold a gold answer?"""
+    from sqlalchemy import select
+
+    from app.db.tables import Article
+
+    meta = question.meta or {}
+    urls = list(dict.fromkeys([*meta.get("gold_urls", []), *meta.get("search_result_urls", [])]))
+    if not urls:
+        return False
+    texts = session.scalars(select(Article.text).where(Article.url.in_(urls),
+                                                       Article.published <= question.asked)).all()
+    return any(answer_in_text(list(question.answers), t) for t in texts)
+
+
+def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
+    from tqdm import tqdm
+
+    from models.readers import ReaderPassage
+    from workers.bakeoff import gold_passage
+
+    reader = service.reader
+    hits = {k: 0 for k in KS}
+    own = 0
+    e2e, gold, times = {}, {}, {"retrieve": [], "read": [], "total": [], "gold_read": []}
+    n_gold = 0
+    with sessions() as session:
+        for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
+            found = service.retriever.retrieve(session, snap, q.text, q.asked, max(KS))
+            assert all(p.published <= q.asked for p in found), "a passage published after the question date"
+            has = [answer_in_text(list(q.answers), passage_body(p.text, p.published)) for p in found]
+            for k in KS:
+                hits[k] += any(has[:k])
+            own += own_article_hit(session, q)
+
+            r = cache.get("e2e", reader.name, snap.snapshot_id, q.qid)
+            if r is None:
+                result = service.answer(q.text, q.asked, snapshot=snap)
+                r = {"kind": "e2e", "reader": reader.name, "snapshot": snap.snapshot_id, "qid": q.qid,
+                     "prediction": result.answer, "timings_ms": result.timings_ms}
+                cache.add(r)
+            e2e[q.qid] = r["prediction"]
+            for stage in ("retrieve", "read", "total"):
+                times[stage].append(r["timings_ms"][stage])
+
+            row = gold_passage(session, q)
+            if row is None:
+                continue
+            n_gold += 1
+            g = cache.get("gold", reader.name, snap.snapshot_id, q.qid)
+            if g is None:
+                t0 = time.perf_counter()
+                text = reader.generate(q.text, q.asked, [ReaderPassage(row.article.title, row.text, row.published)]).text
+                g = {"kind": "gold", "reader": reader.name, "snapshot": snap.snapshot_id, "qid": q.qid,
+                     "prediction": text, "ms": round((time.perf_counter() - t0) * 1000, 2)}
+                cache.add(g)
+            gold[q.qid] = g["prediction"]
+            times["gold_read"].append(g["ms"])
+    n = len(questions)
+    with_gold = [q for q in questions if q.qid in gold]
+    return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
+            "own_articles": round(100 * own / n, 1) if n else 0.0,
+            "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
+            "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
+                                for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
+            "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
+            "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers)}
+                            for q in questions}}
+
+
+def print_window(label: str, m: dict, baseline: dict | None) -> None:
+    r, e, g, lat = m["recall"], m["end_to_end"], m["gold_passage"], m["latency_ms"]
+    print(f"\n{label}: {m['n']} questions (generation subset)")
+    print("  retrieval recall " + "  ".join(f"{k} {v:.1f}" for k, v in r.items())
+          + f"   own articles {m['own_articles']:.1f}")
+    print(f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})")
+    print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
+    if baseline is not None:
+        print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions)")
+    print("  latency ms        " + "  ".join(f"{s} p50 {v['p50_ms']} p95 {v['p95_ms']}" for s, v in lat.items()
+                                             if v["n"]))
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--home", default=os.environ.get("SQA_HOME", ".sqa"),
+                    help="SQA_HOME with the questions imported and the windows' months ingested")
+    ap.add_argument("--windows", default=DEFAULT_WINDOWS, help="FIRST:LAST question days, comma-separated")
+    ap.add_argument("--max-questions", type=int, default=150, help="a --seed sample per window (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", default="open_gpt3_gcs_gen", help="a published system ('' for none)")
+    ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA tree holding baseline_results/")
+    ap.add_argument("--out", help="write everything here (JSON); answers cached in <out>.partial.jsonl")
+    args = ap.parse_args(argv)
+    try:
+        args.windows = parse_windows(args.windows)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.max_questions < 0:
+        ap.error("--max-questions must be >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
+    home = Path(args.home)
+    if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
+        print(f"error: {home} holds no database: import and ingest the RealTimeQA slice first "
+              "(../shared/data/realtimeqa; see README)", file=sys.stderr)
+        return 2
+
+    from app.bootstrap import build_answer_service, build_encoder, open_database
+    from app.core.config import Settings
+    from indexer.records import ImportReport
+    from workers.bakeoff import load_questions
+
+    settings = Settings(home=home)  # the environment's SQA_* settings, as `sqa serve` reads them
+    db = open_database(settings, migrate=False)
+    try:
+        t0 = time.perf_counter()
+        service = build_answer_service(settings, db, build_encoder(settings))
+        if not service.index_state.refresh() and service.index_state.current() is None:
+            print(f"error: no index snapshot in {home}: run `sqa ingest` first", file=sys.stderr)
+            return 2
+        snap = service.index_state.current()
+        load_s = round(time.perf_counter() - t0, 1)
+        reader = service.reader
+        print(f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "
+              f"({service.passages_for(reader)} passages), encoder {snap.manifest.encoder}, snapshot "
+              f"{snap.snapshot_id} (newest article {snap.newest_day}); loaded in {load_s} s")
+        baseline = load_baseline_predictions(Path(args.data), args.baseline, ImportReport()) if args.baseline else {}
+        cache = AnswerCache(Path(args.out + ".partial.jsonl") if args.out else None)
+        results = {}
+        for first, last in args.windows:
+            kept, left_out = generation_subset(load_questions(db.sessions, first, last))
+            questions = sorted(kept, key=lambda q: (q.asked, q.qid))
+            if args.max_questions and len(questions) > args.max_questions:
+                questions = sorted(random.Random(args.seed).sample(questions, args.max_questions),
+                                   key=lambda q: (q.asked, q.qid))
+            label = f"{first}..{last}"
+            if not questions:
+                print(f"\n{label}: no questions in this window (imported?)")
+                continue
+            if snap.newest_day is not None and snap.newest_day < last:
+                print(f"note: the index ends on {snap.newest_day}, before {last}: is the window ingested?")
+            m = measure_window(service, db.sessions, snap, questions, cache, bar=bar)
+            base = None
+            if baseline:
+                s = score(baseline, questions)
+                base = {"system": args.baseline, "em": round(100 * s["em"], 1), "f1": round(100 * s["f1"], 1),
+                        "answered": s["answered"]}
+            m.update(left_out_of_subset=dict(left_out), baseline=base)
+            print_window(label, m, base)
+            results[label] = m
+    finally:
+        db.close()
+    if args.out:
+        config = {"home": str(home), "retriever": service.retriever.name, "reader": reader.name,
+                  "passages": service.passages_for(reader), "snapshot": snap.snapshot_id,
+                  "max_questions": args.max_questions, "seed": args.seed, "cpu_count": os.cpu_count(),
+                  "loadavg": list(os.getloadavg())}
+        Path(args.out).write_text(json.dumps({"config": config, "windows": results}, indent=1) + "\n")
+        print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
