@@ -74,9 +74,12 @@ def test_train_job_registers_an_active_version_that_answers(loaded_settings, new
     reader = load_trained_reader(folder)
     from models.readers import ReaderPassage
 
+    assert reader.name == f"extractive:{version}"
     day = dt.date(2024, 2, 2)
-    p = ReaderPassage("t", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
-    assert isinstance(reader.generate("Who coaches the Harriers?", day, [p]).text, str)
+    p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    answer = reader.generate("Who coaches the Harriers?", day, [p])
+    assert answer.text and answer.text in f"{p.title}. {p.text}", answer  # a span of the passage it read
+    assert reader.generate("Who coaches the Harriers?", day, []).text == ""  # no passage, no answer
 
 
 def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch, new_job):
