@@ -12,6 +12,9 @@ from models.trained import load_trained_reader, read_reader_info
 from models.training import load_examples
 from workers.train import DataConfig, ReaderJobSpec, build_datasets, run_finetune_job, run_train_job
 
+# Every test here reads with the packaged spaCy (self-labeled data) or trains an extractive reader from MiniLM.
+pytestmark = pytest.mark.integration
+
 TINY = dict(kind="extractive", n_passages=2, infer_passages=2, max_passage_tokens=64, max_epochs=1, eval_every=5,
             max_self_articles=12, batch_size=2)
 

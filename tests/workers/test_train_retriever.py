@@ -25,6 +25,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
+@pytest.mark.integration
 def test_the_loss_falls_and_a_saved_version_reloads_as_the_same_encoder(tmp_path):
     model = BiEncoder(packaged_minilm_path(), DprConfig(towers="separate", batch_size=4, lr=1e-4, max_query_len=32,
                                                         max_passage_len=48))
@@ -84,6 +85,7 @@ def test_a_shared_batch_passage_is_not_a_negative_for_its_other_question(hard_ne
     assert float(_HashTowers(cfg).loss(twins)) == pytest.approx(masked, abs=1e-4)
 
 
+@pytest.mark.integration
 def test_training_resumes_from_its_checkpoint(tmp_path):
     calls = {"n": 0}
     model = BiEncoder(packaged_minilm_path(), DprConfig(**{**TINY.__dict__, "epochs": 3, "batch_size": 2}))
@@ -116,6 +118,7 @@ def test_pool_figures_count_an_answer_in_the_top_k():
     assert figures["recall@1"] == 0.0 and figures["recall@5"] == 50.0 and figures["mrr"] == pytest.approx(1 / 6, abs=1e-4)
 
 
+@pytest.mark.integration
 def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_settings, new_job):
     loaded_settings = sqlite_settings  # one database is enough: this trains a real MiniLM
     load_sample(loaded_settings)
