@@ -166,22 +166,3 @@ def days_between(question_date: date | datetime | str, passage_dates: Iterable[d
     """
     asked = _as_date(question_date)
     return [(asked - _as_date(d)).days for d in passage_dates]
-
-
-def evaluate_answers(predictions: Sequence[str], references: Sequence[str | Iterable[str]]) -> dict[str, float]:
-    """Mean exact match and token F1 over a set of questions.
-
-    Args:
-        predictions: one answer per question.
-        references: one reference, or a list of references, per question.
-
-    Returns:
-        {"exact_match", "f1", "count"}; the primary metric is PRIMARY_METRIC ("f1"), greater is
-        better. Means are 0.0 when there are no questions.
-    """
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} reference sets (give one per question)")
-    n = len(predictions)
-    em = sum(exact_match(p, r) for p, r in zip(predictions, references))
-    f1 = sum(token_f1(p, r) for p, r in zip(predictions, references))
-    return {"exact_match": em / n if n else 0.0, "f1": f1 / n if n else 0.0, "count": float(n)}

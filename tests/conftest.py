@@ -1,5 +1,6 @@
 """Shared fixtures: a fresh SQA_HOME per test, SQLite always and PostgreSQL when
-SQA_TEST_POSTGRES_URL is set, the shipped sample news, and (session-scoped) the real models."""
+SQA_TEST_POSTGRES_URL is set, the shipped sample news, and settings with the fast fakes (no real
+model: tests that load one are marked `integration` and load it themselves)."""
 from __future__ import annotations
 
 import os

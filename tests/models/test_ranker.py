@@ -116,6 +116,7 @@ def test_ranker_item_ranks_passages_in_order_and_dates_them_at_as_of():
         ranker_item("Who?", DAY, recs, [DAY])
 
 
+@pytest.mark.integration
 def test_candidate_reader_answers_the_best_entity_of_its_passages(toy_model):
     reader = CandidateReader(toy_model, nlp=load_nlp())
     assert reader.n_passages == 10
@@ -126,6 +127,7 @@ def test_candidate_reader_answers_the_best_entity_of_its_passages(toy_model):
     assert batch[0].text == answer and batch[1].text == ""
 
 
+@pytest.mark.integration
 def test_candidate_reader_reads_only_its_passages_and_refuses_late_ones(toy_model):
     question, ps, _ = _toy(2)
     reader = CandidateReader(toy_model, n_passages=1, nlp=load_nlp())
@@ -134,6 +136,7 @@ def test_candidate_reader_reads_only_its_passages_and_refuses_late_ones(toy_mode
         reader.generate(question, DAY - dt.timedelta(days=1), ps)
 
 
+@pytest.mark.integration
 def test_candidate_reader_loads_spacy_once_on_first_use(toy_model, monkeypatch):
     import models.selflabel
 
@@ -147,6 +150,7 @@ def test_candidate_reader_loads_spacy_once_on_first_use(toy_model, monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.integration
 def test_load_trained_reader_serves_a_ranker_folder(toy_model, tmp_path):
     folder = tmp_path / "ranker-2024-03-01-abc123"
     toy_model.save(folder)

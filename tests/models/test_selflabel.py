@@ -38,11 +38,13 @@ def generate(nlp, *articles, **kwargs) -> tuple[list, GenerationStats]:
     return list(generate_questions(articles, nlp=nlp, stats=stats, **kwargs)), stats
 
 
+@pytest.mark.integration
 def test_load_nlp_is_cached_and_has_a_parser_and_ner():
     assert load_nlp() is load_nlp()
     assert {"parser", "ner"} <= set(load_nlp().pipe_names)
 
 
+@pytest.mark.integration
 def test_selflabel_subject_person_becomes_a_who_question(nlp):
     questions, stats = generate(nlp, article(GOOD_SENTENCES[0]))
     assert [q.answer for q in questions] == ["Maria Lopez"]
@@ -61,11 +63,13 @@ def test_selflabel_subject_person_becomes_a_who_question(nlp):
     (GOOD_SENTENCES[3], "MONEY", "How much did the Seattle city council approve for the new Marsh Library on Tuesday?",
      "$4.5 million"),
 ])
+@pytest.mark.integration
 def test_selflabel_wh_word_follows_the_entity_label(nlp, sentence, label, question, answer):
     questions, _ = generate(nlp, article(sentence))
     assert [(q.question, q.answer, q.answer_label) for q in questions] == [(question, answer, label)]
 
 
+@pytest.mark.integration
 def test_selflabel_fronts_a_place_with_do_support_and_deduplicates(nlp):
     text = "Governor Jay Inslee opened the new Northwind Foods office in Seattle on Tuesday."
     copies = [article(text, url=f"https://news.example/{k}") for k in range(3)]
@@ -85,6 +89,7 @@ def test_selflabel_fronts_a_place_with_do_support_and_deduplicates(nlp):
     ("Who will replace Maria Lopez as head coach of the Denver Broncos next season?", "not_a_statement"),
     ("Maria Lopez won.", "sentence_length"),
 ])
+@pytest.mark.integration
 def test_selflabel_rejects_whole_sentences_and_counts_the_reason(nlp, sentence, reason):
     questions, stats = generate(nlp, article(sentence))
     assert questions == []
@@ -97,6 +102,7 @@ def test_selflabel_rejects_whole_sentences_and_counts_the_reason(nlp, sentence, 
     ("Governor Jay Inslee opened the new Seattle Reserve Bank office in Seattle on Tuesday.",
      "answer_in_question", "Seattle"),
 ])
+@pytest.mark.integration
 def test_selflabel_rejects_bad_answers_and_counts_the_reason(nlp, sentence, reason, refused):
     for seed in range(4):  # whichever candidate the seed picks, the refused answer never comes out
         questions, stats = generate(nlp, article(sentence), seed=seed)
@@ -106,6 +112,7 @@ def test_selflabel_rejects_bad_answers_and_counts_the_reason(nlp, sentence, reas
                                                         if RULES[r].startswith("(c)"))
 
 
+@pytest.mark.integration
 def test_selflabel_respects_max_per_article_with_one_question_per_sentence(nlp):
     many = article(*GOOD_SENTENCES)
     two, stats = generate(nlp, many, max_per_article=2)
@@ -118,6 +125,7 @@ def test_selflabel_respects_max_per_article_with_one_question_per_sentence(nlp):
         list(generate_questions([many], nlp=nlp, max_per_article=0))
 
 
+@pytest.mark.integration
 def test_selflabel_is_deterministic_for_a_seed(nlp):
     articles = [article(*GOOD_SENTENCES, url=f"https://news.example/{k}") for k in range(2)]
     first, _ = generate(nlp, *articles, seed=5)
@@ -127,6 +135,7 @@ def test_selflabel_is_deterministic_for_a_seed(nlp):
     assert len(picks) > 1, "the seed should change which candidates are kept"
 
 
+@pytest.mark.integration
 def test_selflabel_parses_only_the_first_max_chars(nlp):
     filler = "Short line.\n" * 30
     late = article(filler + GOOD_SENTENCES[0])
@@ -134,6 +143,7 @@ def test_selflabel_parses_only_the_first_max_chars(nlp):
     assert [q.answer for q in generate(nlp, late)[0]] == ["Maria Lopez"]
 
 
+@pytest.mark.integration
 def test_selflabel_skips_articles_without_text(nlp):
     empty = ArticleText(url="https://news.example/empty", title="t", text="", published=DAY)
     questions, stats = generate(nlp, empty, article(GOOD_SENTENCES[0]), empty)
@@ -155,6 +165,7 @@ def sqa(monkeypatch, loaded_settings):
 LINE = re.compile(r"^(\d{4}-\d\d-\d\d) \| (.+\?) \| (.+) \(([A-Z_]+)\)$")
 
 
+@pytest.mark.integration
 def test_cli_selflabel_prints_dated_questions_and_rejections(sqa):
     r = sqa("selflabel", "--until", "2024-03-01", "--n", "5", "--seed", "1")
     assert r.exit_code == 0, r.output

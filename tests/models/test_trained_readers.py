@@ -39,6 +39,7 @@ def test_fid_input_carries_date_question_title_and_passage():
     assert " title: Harriers appoint coach context: Wednesday, February 7, 2024. The Kestrel" in text
 
 
+@pytest.mark.integration
 def test_fid_encode_inputs_shapes_and_missing_passages_masked():
     model = FiDModel.warm_start(FiDConfig(n_passages=3, max_passage_tokens=48))
     ids, mask = model.encode_inputs([(Q1, DAY, [P1, P2]), (Q2, DAY, [P2])])
@@ -57,6 +58,7 @@ def test_recase_returns_the_passage_spelling():
     assert recase("nobody", [P1]) == "nobody"
 
 
+@pytest.mark.integration
 def test_fid_learns_toy_set_and_reloads_exactly(tmp_path):
     model = FiDModel.warm_start(FiDConfig(n_passages=2, max_passage_tokens=48, max_answer_tokens=8))
     trainer = ReaderTrainer(model, "fid", TrainConfig(lr=5e-4, batch_size=2, max_epochs=40, warmup_steps=1,
@@ -70,6 +72,7 @@ def test_fid_learns_toy_set_and_reloads_exactly(tmp_path):
     assert again.generate([(Q2, DAY, [P1, P2])]) == reader.model.generate([(Q2, DAY, [P1, P2])])
 
 
+@pytest.mark.integration
 def test_fid_reader_refuses_passages_after_as_of():
     reader = FiDReader(FiDModel.warm_start(FiDConfig(n_passages=1, max_passage_tokens=32)))
     with pytest.raises(AssertionError, match="published after"):
@@ -77,6 +80,7 @@ def test_fid_reader_refuses_passages_after_as_of():
     assert reader.generate(Q1, DAY, []).text == ""
 
 
+@pytest.mark.integration
 def test_span_answer_positions_find_every_occurrence():
     model = SpanModel.warm_start(SpanConfig(n_passages=2, max_passage_tokens=64))
     batch = model.encode_inputs([(Q1, DAY, [P1, P2])])
@@ -89,6 +93,7 @@ def test_span_answer_positions_find_every_occurrence():
     assert model.answer_positions(batch, [["Zanzibar"]])[0] == ([], [])
 
 
+@pytest.mark.integration
 def test_extractive_learns_toy_set_and_reloads(tmp_path):
     model = SpanModel.warm_start(SpanConfig(n_passages=2, max_passage_tokens=64))
     trainer = ReaderTrainer(model, "extractive", TrainConfig(lr=3e-4, batch_size=2, max_epochs=15, warmup_steps=1,
@@ -99,6 +104,7 @@ def test_extractive_learns_toy_set_and_reloads(tmp_path):
     assert reader.generate(Q2, DAY, [P1, P2]).text == A2
 
 
+@pytest.mark.integration
 def test_trainer_resumes_from_its_checkpoint(tmp_path):
     model = SpanModel.warm_start(SpanConfig(n_passages=2, max_passage_tokens=48))
     cfg = TrainConfig(lr=1e-4, batch_size=1, max_epochs=1, eval_every=1, patience=10)
@@ -112,6 +118,7 @@ def test_trainer_resumes_from_its_checkpoint(tmp_path):
     assert [h["step"] for h in second.history] == [1, 2, 3, 4]
 
 
+@pytest.mark.integration
 def test_trainer_stops_early_when_validation_stalls(tmp_path):
     model = SpanModel.warm_start(SpanConfig(n_passages=2, max_passage_tokens=48))
     cfg = TrainConfig(lr=0.0, batch_size=1, max_epochs=5, eval_every=1, patience=2)  # lr 0: never improves
@@ -120,6 +127,7 @@ def test_trainer_stops_early_when_validation_stalls(tmp_path):
     assert result.steps == 3  # the first evaluation sets the best, two more without gain stop it
 
 
+@pytest.mark.integration
 def test_trained_folder_loads_as_named_reader(tmp_path):
     model = SpanModel.warm_start(SpanConfig(n_passages=2, max_passage_tokens=48))
     model.save(tmp_path / "v1")

@@ -34,6 +34,7 @@ def test_cli_estimate_errors_exit_non_zero(sqa):
     assert r.exit_code == 2 and "usable questions" in r.output
 
 
+@pytest.mark.integration
 def test_cli_estimate_on_the_sample_prints_the_table_and_reuses_its_cache(sqa, sample_root, tmp_path, monkeypatch):
     assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
     assert sqa("ingest", "--through", "2024-03").exit_code == 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import sys
 import types
 
 import pytest
@@ -158,12 +157,10 @@ def test_monthly_ingest_rejects_an_unknown_news_source(use_env):
 @pytest.fixture
 def fake_evaluation(monkeypatch):
     """Replace workers.evaluate.run_quarterly_evaluation by a fake that records a succeeded EvalRun;
-    `fail` holds quarters whose next evaluation raises."""
-    try:
-        import workers.evaluate as module
-    except Exception:  # not written yet (or half-written): stand a module in for it
-        module = types.ModuleType("workers.evaluate")
-        monkeypatch.setitem(sys.modules, "workers.evaluate", module)
+    `fail` holds quarters whose next evaluation raises. The real module is imported (a broken import
+    fails the test) and must still define the function the job calls (raising=True)."""
+    import workers.evaluate
+
     calls: list[tuple[str, int | None]] = []
     fail: set[str] = set()
 
@@ -178,7 +175,7 @@ def fake_evaluation(monkeypatch):
             session.flush()
             return run.id
 
-    monkeypatch.setattr(module, "run_quarterly_evaluation", run_quarterly_evaluation, raising=False)
+    monkeypatch.setattr(workers.evaluate, "run_quarterly_evaluation", run_quarterly_evaluation)
     return types.SimpleNamespace(calls=calls, fail=fail)
 
 

@@ -13,6 +13,9 @@ from models.training import load_examples
 from workers.reader_data import DataConfig, build_datasets
 from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
 
+# Every test here reads with the packaged spaCy (self-labeled data) or trains an extractive reader from MiniLM.
+pytestmark = pytest.mark.integration
+
 TINY = dict(kind="extractive", n_passages=2, infer_passages=2, max_passage_tokens=64, max_epochs=1, eval_every=5,
             max_self_articles=12, batch_size=2)
 
@@ -75,9 +78,12 @@ def test_train_job_registers_an_active_version_that_answers(loaded_settings, new
     reader = load_trained_reader(folder)
     from models.readers import ReaderPassage
 
+    assert reader.name == f"extractive:{version}"
     day = dt.date(2024, 2, 2)
-    p = ReaderPassage("t", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
-    assert isinstance(reader.generate("Who coaches the Harriers?", day, [p]).text, str)
+    p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    answer = reader.generate("Who coaches the Harriers?", day, [p])
+    assert answer.text and answer.text in f"{p.title}. {p.text}", answer  # a span of the passage it read
+    assert reader.generate("Who coaches the Harriers?", day, []).text == ""  # no passage, no answer
 
 
 def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch, new_job):

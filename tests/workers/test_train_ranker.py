@@ -43,6 +43,7 @@ class _SpyReader(CandidateReader):
         return out
 
 
+@pytest.mark.integration
 def test_ranker_training_and_serving_compute_the_same_features(loaded_settings):
     db = open_database(loaded_settings)
     try:
@@ -70,6 +71,7 @@ def test_ranker_training_and_serving_compute_the_same_features(loaded_settings):
         assert answer == ranker.predict([trained])[0]
 
 
+@pytest.mark.integration
 def test_train_job_ranker_registers_a_version_that_serves(loaded_settings, new_job):
     spec = ReaderJobSpec(**{**RANKER, "max_self_articles": 12})
     version = run_train_job(*new_job(loaded_settings), until=UNTIL, spec=spec, activate=True)
@@ -97,6 +99,7 @@ def test_train_job_ranker_registers_a_version_that_serves(loaded_settings, new_j
     assert isinstance(reader.generate("Who coaches the Harriers?", day, [p]).text, str)
 
 
+@pytest.mark.integration
 def test_train_job_ranker_rerun_reuses_the_item_cache(loaded_settings, monkeypatch, new_job):
     first = run_train_job(*new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER))
     import models.selflabel
@@ -111,12 +114,14 @@ def test_train_job_ranker_rerun_reuses_the_item_cache(loaded_settings, monkeypat
     assert a == b  # same data, same fit
 
 
+@pytest.mark.integration
 def test_finetune_refuses_a_ranker(loaded_settings, new_job):
     run_train_job(*new_job(loaded_settings), until=UNTIL, spec=ReaderJobSpec(**RANKER), activate=True)
     with pytest.raises(ValueError, match="refitted rather than fine-tuned"):
         run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03")
 
 
+@pytest.mark.integration
 def test_cli_train_reader_ranker_serves_once_activated(sqa, sample_root, monkeypatch):
     from app.core.config import get_settings
 

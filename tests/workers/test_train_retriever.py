@@ -9,7 +9,7 @@ import torch
 
 from app.bootstrap import open_database
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
-from models.encoders import DualEncoder, packaged_minilm_path, read_encoder_info, resolve_encoder
+from models.encoders import DualEncoder, HashEncoder, packaged_minilm_path, read_encoder_info, resolve_encoder
 from tests.conftest import load_sample
 from workers.train_retriever import RetrieverDataConfig, pool_figures, run_train_retriever_job, ValItem
 
@@ -25,6 +25,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
+@pytest.mark.integration
 def test_the_loss_falls_and_a_saved_version_reloads_as_the_same_encoder(tmp_path):
     model = BiEncoder(packaged_minilm_path(), DprConfig(towers="separate", batch_size=4, lr=1e-4, max_query_len=32,
                                                         max_passage_len=48))
@@ -49,15 +50,42 @@ def test_the_loss_falls_and_a_saved_version_reloads_as_the_same_encoder(tmp_path
     assert resolve_encoder("dpr-x", encoders_dir=tmp_path).name == "dpr-x"
 
 
-def test_a_shared_batch_passage_is_not_a_negative_for_its_other_question():
-    model = BiEncoder(packaged_minilm_path(), TINY)
+class _HashTowers(BiEncoder):
+    """BiEncoder.loss over hash embeddings: the batch masking is under test, not MiniLM."""
+
+    def __init__(self, cfg: DprConfig) -> None:  # no towers to load
+        self.cfg, self.device = cfg, "cpu"
+        self.query = self.passage = None
+
+    def _embed(self, model, texts, max_len):
+        return torch.from_numpy(HashEncoder(64).encode(list(texts)))
+
+
+def _dpr_loss_by_hand(cfg: DprConfig, batch: list[Pair], *, mask_twins: bool) -> float:
+    """Mean cross-entropy of scale x cosine over the batch's positives (+ hard negatives); with
+    mask_twins, a column holding question i's positive text (other than column i) is left out of row i."""
+    texts = [p.positive for p in batch] + ([p.negative for p in batch if p.negative] if cfg.hard_negatives else [])
+    q = HashEncoder(64).encode([p.query for p in batch]).astype(np.float64)
+    d = HashEncoder(64).encode(texts).astype(np.float64)
+    logits = cfg.scale * q @ d.T
+    total = 0.0
+    for i, p in enumerate(batch):
+        row = np.array([logits[i, j] for j, t in enumerate(texts) if not (mask_twins and j != i and t == p.positive)])
+        total += row.max() + np.log(np.exp(row - row.max()).sum()) - logits[i, i]
+    return total / len(batch)
+
+
+@pytest.mark.parametrize("hard_negatives", [True, False])
+def test_a_shared_batch_passage_is_not_a_negative_for_its_other_question(hard_negatives):
     twins = [PAIRS[0], Pair("Today is Monday, May 9, 2024. Who won at chess?", PAIRS[0].positive), *PAIRS[1:3]]
-    with torch.no_grad():
-        masked = float(model.loss(twins))
-        model.cfg = DprConfig(**{**TINY.__dict__, "hard_negatives": False})
-        assert float(model.loss(twins)) < masked + 1.0  # finite: the duplicate column was masked, not -inf for all
+    cfg = DprConfig(**{**TINY.__dict__, "hard_negatives": hard_negatives})
+    masked = _dpr_loss_by_hand(cfg, twins, mask_twins=True)
+    unmasked = _dpr_loss_by_hand(cfg, twins, mask_twins=False)
+    assert unmasked - masked > 0.1  # the case can tell: each twin's column scores exactly as its own positive
+    assert float(_HashTowers(cfg).loss(twins)) == pytest.approx(masked, abs=1e-4)
 
 
+@pytest.mark.integration
 def test_training_resumes_from_its_checkpoint(tmp_path):
     calls = {"n": 0}
     model = BiEncoder(packaged_minilm_path(), DprConfig(**{**TINY.__dict__, "epochs": 3, "batch_size": 2}))
@@ -90,6 +118,7 @@ def test_pool_figures_count_an_answer_in_the_top_k():
     assert figures["recall@1"] == 0.0 and figures["recall@5"] == 50.0 and figures["mrr"] == pytest.approx(1 / 6, abs=1e-4)
 
 
+@pytest.mark.integration
 def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_settings, new_job):
     loaded_settings = sqlite_settings  # one database is enough: this trains a real MiniLM
     load_sample(loaded_settings)
