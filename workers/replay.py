@@ -27,7 +27,7 @@ from evaluation.temporal import quarter_bounds, quarter_of, quarter_range
 from indexer.dates import parse_month
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from workers.evaluate import EvalConfig, complete_run, find_or_create_run
-from workers.ingest import IngestConfig, ingest, plans_for
+from workers.ingest import IngestConfig, IngestParams, ingest, plans_for
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,12 @@ def run_replay(sf: sessionmaker[Session], service: AnswerService, ingest_cfg: In
                cfg: EvalConfig, reports_dir, *, job_id: int | None = None, progress=None, bar: bool = False) -> int:
     """Ingest through the last month, record quarter-end states, evaluate the grid. Returns the run id."""
     encoder = service.retriever.encoder
+    stream = IngestParams(through=parse_month(plan.last_month), start=parse_month(plan.first_month))
     with sf() as session:
-        plans, _, _ = plans_for(session, {"through": plan.last_month, "from": plan.first_month}, ingest_cfg, encoder)
+        plans, _, _ = plans_for(session, stream, ingest_cfg, encoder)
     if plans:
         log.info("replay: ingesting %s", ", ".join(p.key for p in plans))
-        ingest(sf, encoder, ingest_cfg, {"through": plan.last_month, "from": plan.first_month}, bar=bar)
+        ingest(sf, encoder, ingest_cfg, stream, bar=bar)
     state_rows = record_quarter_states(sf, ingest_cfg.index_dir, plan.state_quarters)
     states: dict[str, LoadedSnapshot] = {}
     with sf() as session:

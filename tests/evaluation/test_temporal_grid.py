@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import wilcoxon
 
 from evaluation.temporal import (TemporalGrid, quarter_index, quarter_of, quarter_range,
-                                 wilcoxon_p)
+                                 wilcoxon_method, wilcoxon_p)
 
 Q1, Q2, Q3 = "2022Q1", "2022Q2", "2022Q3"
 
@@ -78,7 +78,7 @@ def test_grid_deterioration_hand_computed(grid):
     result = grid.deterioration("f1")
     assert result["score"] == pytest.approx(sum(diffs) / 4) == pytest.approx(-0.40625)
     assert result["n_pairs"] == 4
-    assert result["p_value"] == pytest.approx(wilcoxon(diffs).pvalue)
+    assert result["p_value"] == pytest.approx(wilcoxon(diffs, method="asymptotic").pvalue)  # tied differences
     assert 0.0 <= result["p_value"] <= 1.0
 
 
@@ -91,7 +91,7 @@ def test_grid_adaptation_hand_computed_with_question_pairs(grid):
     assert result["score"] == pytest.approx(sum(cell_diffs) / 4) == pytest.approx(0.40625)
     assert result["n_cell_pairs"] == 4
     assert result["n_pairs"] == 8
-    assert result["p_value"] == pytest.approx(wilcoxon(paired).pvalue)
+    assert result["p_value"] == pytest.approx(wilcoxon(paired, method="asymptotic").pvalue)  # ties and zeros
     assert 0.0 <= result["p_value"] <= 1.0
 
 
@@ -100,6 +100,14 @@ def test_grid_corners_of_lower_triangle(grid):
     assert corners["old_state_old_test"] == {"state": Q1, "test": Q1, "value": pytest.approx(0.75)}
     assert corners["old_state_new_test"] == {"state": Q1, "test": Q3, "value": pytest.approx(0.0)}
     assert corners["new_state_new_test"] == {"state": Q3, "test": Q3, "value": pytest.approx(0.75)}
+
+
+def test_wilcoxon_method_exact_only_without_ties_or_zeros():
+    assert wilcoxon_method(np.array([0.1, -0.2, 0.3])) == "exact"
+    assert wilcoxon_method(np.array([0.1, -0.1, 0.3])) == "asymptotic"  # |0.1| twice: a tie
+    assert wilcoxon_method(np.array([0.1, 0.0, 0.3])) == "asymptotic"
+    assert wilcoxon_method(np.arange(1.0, 52.0)) == "asymptotic"  # over 50
+    assert wilcoxon_p([0.1, -0.2, 0.3, 0.4]) == pytest.approx(wilcoxon([0.1, -0.2, 0.3, 0.4], method="exact").pvalue)
 
 
 def test_wilcoxon_p_all_zero_differences_is_one_and_empty_is_nan():
