@@ -202,17 +202,6 @@ class ProfileStore:
         return MonthProfile.merge(self.get(m) for m in months)
 
 
-def drift_between_months(session: Session, index_dir: Path, profiles_dir: Path, target_months: Sequence[str],
-                         source_months: Sequence[str], features: Iterable[str] = ("words",)) -> dict[str, float]:
-    """The drift measures of the merged target months against the merged source months.
-
-    Returns:
-        {"unseen_words": .., "unseen_words_tokens": .., "cosine": .., "kl": .., ...} (evaluation.drift.drift_between).
-    """
-    store = ProfileStore(session, index_dir, profiles_dir, features)
-    return drift_between(store.merged(target_months), store.merged(source_months))
-
-
 # ---- rows ----------------------------------------------------------------------------------------
 
 def reference_months(months: Sequence[str], month: str, reference: str, trained_until: dt.date | None = None

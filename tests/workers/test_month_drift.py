@@ -12,10 +12,10 @@ from app.db.tables import MonthDrift
 from app.bootstrap import build_encoder, drift_config, ingest_config, open_database
 from app.services import reader_registry as registry
 from app.services.errors import InvalidInputError
-from evaluation.drift import drift_between, load_profile
+from evaluation.drift import load_profile
 from tests.conftest import load_sample
 from workers import drift as drift_mod
-from workers.drift import (ProfileStore, backfill_drift, compute_month_drift, drift_between_months, profile_month,
+from workers.drift import (ProfileStore, backfill_drift, compute_month_drift, profile_month,
                            reference_months)
 from workers.ingest import ingest
 
@@ -139,9 +139,6 @@ def test_profile_month_matches_its_shard_and_passages(settings):
             assert p.counts["words"]["february"] < p.n  # the "Friday, February 2, 2024. " prefixes are dropped
             with pytest.raises(InvalidInputError, match="month 2031-01 is not ingested"):
                 profile_month(s, settings.index_dir, "2031-01", ("words",), profiles_dir=settings.drift_dir / "p")
-            d = drift_between_months(s, settings.index_dir, settings.drift_dir / "p", ["2024-03"],
-                                     ["2024-01", "2024-02"])
-            assert d == pytest.approx(drift_between(store.get("2024-03"), store.merged(["2024-01", "2024-02"])))
     finally:
         db.close()
 
