@@ -10,7 +10,7 @@ import pytest
 import models.gemma as gemma
 from indexer.dates import format_long
 from models.gemma import FOLDER_NAME, GemmaReader, build_example, build_prompt, gemma_folder
-from models.readers import ReaderPassage
+from models.readers import ReaderPassage, load_reader
 
 AS_OF = dt.date(2023, 6, 14)
 NBA_Q = "Who won the NBA championship?"
@@ -112,6 +112,11 @@ def test_gemma_reader_reads_n_passages_greedily_and_shortens_the_answer():
 def test_gemma_reader_rejects_sizes_below_one():
     with pytest.raises(ValueError, match="n_passages must be at least 1, got 0"):
         GemmaReader(model=None, tokenizer=None, n_passages=0)
+
+
+def test_load_reader_names_gemma_among_the_backends():
+    with pytest.raises(ValueError, match="'gemma', 'smollm2' or 'first-entity'"):
+        load_reader("gemma4")
 
 
 # --- the converted folder, with a fake package ------------------------------------------------------
