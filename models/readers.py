@@ -1,4 +1,4 @@
-"""The reader interface every backend fits (SmolLM2 now, FiD next), and a deterministic fake.
+"""The reader interface every backend fits (Gemma, SmolLM2, FiD, ...), and a deterministic fake.
 
 A reader sees the question, the date it is asked as of, and passages that were all published on
 or before that date (the retriever guarantees it; `check_passages` re-asserts it). The interface
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Sequence
 
 from indexer.chunking import passage_body
@@ -45,12 +46,17 @@ class FirstEntityReader:
         return ReaderAnswer(text="", raw="")
 
 
-def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3) -> Reader:
-    """Build a reader from a setting: "smollm2" or "first-entity"."""
+def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None) -> Reader:
+    """Build a reader from a setting: "gemma", "smollm2" or "first-entity". `cache_dir` is where
+    "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m); the others ignore it."""
     if spec == "first-entity":
         return FirstEntityReader()
     if spec == "smollm2":
         from models.smollm2 import SmolLM2Reader
 
         return SmolLM2Reader(device=device, max_passages=max_passages)
-    raise ValueError(f"reader {spec!r} is unknown (use 'smollm2' or 'first-entity')")
+    if spec == "gemma":
+        from models.gemma import GemmaReader
+
+        return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages)
+    raise ValueError(f"reader {spec!r} is unknown (use 'gemma', 'smollm2' or 'first-entity')")

