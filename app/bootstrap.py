@@ -103,7 +103,13 @@ def index_state(settings: Settings, db: "Database", encoder: TextEncoder, *, lex
                       resolver=resolver)
 
 
-FALLBACK_READER = "smollm2"  # what SQA_READER=auto serves while no trained version is active
+FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained version is active
+
+
+def load_builtin_reader(settings: Settings, name: str) -> Reader:
+    """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
+    return load_reader(name, device=settings.device, max_passages=settings.reader_passages or 3,
+                       cache_dir=settings.models_dir / "base")
 
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
@@ -125,7 +131,7 @@ def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
     configure_torch(settings)
     spec: ReaderSpec = settings.reader_spec
     if spec.kind == "builtin":
-        return ReaderState(load_reader(spec.value, device=settings.device, max_passages=settings.reader_passages or 3))
+        return ReaderState(load_builtin_reader(settings, spec.value))
     if spec.kind == "path":
         return ReaderState(load_trained_folder(settings, Path(spec.value), expect=spec.expect))
     if db is None:
@@ -138,8 +144,7 @@ def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
     state = ReaderState(source=RegistrySource(
         db.sessions, settings.models_dir,
         load_version=lambda folder: load_trained_folder(settings, folder),
-        load_fallback=lambda: load_reader(FALLBACK_READER, device=settings.device,
-                                          max_passages=settings.reader_passages or 3)))
+        load_fallback=lambda: load_builtin_reader(settings, FALLBACK_READER)))
     state.refresh()  # the active version, else the fallback; raises only if nothing can serve
     return state
 
