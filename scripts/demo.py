@@ -81,10 +81,11 @@ def main() -> int:
     run("ingest", "--through", until[:7], "--from", since[:7])
 
     questions = pick_questions(since, until)
-    print("\n$ sqa serve   (loading the encoder and the SmolLM2 reader)", flush=True)
+    print("\n$ sqa serve   (loading the encoder and the Gemma 3 270M reader; the first start converts the "
+          "packaged weights once, a few minutes)", flush=True)
     log_path = Path(os.environ.get("SQA_HOME", ROOT / ".sqa")) / "demo-server.log"
     try:
-        with served(os.environ, log_path) as server:
+        with served(os.environ, log_path, ready_timeout_s=900) as server:
             print(f"ready in {server.startup_s:.0f} s: {server.ready}")
             for text, as_of, gold in questions:
                 r = httpx.post(f"{server.base}/v1/answers", json={"question": text, "as_of": as_of, "top_k": 5},
