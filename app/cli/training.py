@@ -16,7 +16,7 @@ def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | N
     from workers.train import ReaderJobSpec
 
     if kind not in ("fid", "extractive", "gemma", "ranker"):
-        fail(f"--kind {kind!r} is unknown (use ranker, gemma, extractive or fid)")
+        fail(f"--kind {kind!r} is unknown (use fid, extractive, gemma or ranker)")
     if kind == "ranker":  # reads the same number of passages in training and serving
         from workers.train_ranker import PASSAGES, SELF_ARTICLES
 
