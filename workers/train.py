@@ -46,6 +46,7 @@ class ReaderJobSpec:
     lr: float = 0.0  # 0: the kind's default
     batch_size: int = 2
     max_epochs: int = 3
+    warmup_steps: int = 50
     eval_every: int = 200
     patience: int = 3
     max_minutes: float = 0.0
@@ -65,9 +66,9 @@ class ReaderJobSpec:
     @classmethod
     def for_gemma(cls, **overrides) -> "ReaderJobSpec":
         """The defaults that suit Gemma 3 270M on CPU: 3 passages (what it reads when serving), 4
-        questions a step, frequent validation (a step takes seconds, not milliseconds), fewer
-        self-labeled articles (a 30-minute budget sees about a thousand examples)."""
-        values = dict(kind="gemma", n_passages=3, infer_passages=3, batch_size=4, eval_every=50,
+        questions a step, frequent validation and a short warm-up (a step takes seconds, and a
+        30-minute budget is a hundred or two of them), fewer self-labeled articles."""
+        values = dict(kind="gemma", n_passages=3, infer_passages=3, batch_size=4, eval_every=50, warmup_steps=10,
                       max_self_articles=300)
         return cls(**{**values, **overrides})
 
@@ -126,7 +127,7 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
         raise ValueError("no training examples: are the months before the cut ingested?")
     model = model_factory()
     tcfg = TrainConfig(lr=spec.learning_rate, batch_size=spec.batch_size, max_epochs=spec.max_epochs,
-                       eval_every=spec.eval_every,
+                       warmup_steps=spec.warmup_steps, eval_every=spec.eval_every,
                        patience=spec.patience, max_minutes=spec.max_minutes, seed=spec.seed,
                        n_passages=spec.n_passages, eval_at_start=spec.kind == "gemma")
     trainer = ReaderTrainer(model, spec.kind, tcfg, work / "run")

@@ -16,7 +16,8 @@ from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
 
 def test_gemma_spec_defaults():
     spec = ReaderJobSpec.for_gemma(max_minutes=30)
-    assert (spec.kind, spec.n_passages, spec.infer_passages, spec.batch_size, spec.eval_every) == ("gemma", 3, 3, 4, 50)
+    assert (spec.kind, spec.n_passages, spec.infer_passages, spec.batch_size, spec.eval_every, spec.warmup_steps) == (
+        "gemma", 3, 3, 4, 50, 10)
     assert spec.learning_rate == 2e-4 and ReaderJobSpec.for_gemma(method="last-layers").learning_rate == 2e-5
     assert ReaderJobSpec(kind="extractive").learning_rate == 5e-5  # the other kinds keep theirs
 
