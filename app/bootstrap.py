@@ -113,7 +113,7 @@ def load_builtin_reader(settings: Settings, name: str) -> Reader:
 
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
-    """The trained reader in a version folder; `expect` ("fid"/"extractive") must match its reader.json."""
+    """The trained reader in a version folder; `expect` ("fid", "gemma", ...) must match its reader.json."""
     from models.trained import load_trained_reader, read_reader_info  # imported here: heavy, only when used
 
     if expect is not None:

@@ -61,7 +61,12 @@ def build_example(question: str, as_of: dt.date, passages: Sequence[ReaderPassag
                   max_words: int) -> tuple[str, str]:
     """(prompt, target) for fine-tuning: the target is what the reader should generate after the
     prompt, " <answer>\\n", so that a trained model also stops at the newline."""
-    return build_prompt(question, as_of, passages, max_words), f" {answer.strip()}\n"
+    return build_prompt(question, as_of, passages, max_words), build_target(answer)
+
+
+def build_target(answer: str) -> str:
+    """The training target alone: " <answer>\\n" (the reader's newline stop ends it)."""
+    return f" {answer.strip()}\n"
 
 
 def _package():

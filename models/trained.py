@@ -1,6 +1,6 @@
 """A trained reader version on disk: its weights, its model config and `reader.json` in one folder.
 
-`reader.json` says which kind of reader the folder holds ("fid", "extractive" or "ranker") and how it was
+`reader.json` says which kind of reader the folder holds ("fid", "extractive", "ranker" or "gemma") and how it was
 made (version, parent, cut-off date, data counts, validation scores); the model's own config file
 beside the weights decides its architecture on reload.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from models.reader_base import Reader
 
 INFO_FILE = "reader.json"
-KINDS = ("fid", "extractive", "ranker")
+KINDS = ("fid", "extractive", "ranker", "gemma")
 
 
 def read_reader_info(path: Path | str) -> dict:
@@ -36,8 +36,13 @@ def write_reader_info(path: Path | str, info: dict) -> None:
 
 
 def load_trained_model(path: Path | str, *, device: str = "cpu"):
-    """The model of a trained reader folder (FiDModel, SpanModel or RankerModel)."""
+    """The model of a trained reader folder (FiDModel, SpanModel, RankerModel or GemmaModel; Gemma's
+    base is rebuilt from the package into the folder's sibling `base/`, see models.gemma_train)."""
     info = read_reader_info(path)
+    if info["kind"] == "gemma":
+        from models.gemma_train import GemmaModel
+
+        return GemmaModel.load(path, device=device)
     if info["kind"] == "ranker":
         from models.ranker import RankerModel
 
@@ -56,6 +61,8 @@ def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: 
     info = read_reader_info(path)
     model = load_trained_model(path, device=device)
     name = f"{info['kind']}:{info.get('version') or Path(path).name}"
+    if info["kind"] == "gemma":
+        return model.into_reader(name=name, n_passages=max_passages)  # LoRA merged: serves at the base's cost
     if info["kind"] == "fid":
         from models.fid import FiDReader
 

@@ -1,4 +1,4 @@
-"""Training loop shared by both trained readers (FiD and the extractive span reader).
+"""Training loop shared by the trained readers (FiD, the extractive span reader, fine-tuned Gemma).
 
 Plain PyTorch: AdamW with linear warm-up and decay, gradient clipping, validation by EM/F1 every
 `eval_every` steps, early stopping on validation F1, a wall-clock budget, and checkpoints that
@@ -23,6 +23,8 @@ from evaluation.metrics import exact_match, token_f1
 from models.reader_base import ReaderPassage
 
 log = logging.getLogger(__name__)
+
+KINDS = ("fid", "extractive", "gemma")  # the trained reader kinds with a network (ranker has none)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     n_passages: int = 0  # passages per question in training (0: the model's own setting)
+    eval_at_start: bool = False  # validate before the first step too (the zero-shot score, for a pretrained LM)
 
 
 @dataclass
@@ -108,15 +111,16 @@ def score_predictions(predictions: Sequence[str], examples: Sequence[TrainExampl
 
 
 class ReaderTrainer:
-    """Trains a FiDModel or a SpanModel; `kind` picks how a batch becomes a loss or predictions."""
+    """Trains a FiDModel, a SpanModel or a GemmaModel; `kind` picks how a batch becomes a loss or
+    predictions."""
 
     def __init__(self, model, kind: str, cfg: TrainConfig, out_dir: Path) -> None:
-        if kind not in ("fid", "extractive"):
+        if kind not in KINDS:
             raise ValueError(f"kind {kind!r} is unknown")
         self.model, self.kind, self.cfg, self.out_dir = model, kind, cfg, Path(out_dir)
         self.n = cfg.n_passages or model.config.n_passages
 
-    # ---- the two kinds ------------------------------------------------------------------
+    # ---- the kinds ----------------------------------------------------------------------
     def _items(self, batch: Sequence[TrainExample]):
         return [(ex.question, ex.as_of, ex.passages[: self.n]) for ex in batch]
 
@@ -125,6 +129,8 @@ class ReaderTrainer:
             ids, mask = self.model.encode_inputs(self._items(batch), self.n)
             labels = self.model.encode_answers([ex.answers[0] for ex in batch])
             return self.model.loss(ids, mask, labels)
+        if self.kind == "gemma":  # a causal LM: cross-entropy of the first answer after the prompt
+            return self.model.loss(self._items(batch), [ex.answers[0] for ex in batch])
         span = self.model.encode_inputs(self._items(batch), self.n)
         return self.model.loss(span, [ex.answers for ex in batch])
 
@@ -135,6 +141,8 @@ class ReaderTrainer:
             items = self._items(examples[i:i + batch_size])
             if self.kind == "fid":
                 out.extend(self.model.generate(items, self.n))
+            elif self.kind == "gemma":
+                out.extend(self.model.generate(items))
             else:
                 out.extend(t for t, _ in self.model.extract(items, self.n))
         return out
@@ -162,6 +170,25 @@ class ReaderTrainer:
         _write_folder(self.best_dir, self.model.save)
 
     # ---- the loop -----------------------------------------------------------------------
+    def _validate(self, val: Sequence[TrainExample], state: dict, loss: torch.Tensor | None, t0: float,
+                  total: int, progress: Progress | None) -> None:
+        """Score the validation set at the current step, record it, keep the model in best/ if better."""
+        step = state["step"]
+        metrics = self.evaluate(val) if val else {"n": 0, "em": 0.0, "f1": 0.0}
+        metrics.update(step=step, loss=round(float(loss.item()) if loss is not None else 0.0, 4),
+                       minutes=round((time.monotonic() - t0) / 60, 2),
+                       s_per_step=round(state.get("step_seconds", 0.0) / step, 2) if step else 0.0)
+        state["history"].append(metrics)
+        log.info("eval %s", metrics)
+        if progress:
+            progress(step / total, f"step {step}/{total} validation EM {metrics['em']} F1 {metrics['f1']}")
+        if metrics["f1"] > state["best_f1"] or not state["best"]:
+            state.update(best_f1=metrics["f1"], best_step=step, best=metrics, bad_evals=0)
+            self._save_best()
+        else:
+            state["bad_evals"] += 1
+        state["seconds"] = time.monotonic() - t0
+
     def train(self, train: Sequence[TrainExample], val: Sequence[TrainExample],
               progress: Progress | None = None) -> TrainResult:
         """Train to the end (epochs, early stopping or budget); resumes from `checkpoint/` when
@@ -177,7 +204,7 @@ class ReaderTrainer:
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - s / max(1, total)))
         state = {"step": 0, "best_f1": -1.0, "best_step": 0, "best": {}, "bad_evals": 0, "history": [],
-                 "seconds": 0.0}
+                 "seconds": 0.0, "step_seconds": 0.0}
         if (self.ckpt_dir / "state.pt").exists():
             saved = torch.load(self.ckpt_dir / "state.pt", map_location="cpu", weights_only=False)
             reloaded = type(self.model).load(self.ckpt_dir / "model", device=str(self.model.device))
@@ -187,6 +214,8 @@ class ReaderTrainer:
             state.update(saved)
             log.info("resuming from step %d", state["step"])
         t0 = time.monotonic() - state["seconds"]
+        if cfg.eval_at_start and val and state["step"] == 0 and not state["history"]:
+            self._validate(val, state, None, t0, total, progress)  # step 0: the score before training
         stopped = "epochs"
         while state["step"] < total:
             epoch, offset = divmod(state["step"], steps_per_epoch)
@@ -195,6 +224,7 @@ class ReaderTrainer:
             self.model.train()
             for s in range(offset, steps_per_epoch):
                 batch = [train[i] for i in order[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
+                t_step = time.monotonic()
                 loss = self.batch_loss(batch)
                 if loss is not None:
                     loss.backward()
@@ -202,25 +232,14 @@ class ReaderTrainer:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
                 sched.step()
+                state["step_seconds"] += time.monotonic() - t_step
                 state["step"] += 1
                 step = state["step"]
                 if progress and step % 10 == 0:
                     progress(step / total, f"step {step}/{total} loss {loss.item() if loss is not None else 0:.3f}")
                 over_budget = cfg.max_minutes and time.monotonic() - t0 > cfg.max_minutes * 60
                 if step % cfg.eval_every == 0 or step == total or over_budget:
-                    metrics = self.evaluate(val) if val else {"n": 0, "em": 0.0, "f1": 0.0}
-                    metrics.update(step=step, loss=round(float(loss.item()) if loss is not None else 0.0, 4),
-                                   minutes=round((time.monotonic() - t0) / 60, 2))
-                    state["history"].append(metrics)
-                    log.info("eval %s", metrics)
-                    if progress:
-                        progress(step / total, f"step {step}/{total} validation EM {metrics['em']} F1 {metrics['f1']}")
-                    if metrics["f1"] > state["best_f1"] or not state["best"]:
-                        state.update(best_f1=metrics["f1"], best_step=step, best=metrics, bad_evals=0)
-                        self._save_best()
-                    else:
-                        state["bad_evals"] += 1
-                    state["seconds"] = time.monotonic() - t0
+                    self._validate(val, state, loss, t0, total, progress)
                     self._save_checkpoint(opt, sched, state)
                     self.model.train()
                     if state["bad_evals"] >= cfg.patience:

@@ -157,3 +157,18 @@ def wait_job():
         raise AssertionError(f"job {job_id} did not finish: {job}")
 
     return wait
+
+
+@pytest.fixture(scope="session")
+def gemma_cache(tmp_path_factory):
+    """A cache dir holding the converted Gemma 3 270M (models.gemma.gemma_folder), shared by the
+    session's tests: the folder SQA_TEST_GEMMA_CACHE names when it holds a converted model (read only,
+    saves the conversion), else the session's one GGUF conversion (about two minutes on a busy CPU)."""
+    from models.gemma import FOLDER_NAME, gemma_folder
+
+    given = os.environ.get("SQA_TEST_GEMMA_CACHE", "")
+    if given and (Path(given) / FOLDER_NAME / "model.safetensors").exists():
+        return Path(given)
+    cache = tmp_path_factory.mktemp("gemma")
+    gemma_folder(cache)
+    return cache

@@ -15,13 +15,19 @@ cli.add_typer(train_cli, name="train")
 def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: Optional[str], seed: int):
     from workers.train import ReaderJobSpec
 
-    if kind not in ("fid", "extractive", "ranker"):
-        fail(f"--kind {kind!r} is unknown (use fid, extractive or ranker)")
+    if kind not in ("fid", "extractive", "gemma", "ranker"):
+        fail(f"--kind {kind!r} is unknown (use fid, extractive, gemma or ranker)")
     if kind == "ranker":  # reads the same number of passages in training and serving
         from workers.train_ranker import PASSAGES, SELF_ARTICLES
 
         n = n_passages or PASSAGES
         return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed)
+    if kind == "gemma":  # reads the same number of passages in training and serving
+        if base:
+            fail("--base is for --kind fid only (gemma fine-tunes the packaged Gemma 3 270M)")
+        n = n_passages or 3
+        return ReaderJobSpec.for_gemma(max_minutes=max_minutes, max_epochs=epochs, n_passages=n, infer_passages=n,
+                                       seed=seed)
     if base and not Path(base).is_dir():
         fail(f"--base {base} is not a folder (a local T5/BART checkpoint is expected)")
     return ReaderJobSpec(kind=kind, max_minutes=max_minutes, max_epochs=epochs, n_passages=n_passages or 5,
@@ -31,14 +37,16 @@ def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | N
 @train_cli.command("reader")
 @guard
 def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
-                 kind: str = typer.Option("ranker", help="ranker | extractive | fid (ranker: an entity ranker that "
-                                                              "fits in seconds, measures best on this machine)"),
+                 kind: str = typer.Option("ranker", help="ranker | gemma | extractive | fid (ranker: an entity "
+                                                              "ranker that fits in seconds; gemma: the packaged Gemma "
+                                                              "3 270M fine-tuned with LoRA, give it --max-minutes)"),
                  base: Optional[str] = typer.Option(None, help="fid: a local T5/BART folder (default: warm start "
                                                                "from the packaged MiniLM)"),
                  max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none); the best checkpoint is kept"),
                  epochs: int = typer.Option(3, min=1),
                  n_passages: Optional[int] = typer.Option(None, min=1, max=100, help="passages per training "
-                                                          "question (default 5; ranker: 10, also when serving)"),
+                                                          "question (default 5; ranker: 10 and gemma: 3, also "
+                                                          "when serving)"),
                  seed: int = typer.Option(0), activate: bool = typer.Option(
                      False, "--activate/--no-activate", help="make it the active version when done")
                  ) -> None:

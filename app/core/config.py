@@ -21,7 +21,8 @@ class ReaderSpec:
 
     kind: "builtin" (a packaged reader or fake, by name: load_reader checks the name), "auto" (the
     active registry version, else smollm2), "path" (a trained version's folder) or "version" (a
-    registered version by name). `expect` is the reader kind a "fid:"/"extractive:"/"ranker:" path must hold.
+    registered version by name). `expect` is the reader kind a "fid:"/"extractive:"/"ranker:"/"gemma:" path
+    must hold.
     """
 
     kind: Literal["builtin", "auto", "path", "version"]
@@ -33,7 +34,7 @@ class ReaderSpec:
         return self.kind == "auto"
 
 
-_READER_PATH_PREFIXES = ("fid", "extractive", "ranker", "trained")
+_READER_PATH_PREFIXES = ("fid", "extractive", "ranker", "gemma", "trained")
 
 # evaluation/drift.py's FEATURE_KINDS, spelled out so that the settings import nothing from
 # evaluation/ (tests/app/test_config_drift_names.py checks that they, and the drift_measure
@@ -107,8 +108,8 @@ class Settings(BaseSettings):
     # Reader backend: "smollm2" (the packaged SmolLM2-135M-Instruct GGUF), "first-entity" (a
     # deterministic fake that copies a capitalised phrase from the top passage), "auto" (the active
     # trained version in the registry, else smollm2; the server follows activations), a trained
-    # version's folder "fid:PATH" / "extractive:PATH" / "ranker:PATH" / "trained:PATH", or "version:NAME" (a
-    # registered version, whether active or not). Only "auto" follows activations.
+    # version's folder "fid:PATH" / "extractive:PATH" / "ranker:PATH" / "gemma:PATH" / "trained:PATH", or
+    # "version:NAME" (a registered version, whether active or not). Only "auto" follows activations.
     reader: str = "auto"
     device: str = "cpu"
     torch_threads: int = Field(default=0, ge=0)  # 0: torch's default

@@ -166,7 +166,7 @@ class ReaderModel(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version: Mapped[str] = mapped_column(String(64), unique=True)
-    kind: Mapped[str] = mapped_column(String(16))  # fid | extractive | ranker
+    kind: Mapped[str] = mapped_column(String(16))  # fid | extractive | ranker | gemma
     path: Mapped[str] = mapped_column(String(512))  # relative to the models directory
     parent_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
     trained_until: Mapped[dt.date | None] = mapped_column(Date, nullable=True)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.db.tables import ReaderModel
 from app.services.errors import ConflictError, NotFoundError
 
-KINDS = ("fid", "extractive", "ranker")
+KINDS = ("fid", "extractive", "ranker", "gemma")
 STATES = ("training", "ready", "failed")
 # One reader training or fine-tune at a time per SQA_HOME: the job runner's lock of this name
 # (workers.runner.JobRunner.lock), held by whoever runs the training.
@@ -34,7 +34,7 @@ def new_version_name(kind: str, label: str) -> str:
     """A fresh, unique-enough version name: new_version_name("fid", "2023-03-31") -> "fid-2023-03-31-1a2b3c".
 
     Args:
-        kind: "fid", "extractive" or "ranker".
+        kind: "fid", "extractive", "ranker" or "gemma".
         label: what the version is (a data cut-off day, "ft-2023-04"); letters, digits, ".", "_", "-".
     Returns:
         "<kind>-<label>-<6 hex>", at most 64 characters.

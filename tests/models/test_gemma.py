@@ -197,13 +197,6 @@ def _forbid_conversion(mp: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def gemma_cache(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("gemma")
-    gemma_folder(cache)  # the session's one GGUF conversion (about two minutes on a busy CPU)
-    return cache
-
-
-@pytest.fixture(scope="session")
 def gemma_reader(gemma_cache):
     with pytest.MonkeyPatch.context() as mp:
         _forbid_conversion(mp)  # a load after the conversion reads the saved folder

@@ -145,4 +145,4 @@ def test_cli_train_reader_ranker_serves_once_activated(sqa, sample_root, monkeyp
 
 def test_cli_train_reader_refuses_an_unknown_kind(sqa):
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "svm")
-    assert r.exit_code == 2 and "--kind 'svm' is unknown (use fid, extractive or ranker)" in r.output
+    assert r.exit_code == 2 and "--kind 'svm' is unknown (use fid, extractive, gemma or ranker)" in r.output

@@ -1,0 +1,304 @@
+"""Gemma 3 270M fine-tuned as a reader (kind "gemma"): the packaged base plus what training changed.
+
+A version folder holds only what was trained (`trained.safetensors`: the LoRA matrices, about 15 MB,
+or the last decoder layers) and `gemma_config.json`; the 1 GB base is rebuilt from the package by
+`models.gemma.gemma_folder` (once per SQA_HOME, in `$SQA_HOME/models/base`) and the saved tensors go
+on top. The config is the model's only constructor argument besides the base and wins on reload.
+
+Training sees exactly the prompt the served reader builds (`models.gemma.build_prompt`, tokenized on
+its own, with <bos>), followed by the target " <answer>\\n" tokenized on its own:
+
+    ids     <bos> Passage: ... Question (asked on ...): ... Short answer: | ▁Denver ▁Nuggets \\n
+    labels  -100  -100 ...                                          -100 | ▁Denver ▁Nuggets \\n
+
+When the example is longer than `max_length` tokens the passages are cut (all to the same number of
+words), never the question or the answer. The loss is cross-entropy on the answer tokens only, and
+the logits are computed only there: 168M of the 268M parameters are the 262k-token vocabulary, so
+the full B x L x 262k output head would cost three times the rest of the step. The embeddings (tied
+to the output head) stay frozen.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from models.gemma import FOLDER_NAME, GemmaReader, build_prompt, build_target, gemma_folder
+from models.reader_base import Item, ReaderPassage, shorten_answer
+from models.saved_config import SavedConfig
+
+CONFIG_FILE = "gemma_config.json"
+WEIGHTS_FILE = "trained.safetensors"
+METHODS = ("lora", "last-layers")
+# Every linear projection of attention and MLP (Gemma 3: q/k/v/o and the gated MLP).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class GemmaConfig(SavedConfig):
+    n_passages: int = 3  # passages read per question, in training and serving
+    max_passage_words: int = 100  # per passage, its date prefix counted (the served prompt's cut)
+    max_length: int = 320  # training tokens per example (<bos> + prompt + answer); passages are cut to fit
+    max_answer_tokens: int = 24  # training target, newline included
+    max_new_tokens: int = 16  # generation
+    method: str = "lora"  # "lora" (peft adapters) | "last-layers" (train the last decoder layers)
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    last_layers: int = 4  # "last-layers": how many decoder layers train (with the final norm)
+    base: str = FOLDER_NAME  # the packaged base it was trained on
+    base_cache: str = ""  # where that base was when it was trained: a hint for load()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))  # JSON gives a list
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r} is unknown (use {' or '.join(METHODS)})")
+        for name in ("n_passages", "max_passage_words", "max_answer_tokens", "max_new_tokens", "lora_r",
+                     "last_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_length < 2 * self.max_answer_tokens:
+            raise ValueError(f"max_length {self.max_length} leaves no room for the passages and question "
+                             f"(max_answer_tokens is {self.max_answer_tokens})")
+
+
+def fit_prompt(question: str, as_of, passages: Sequence[ReaderPassage], max_words: int, budget: int,
+               count: Callable[[str], int]) -> str:
+    """`build_prompt` with every passage cut to the same number of words, the most (up to `max_words`)
+    that keeps `count(prompt) <= budget`; the question is never cut (without room, passages keep one
+    word). `count` is the tokenizer's length of a prompt."""
+    words = min(max_words, max((len(p.text.split()) for p in passages), default=1))
+    prompt = build_prompt(question, as_of, passages, words)
+    n = count(prompt)
+    if n <= budget or not passages:
+        return prompt
+    fixed = count(build_prompt(question, as_of, [], words))  # the question part, never cut
+    while n > budget and words > 1:
+        # Scale the passages' share to the room left; at least one word less each round.
+        words = max(1, min(words - 1, int(words * max(budget - fixed, 0) / max(n - fixed, 1))))
+        prompt = build_prompt(question, as_of, passages, words)
+        n = count(prompt)
+    return prompt
+
+
+def _load_base(cache_dir: Path | None):
+    """(Gemma3ForCausalLM in float32, tokenizer) of the packaged base, converted on first use."""
+    from models.gemma import _load
+
+    return _load(gemma_folder(cache_dir))
+
+
+def _base_cache(folder: Path, config: GemmaConfig, cache_dir: Path | None) -> Path | None:
+    """Where the base lives for a saved version: `cache_dir` if given, else the version's sibling
+    `base/` (versions live in $SQA_HOME/models, the base in $SQA_HOME/models/base), else the folder it
+    was trained from when it still holds the converted base, else models.gemma's default."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    sibling = folder.parent / "base"
+    if sibling.is_dir():
+        return sibling
+    hint = Path(config.base_cache) if config.base_cache else None
+    if hint is not None and (hint / FOLDER_NAME / "model.safetensors").exists():
+        return hint
+    return None
+
+
+class GemmaModel:
+    """What `ReaderTrainer` trains for kind "gemma": the base causal LM with its trainable part
+    (LoRA adapters or the last layers), its tokenizer and its config.
+
+    Construct from a loaded base (`GemmaModel(lm, tokenizer, config)`: freezes it and adds the
+    adapters), `GemmaModel.from_base(config, cache_dir)` for the packaged one, `GemmaModel.load(folder)`
+    for a saved version.
+    """
+
+    def __init__(self, lm, tokenizer, config: GemmaConfig, *, base_cache: Path | None = None) -> None:
+        if base_cache is not None:
+            config = dataclasses.replace(config, base_cache=str(Path(base_cache).expanduser().resolve()))
+        self.tokenizer = tokenizer
+        self.config = config
+        for p in lm.parameters():
+            p.requires_grad_(False)
+        if config.method == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                              target_modules=list(config.lora_targets), bias="none", task_type="CAUSAL_LM")
+            with warnings.catch_warnings():  # peft asks transformers' deprecated is_gradient_checkpointing
+                warnings.simplefilter("ignore", FutureWarning)
+                self.net = get_peft_model(lm, lora)  # freezes everything but the adapters (B starts at zero)
+        else:
+            layers = lm.model.layers
+            if config.last_layers > len(layers):
+                raise ValueError(f"last_layers {config.last_layers} is more than the model's {len(layers)} layers")
+            for module in (*layers[-config.last_layers:], lm.model.norm):
+                for p in module.parameters():
+                    p.requires_grad_(True)
+            self.net = lm
+        lm.model.embed_tokens.weight.requires_grad_(False)  # tied to lm_head: frozen in both methods
+
+    # ---- construction and files -------------------------------------------------------------------
+    @classmethod
+    def from_base(cls, config: GemmaConfig | None = None, *, cache_dir: Path | None = None,
+                  device: str = "cpu") -> GemmaModel:
+        """An untrained model over the packaged base (converted into `cache_dir` on first use)."""
+        lm, tokenizer = _load_base(cache_dir)
+        model = cls(lm, tokenizer, config or GemmaConfig(), base_cache=cache_dir)
+        return model.to(device)
+
+    @classmethod
+    def load(cls, folder: Path | str, *, device: str = "cpu", cache_dir: Path | None = None) -> GemmaModel:
+        """A saved version: the base (see `_base_cache` for where it is looked for) plus the saved
+        tensors. The stored config decides the method and sizes."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        cfg_file = folder / CONFIG_FILE
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{folder} is not a Gemma reader folder ({CONFIG_FILE} is missing)")
+        config = GemmaConfig.from_json(json.loads(cfg_file.read_text()))
+        cache = _base_cache(folder, config, cache_dir)
+        lm, tokenizer = _load_base(cache)
+        model = cls(lm, tokenizer, config, base_cache=cache)
+        model.load_state_dict(load_file(folder / WEIGHTS_FILE))
+        return model.to(device).eval()
+
+    def save(self, folder: Path | str) -> None:
+        """The trained tensors and the config; not the base (rebuilt from the package on load)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, folder / WEIGHTS_FILE)
+        (folder / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2))
+
+    # ---- what the trainer uses --------------------------------------------------------------------
+    def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters only (what the optimiser gets)."""
+        return [p for _, p in self.named_trainable()]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained tensors by parameter name (the frozen base is left out)."""
+        return {n: p.detach() for n, p in self.named_trainable()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        own = dict(self.named_trainable())
+        if set(own) != set(state):
+            missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+            raise ValueError(f"trained tensors do not match the model ({self.config.method}): "
+                             f"missing {missing[:3]}, unexpected {extra[:3]}")
+        with torch.no_grad():
+            for name, p in own.items():
+                p.copy_(state[name])
+
+    def train(self) -> GemmaModel:
+        self.net.train()
+        return self
+
+    def eval(self) -> GemmaModel:
+        self.net.eval()
+        return self
+
+    def to(self, device) -> GemmaModel:
+        self.net.to(device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.net.parameters()).device
+
+    def _causal_lm(self):
+        """The Gemma3ForCausalLM inside (with the adapters injected, for LoRA)."""
+        return self.net.get_base_model() if hasattr(self.net, "get_base_model") else self.net
+
+    # ---- tensors ----------------------------------------------------------------------------------
+    def _ids(self, text: str, *, special: bool) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def encode_examples(self, items: Sequence[Item], answers: Sequence[str]):
+        """(ids, mask, labels), each B x L with L <= max_length, right-padded: <bos> + the prompt as
+        served (passages cut to fit) + the target; labels are -100 except on the target tokens."""
+        cfg = self.config
+        rows = []
+        for (question, as_of, passages), answer in zip(items, answers):
+            target = self._ids(build_target(answer), special=False)[: cfg.max_answer_tokens]
+            prompt = fit_prompt(question, as_of, list(passages)[: cfg.n_passages], cfg.max_passage_words,
+                                cfg.max_length - len(target), lambda t: len(self._ids(t, special=True)))
+            rows.append((self._ids(prompt, special=True), target))
+        length = max(len(p) + len(t) for p, t in rows)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(rows), length), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        labels = torch.full((len(rows), length), -100, dtype=torch.long)
+        for i, (p, t) in enumerate(rows):
+            ids[i, : len(p) + len(t)] = torch.tensor(p + t)
+            mask[i, : len(p) + len(t)] = 1
+            labels[i, len(p): len(p) + len(t)] = torch.tensor(t)
+        return ids, mask, labels
+
+    def loss(self, items: Sequence[Item], answers: Sequence[str]) -> torch.Tensor:
+        """Mean cross-entropy of the answer tokens given the prompt, with logits at those positions only."""
+        ids, mask, labels = (t.to(self.device) for t in self.encode_examples(items, answers))
+        lm = self._causal_lm()
+        hidden = lm.model(input_ids=ids, attention_mask=mask).last_hidden_state  # B x L x H
+        # Position t predicts token t+1: keep the positions whose next token is an answer token.
+        targets = labels[:, 1:]  # B x (L-1)
+        at = targets != -100
+        logits = lm.lm_head(hidden[:, :-1][at])  # K x V, K = answer tokens in the batch (not B x L x V)
+        cap = getattr(lm.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return F.cross_entropy(logits.float(), targets[at])
+
+    @torch.inference_mode()
+    def generate(self, items: Sequence[Item]) -> list[str]:
+        """Greedy answers, shortened like GemmaReader's, for a batch of (question, as_of, passages):
+        the served prompt (first `n_passages`, `max_passage_words` each), left-padded, stopping when
+        every row has ended its first line. A question without passages gets ""."""
+        from models.gemma import _first_line_stop
+
+        cfg = self.config
+        live = [i for i, (_, _, ps) in enumerate(items) if ps]
+        out = [""] * len(items)
+        if not live:
+            return out
+        prompts = [self._ids(build_prompt(items[i][0], items[i][1], list(items[i][2])[: cfg.n_passages],
+                                          cfg.max_passage_words), special=True) for i in live]
+        length = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(prompts), length), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), length), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
+            ids[row, length - len(p):] = torch.tensor(p)
+            mask[row, length - len(p):] = 1
+        gen = self.net.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                max_new_tokens=cfg.max_new_tokens, do_sample=False, pad_token_id=pad,
+                                stopping_criteria=_first_line_stop(self.tokenizer, length))
+        raws = self.tokenizer.batch_decode(gen[:, length:], skip_special_tokens=True)
+        for i, raw in zip(live, raws):
+            out[i] = shorten_answer(raw, question=items[i][0])
+        return out
+
+    # ---- serving ----------------------------------------------------------------------------------
+    def into_reader(self, *, name: str, n_passages: int | None = None) -> GemmaReader:
+        """A GemmaReader (the served prompt and decoding) over this model. LoRA adapters are merged
+        into the base weights first (serving costs what the base costs), so the model is for serving
+        only afterwards: do not train it again."""
+        lm = self.net.merge_and_unload() if self.config.method == "lora" else self.net
+        self.net = lm.eval()
+        return GemmaReader(lm, self.tokenizer, device=str(self.device), name=name,
+                           n_passages=n_passages or self.config.n_passages,
+                           max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens)
+
+
+__all__ = ["GemmaConfig", "GemmaModel", "fit_prompt", "LORA_TARGETS", "METHODS"]

@@ -1,0 +1,295 @@
+"""The trainable Gemma reader: prompt fitting, answer-only labels and loss, what trains, save/load,
+batched generation (a tiny random Gemma 3 and a character tokenizer), then the real packaged model."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+import torch
+
+import models.gemma_train as gemma_train
+from indexer.dates import format_long
+from models.gemma import build_prompt, build_target
+from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig, GemmaModel, fit_prompt
+from models.reader_base import ReaderPassage
+from models.training import ReaderTrainer, TrainConfig, TrainExample
+
+AS_OF = dt.date(2023, 6, 14)
+
+
+def passage(day: dt.date, body: str) -> ReaderPassage:
+    return ReaderPassage("a title", f"{format_long(day)}. {body}", day)
+
+
+NBA = passage(dt.date(2023, 6, 13), "The Denver Nuggets won the NBA championship on Monday night, beating the Miami "
+              "Heat 94-89 in Game 5. Nikola Jokic was named the Finals MVP.")
+FILLER = passage(dt.date(2023, 6, 12), " ".join(f"filler{i}" for i in range(120)))
+
+
+# --- a tiny Gemma 3 and a character tokenizer ---------------------------------------------------------
+
+class CharTokenizer:
+    """One id per character (ord + 4), <bos> = 2, <pad> = 0, <eos> = 1: what GemmaModel asks of a tokenizer."""
+
+    pad_token_id, eos_token_id, bos_token_id = 0, 1, 2
+
+    def __call__(self, text, add_special_tokens=True, return_tensors=None):
+        ids = ([self.bos_token_id] if add_special_tokens else []) + [ord(c) % 256 + 4 for c in text]
+        if return_tensors == "pt":  # GemmaReader's call
+            return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+        return {"input_ids": ids}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(int(i) - 4) for i in ids if int(i) >= 4)
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [self.decode(r) for r in rows]
+
+
+def tiny_lm(seed: int = 0):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=1024,
+                           max_position_embeddings=2048, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def tiny(config: GemmaConfig | None = None, seed: int = 0) -> GemmaModel:
+    return GemmaModel(tiny_lm(seed), CharTokenizer(), config or GemmaConfig(max_length=400, lora_r=4))
+
+
+ITEMS = [("Who won the NBA championship?", AS_OF, [FILLER, NBA]), ("Who was named MVP?", AS_OF, [NBA])]
+ANSWERS = ["Denver Nuggets", "Nikola Jokic"]
+
+
+# --- the prompt ---------------------------------------------------------------------------------------
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def test_fit_prompt_keeps_a_prompt_that_fits_unchanged():
+    assert fit_prompt("Q?", AS_OF, [NBA], 100, 1000, words) == build_prompt("Q?", AS_OF, [NBA], 100)
+
+
+def test_fit_prompt_cuts_every_passage_to_the_same_length_and_never_the_question():
+    question = "Who won the NBA championship this year after all?"
+    prompt = fit_prompt(question, AS_OF, [FILLER, FILLER, NBA], 100, 120, words)
+    assert words(prompt) <= 120
+    lines = prompt.split("\n")
+    assert lines[-2:] == build_prompt(question, AS_OF, [], 1).split("\n")  # the question is whole
+    cut = words(lines[0]) - 1  # "Passage:" aside
+    assert cut < 100 and words(lines[1]) - 1 == cut
+    assert words(build_prompt(question, AS_OF, [FILLER, FILLER, NBA], cut + 1)) > 120  # the most words that fit
+
+
+def test_fit_prompt_without_room_keeps_one_word_a_passage():
+    prompt = fit_prompt("Q?", AS_OF, [FILLER, NBA], 100, 3, words)
+    assert prompt == build_prompt("Q?", AS_OF, [FILLER, NBA], 1)
+
+
+# --- labels and loss --------------------------------------------------------------------------------
+
+def test_encode_examples_labels_only_the_answer_after_the_served_prompt():
+    model = tiny()
+    tok = model.tokenizer
+    ids, mask, labels = model.encode_examples(ITEMS[1:], ANSWERS[1:])  # fits: the prompt is the served one
+    prompt = tok(build_prompt(ITEMS[1][0], AS_OF, [NBA], 100))["input_ids"]
+    target = tok(build_target("Nikola Jokic"), add_special_tokens=False)["input_ids"]
+    assert ids[0].tolist() == prompt + target
+    assert labels[0].tolist() == [-100] * len(prompt) + target
+    assert tok.decode(labels[0][labels[0] != -100]) == " Nikola Jokic\n"
+
+
+def test_encode_examples_cuts_passages_to_max_length_and_pads_on_the_right():
+    model = tiny(GemmaConfig(max_length=300, lora_r=4))
+    ids, mask, labels = model.encode_examples(ITEMS, ANSWERS)
+    assert 250 < ids.shape[1] <= 300 and int(mask[0].sum()) == ids.shape[1]  # cut by whole words
+    answer = labels[0][labels[0] != -100]
+    assert model.tokenizer.decode(answer) == " Denver Nuggets\n"  # the answer is never cut
+    n = int(mask[1].sum())
+    assert (labels[1, n:] == -100).all() and (ids[1, n:] == 0).all() and (mask[1, n:] == 0).all()
+    text = model.tokenizer.decode(ids[0][mask[0] == 1])
+    assert "Question (asked on Wednesday, June 14, 2023): Who won the NBA championship?\nShort answer:" in text
+
+
+def test_loss_is_the_full_vocabulary_loss_of_the_answer_tokens():
+    model = tiny().eval()
+    ids, mask, labels = model.encode_examples(ITEMS, ANSWERS)
+    full = model._causal_lm()(input_ids=ids, attention_mask=mask, labels=labels).loss  # B x L x V logits
+    assert model.loss(ITEMS, ANSWERS).item() == pytest.approx(full.item(), abs=1e-5)
+
+
+def test_only_the_lora_adapters_get_gradients_never_the_embeddings():
+    model = tiny().train()
+    model.loss(ITEMS, ANSWERS).backward()
+    lm = model._causal_lm()
+    embeddings = lm.model.embed_tokens.weight
+    assert embeddings is lm.lm_head.weight and not embeddings.requires_grad and embeddings.grad is None
+    trainable = model.named_trainable()
+    assert trainable and all("lora_" in name for name, _ in trainable)
+    targets = {name.split(".lora_")[0].rsplit(".", 1)[1] for name, _ in trainable}
+    assert targets == set(gemma_train.LORA_TARGETS)
+    assert all(p.grad is not None for name, p in trainable)
+    frozen = [p for n, p in lm.named_parameters() if "lora_" not in n]
+    assert all(p.grad is None and not p.requires_grad for p in frozen)
+
+
+def test_last_layers_trains_the_last_decoder_layers_and_the_final_norm():
+    model = tiny(GemmaConfig(method="last-layers", last_layers=1))
+    names = [n for n, _ in model.named_trainable()]
+    assert names and all(n.startswith(("model.layers.2.", "model.norm.")) for n in names)
+    model.loss(ITEMS, ANSWERS).backward()
+    assert model._causal_lm().model.embed_tokens.weight.grad is None
+
+
+def test_config_refuses_an_unknown_method_and_round_trips_through_json():
+    with pytest.raises(ValueError, match="method 'full' is unknown"):
+        GemmaConfig(method="full")
+    cfg = GemmaConfig(lora_r=8, lora_targets=("q_proj", "v_proj"))
+    assert GemmaConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+
+
+# --- save and load ----------------------------------------------------------------------------------
+
+@pytest.fixture()
+def tiny_base(monkeypatch):
+    """GemmaModel.load builds its base as the tiny model (same seed: the same frozen weights)."""
+    calls = []
+
+    def load_base(cache_dir):
+        calls.append(cache_dir)
+        return tiny_lm(), CharTokenizer()
+
+    monkeypatch.setattr(gemma_train, "_load_base", load_base)
+    return calls
+
+
+def _train_a_step(model: GemmaModel) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.train()
+    model.loss(ITEMS, ANSWERS).backward()
+    opt.step()
+
+
+def test_save_writes_only_the_trained_tensors_and_load_restores_them_exactly(tmp_path, tiny_base):
+    model = tiny()
+    _train_a_step(model)
+    models_dir = tmp_path / "models"
+    (models_dir / "base").mkdir(parents=True)
+    model.save(models_dir / "v1")
+    assert sorted(p.name for p in (models_dir / "v1").iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
+    loaded = GemmaModel.load(models_dir / "v1")
+    assert tiny_base == [models_dir / "base"]  # the version's sibling base/
+    before, after = model.state_dict(), loaded.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert any(v.abs().sum() > 0 for k, v in after.items() if "lora_B" in k)  # really trained
+    model.eval()
+    ids, mask, _ = model.encode_examples(ITEMS, ANSWERS)
+    with torch.no_grad():
+        assert torch.equal(model.net(input_ids=ids, attention_mask=mask).logits,
+                           loaded.net(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_load_looks_for_the_base_beside_the_version_then_where_it_was_trained(tmp_path, tiny_base):
+    trained_from = tmp_path / "cache"
+    (trained_from / gemma_train.FOLDER_NAME).mkdir(parents=True)
+    (trained_from / gemma_train.FOLDER_NAME / "model.safetensors").write_bytes(b"w")
+    model = GemmaModel(tiny_lm(), CharTokenizer(), GemmaConfig(lora_r=4), base_cache=trained_from)
+    model.save(tmp_path / "work" / "checkpoint")  # no base/ beside it
+    GemmaModel.load(tmp_path / "work" / "checkpoint")
+    explicit = tmp_path / "elsewhere"
+    GemmaModel.load(tmp_path / "work" / "checkpoint", cache_dir=explicit)
+    assert tiny_base == [trained_from.resolve(), explicit]
+
+
+def test_load_refuses_a_folder_without_its_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a Gemma reader folder"):
+        GemmaModel.load(tmp_path)
+
+
+def test_load_refuses_tensors_of_another_method(tmp_path, tiny_base):
+    tiny(GemmaConfig(method="last-layers", last_layers=1)).save(tmp_path / "v")
+    config = json.loads((tmp_path / "v" / CONFIG_FILE).read_text())
+    (tmp_path / "v" / CONFIG_FILE).write_text(json.dumps({**config, "method": "lora"}))
+    with pytest.raises(ValueError, match="trained tensors do not match the model"):
+        GemmaModel.load(tmp_path / "v")
+
+
+# --- generation and serving --------------------------------------------------------------------------
+
+def test_generate_in_a_batch_answers_as_one_at_a_time():
+    model = tiny(GemmaConfig(max_new_tokens=6, lora_r=4)).eval()
+    items = [*ITEMS, ("Q?", AS_OF, [])]
+    batch = model.generate(items)
+    assert batch[2] == ""  # no passages: no answer, the model is not asked
+    assert batch[:2] == [model.generate([item])[0] for item in ITEMS]
+
+
+def test_into_reader_merges_the_adapters_and_reads_as_the_model_does(tiny_base):
+    model = tiny(GemmaConfig(max_new_tokens=6, lora_r=4))
+    _train_a_step(model)
+    model.eval()
+    expected = model.generate(ITEMS)
+    reader = model.into_reader(name="gemma:v1")
+    assert reader.name == "gemma:v1" and reader.n_passages == 3 and reader.max_passage_words == 100
+    assert not any("lora_" in n for n, _ in reader.model.named_parameters())  # merged into the base
+    assert [reader.generate(*item).text for item in ITEMS] == expected
+
+
+def test_trainer_scores_validation_before_the_first_step(tmp_path):
+    examples = [TrainExample(str(i), q, a_of, (ans,), tuple(ps)) for i, ((q, a_of, ps), ans)
+                in enumerate(zip(ITEMS, ANSWERS))]
+    trainer = ReaderTrainer(tiny(GemmaConfig(max_new_tokens=4, lora_r=4)), "gemma",
+                            TrainConfig(lr=1e-3, batch_size=2, max_epochs=2, eval_every=1, eval_at_start=True),
+                            tmp_path / "run")
+    result = trainer.train(examples, examples)
+    assert [h["step"] for h in result.history] == [0, 1, 2]
+    assert result.history[1]["s_per_step"] > 0
+    assert (tmp_path / "run" / "best" / WEIGHTS_FILE).exists()
+
+
+# --- the real packaged model --------------------------------------------------------------------------
+
+OTHERS = [passage(dt.date(2023, 6, 12), "Stock markets in Asia rose on Monday as investors awaited the Federal "
+                  "Reserve's decision on interest rates."),
+          passage(dt.date(2023, 6, 11), "Wildfire smoke from Canada drifted across the northeastern United States, "
+                  "prompting air quality alerts in New York.")]
+TOY = [("Who was named the Finals MVP?", [OTHERS[0], NBA], "Nikola Jokic"),
+       ("Which team lost the NBA Finals?", [NBA, OTHERS[1]], "Miami Heat"),
+       ("What was the final score of Game 5?", [NBA], "94-89"),
+       ("Where did the wildfire smoke come from?", [OTHERS[1], OTHERS[0]], "Canada")]
+
+
+@pytest.mark.integration
+def test_a_few_steps_lower_the_loss_and_the_saved_version_answers(gemma_cache, tmp_path):
+    from models.trained import load_trained_reader, write_reader_info
+
+    torch.manual_seed(0)
+    model = GemmaModel.from_base(GemmaConfig(), cache_dir=gemma_cache)
+    items = [(q, AS_OF, ps) for q, ps, _ in TOY]
+    answers = [a for _, _, a in TOY]
+    with torch.no_grad():
+        before = model.eval().loss(items, answers).item()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
+    model.train()
+    for _ in range(4):
+        model.loss(items, answers).backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        after = model.eval().loss(items, answers).item()
+    assert after < 0.5 * before, (before, after)
+
+    models_dir = tmp_path / "models"
+    model.save(models_dir / "gemma-v1")
+    (models_dir / "base").symlink_to(gemma_cache)  # where versions find the base in an SQA_HOME
+    assert sum(f.stat().st_size for f in (models_dir / "gemma-v1").iterdir()) < 50e6  # not the 1 GB base
+    write_reader_info(models_dir / "gemma-v1", {"kind": "gemma", "version": "gemma-v1"})
+    reader = load_trained_reader(models_dir / "gemma-v1")
+    assert reader.name == "gemma:gemma-v1"
+    answer = reader.generate("Who was named the Finals MVP?", AS_OF, [OTHERS[0], NBA])
+    assert "jokic" in answer.text.lower() and "\n" not in answer.raw.strip()

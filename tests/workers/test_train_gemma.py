@@ -1,0 +1,60 @@
+"""`sqa train reader --kind gemma` and `sqa finetune` of a Gemma version, on the invented sample (hash
+encoder) with the real packaged Gemma 3 270M and tiny budgets: a couple of steps each."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import torch
+
+from app.bootstrap import open_database
+from app.services.reader_registry import active_version, list_versions
+from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE
+from models.reader_base import ReaderPassage
+from models.trained import INFO_FILE, load_trained_reader, read_reader_info
+from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
+
+def test_gemma_spec_defaults():
+    spec = ReaderJobSpec.for_gemma(max_minutes=30)
+    assert (spec.kind, spec.n_passages, spec.infer_passages, spec.batch_size, spec.eval_every, spec.warmup_steps) == (
+        "gemma", 3, 3, 4, 50, 10)
+    assert spec.learning_rate == 2e-4 and ReaderJobSpec.for_gemma(method="last-layers").learning_rate == 2e-5
+    assert ReaderJobSpec(kind="extractive").learning_rate == 5e-5  # the other kinds keep theirs
+
+
+def test_cli_train_reader_gemma_refuses_a_base(sqa, tmp_path):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--base", str(tmp_path))
+    assert r.exit_code == 2 and "--base is for --kind fid only" in r.output
+
+
+@pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
+def test_train_and_finetune_a_gemma_version(loaded_settings, new_job, gemma_cache):
+    torch.set_num_threads(1)
+    loaded_settings.models_dir.mkdir(parents=True, exist_ok=True)
+    (loaded_settings.models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
+    spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=2, max_self_articles=6, max_minutes=0.2)
+    version = run_train_job(*new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec, activate=True)
+    folder = loaded_settings.models_dir / version
+    assert version.startswith("gemma-2024-03-01-")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE, INFO_FILE])
+    info = read_reader_info(folder)
+    assert info["kind"] == "gemma" and info["data"]["gold"] > 0 and info["data"]["self_labeled"] > 0
+    assert info["history"][0]["step"] == 0  # the zero-shot score comes first
+    assert info["steps"] >= 1 and info["stopped"] == "budget"
+
+    reader = load_trained_reader(folder)
+    assert reader.name == f"gemma:{version}" and reader.n_passages == 3
+    day = dt.date(2024, 2, 2)
+    p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    assert "okafor" in reader.generate("Who coaches the Harriers?", day, [p]).text.lower()
+
+    second = run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03", max_minutes=0.2)
+    db = open_database(loaded_settings)
+    try:
+        with db.sessions() as session:
+            rows = {r.version: r for r in list_versions(session)}
+            assert rows[second].kind == "gemma" and rows[second].parent_version == version
+            assert active_version(session).version == second
+    finally:
+        db.close()
+    assert read_reader_info(loaded_settings.models_dir / second)["spec"]["lr"] == pytest.approx(1e-4)
