@@ -20,7 +20,7 @@ class ReaderSpec:
     """SQA_READER taken apart.
 
     kind: "builtin" (a packaged reader or fake, by name: load_reader checks the name), "auto" (the
-    active registry version, else smollm2), "path" (a trained version's folder) or "version" (a
+    active registry version, else the packaged Gemma), "path" (a trained version's folder) or "version" (a
     registered version by name). `expect` is the reader kind a "fid:"/"extractive:"/"ranker:"/"gemma:" path
     must hold.
     """
@@ -66,7 +66,7 @@ def parse_reader_spec(spec: str) -> ReaderSpec:
     """
     value = (spec or "").strip()
     if not value:
-        raise ValueError("SQA_READER is empty (use smollm2, first-entity, auto, fid:PATH, extractive:PATH, "
+        raise ValueError("SQA_READER is empty (use gemma, smollm2, first-entity, auto, fid:PATH, extractive:PATH, "
                          "trained:PATH or version:NAME)")
     if value == "auto":
         return ReaderSpec("auto", value)
@@ -84,7 +84,7 @@ def parse_reader_spec(spec: str) -> ReaderSpec:
             raise ValueError(f"SQA_READER={value}: {rest or '(empty path)'} is not a folder (give the folder of a "
                              "trained reader version, the one holding reader.json)")
         return ReaderSpec("path", str(path), expect=None if prefix == "trained" else prefix)
-    raise ValueError(f"SQA_READER={value!r} is not understood (use smollm2, first-entity, auto, fid:PATH, "
+    raise ValueError(f"SQA_READER={value!r} is not understood (use gemma, smollm2, first-entity, auto, fid:PATH, "
                      "extractive:PATH, trained:PATH or version:NAME)")
 
 
@@ -105,9 +105,10 @@ class Settings(BaseSettings):
     # for tests; "hash:delay_ms=5" slows it down so a test can kill an ingest half-way). Anything
     # but "auto" pins it: an index built with another encoder is refused.
     encoder: str = "auto"
-    # Reader backend: "smollm2" (the packaged SmolLM2-135M-Instruct GGUF), "first-entity" (a
-    # deterministic fake that copies a capitalised phrase from the top passage), "auto" (the active
-    # trained version in the registry, else smollm2; the server follows activations), a trained
+    # Reader backend: "gemma" (the packaged Gemma 3 270M), "smollm2" (the packaged SmolLM2-135M-Instruct
+    # GGUF), "first-entity" (a deterministic fake that copies a capitalised phrase from the top
+    # passage), "auto" (the active
+    # trained version in the registry, else gemma; the server follows activations), a trained
     # version's folder "fid:PATH" / "extractive:PATH" / "ranker:PATH" / "gemma:PATH" / "trained:PATH", or
     # "version:NAME" (a registered version, whether active or not). Only "auto" follows activations.
     reader: str = "auto"
