@@ -261,19 +261,28 @@ class GemmaModel:
         return F.cross_entropy(logits.float(), targets[at])
 
     @torch.inference_mode()
-    def generate(self, items: Sequence[Item]) -> list[str]:
-        """Greedy answers, shortened like GemmaReader's, for a batch of (question, as_of, passages):
-        the served prompt (first `n_passages`, `max_passage_words` each), left-padded, stopping when
-        every row has ended its first line. A question without passages gets ""."""
+    def generate(self, items: Sequence[Item], *, batch_size: int | None = None) -> list[str]:
+        """Greedy answers, shortened like GemmaReader's, for (question, as_of, passages) items: the
+        served prompt (first `n_passages`, `max_passage_words` each), stopping at the end of the first
+        line. A question without passages gets "". `batch_size` rows are generated together, left-padded
+        (default: all on an accelerator, one at a time on CPU, where padding measured slower: 8 prompts
+        of ~450 tokens took 20 s together against 14 s one by one)."""
+        live = [i for i, (_, _, ps) in enumerate(items) if ps]
+        out = [""] * len(items)
+        size = batch_size or (1 if self.device.type == "cpu" else max(1, len(live)))
+        for start in range(0, len(live), size):
+            chunk = live[start:start + size]
+            for i, raw in zip(chunk, self._generate_rows([items[i] for i in chunk])):
+                out[i] = shorten_answer(raw, question=items[i][0])
+        return out
+
+    def _generate_rows(self, items: Sequence[Item]) -> list[str]:
+        """The raw first lines generated for items that all have passages, as one left-padded batch."""
         from models.gemma import _first_line_stop
 
         cfg = self.config
-        live = [i for i, (_, _, ps) in enumerate(items) if ps]
-        out = [""] * len(items)
-        if not live:
-            return out
-        prompts = [self._ids(build_prompt(items[i][0], items[i][1], list(items[i][2])[: cfg.n_passages],
-                                          cfg.max_passage_words), special=True) for i in live]
+        prompts = [self._ids(build_prompt(q, as_of, list(ps)[: cfg.n_passages], cfg.max_passage_words), special=True)
+                   for q, as_of, ps in items]
         length = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.full((len(prompts), length), pad, dtype=torch.long)
@@ -283,11 +292,8 @@ class GemmaModel:
             mask[row, length - len(p):] = 1
         gen = self.net.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                 max_new_tokens=cfg.max_new_tokens, do_sample=False, pad_token_id=pad,
-                                stopping_criteria=_first_line_stop(self.tokenizer, length))
-        raws = self.tokenizer.batch_decode(gen[:, length:], skip_special_tokens=True)
-        for i, raw in zip(live, raws):
-            out[i] = shorten_answer(raw, question=items[i][0])
-        return out
+                                stopping_criteria=_first_line_stop(self.tokenizer, length))  # B x (length + new)
+        return self.tokenizer.batch_decode(gen[:, length:], skip_special_tokens=True)
 
     # ---- serving ----------------------------------------------------------------------------------
     def into_reader(self, *, name: str, n_passages: int | None = None) -> GemmaReader:
