@@ -295,14 +295,13 @@ def scheduler_config(settings: Settings):
                            misfire_grace_s=settings.misfire_grace_s)
 
 
-def job_locks(settings: Settings, db: Database) -> dict:
+def job_locks(settings: Settings, runner: JobRunner) -> dict:
     """The lock each kind of job holds while it runs (for `JobRunner.recover` at start-up)."""
     from app.services.reader_registry import READER_TRAINING_LOCK
     from workers.ingest import ingest_lock
     from workers.scheduled import MONTHLY_INGEST, QUARTERLY_EVALUATION
     from workers.train_retriever import RETRIEVER_TRAINING_LOCK
 
-    runner = JobRunner(db.sessions, settings.work_dir / "jobs")
     ingest = ingest_lock(settings.index_dir)
     return {"ingest": ingest, "reencode": ingest, "train": runner.lock(READER_TRAINING_LOCK),
             "finetune": runner.lock(READER_TRAINING_LOCK), "train-retriever": runner.lock(RETRIEVER_TRAINING_LOCK),
@@ -316,7 +315,8 @@ def run_worker(settings: Settings) -> None:
 
     db = open_database(settings)  # migrations first: the jobs table exists before any run
     try:
-        n = JobRunner(db.sessions, settings.work_dir / "jobs").recover(job_locks(settings, db))
+        runner = JobRunner(db.sessions, settings.work_dir / "jobs")
+        n = runner.recover(job_locks(settings, runner))
         if n:
             log.info("marked %d job(s) left running by a stopped process as interrupted", n)
     finally:

@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             db.close()
             raise
         jobs = build_context(settings, db, encoder=encoder, answer_service=service)
-        n = await run_in_threadpool(jobs.runner.recover, job_locks(settings, db))
+        n = await run_in_threadpool(jobs.runner.recover, job_locks(settings, jobs.runner))
         if n:
             log.warning("marked %d job(s) left running by a stopped process as interrupted", n)
         app.state.db, app.state.answers, app.state.jobs = db, service, jobs

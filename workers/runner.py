@@ -67,7 +67,6 @@ class JobHandle:
         self._sessions = sessions
         self.job_id = job_id
         self.progress = progress
-        self.finished = False
 
     # Progress protocol: the work's stages and steps.
     def stage(self, name: str, total: int) -> None:
@@ -102,7 +101,6 @@ class JobHandle:
         """Mark the job succeeded inside the caller's transaction, with what it committed there."""
         job = self.update_in(session, progress=1.0, message=message, counts=counts, timings=timings)
         job.state, job.error, job.finished_at = JobState.SUCCEEDED, None, utcnow()
-        self.finished = True
 
 
 Work = Callable[[JobHandle], T]

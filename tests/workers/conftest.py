@@ -37,19 +37,16 @@ def cup_stream() -> tuple[list[ArticleRecord], list[QuestionRecord]]:
 def new_job():
     """A function that opens a job context over the settings and creates a queued job row of a kind;
     returns (context, the job's handle): what a job function takes. Closed after the test."""
+    import contextlib
+
     from app.bootstrap import open_context
     from workers.progress import JobProgress
     from workers.runner import JobHandle
 
-    opened = []
+    with contextlib.ExitStack() as opened:
+        def make(settings, kind: str = "train"):
+            ctx = opened.enter_context(open_context(settings))
+            job_id = ctx.runner.create(kind, {})
+            return ctx, JobHandle(ctx.sessions, job_id, JobProgress(ctx.sessions, job_id))
 
-    def make(settings, kind: str = "train"):
-        cm = open_context(settings)
-        ctx = cm.__enter__()
-        opened.append(cm)
-        job_id = ctx.runner.create(kind, {})
-        return ctx, JobHandle(ctx.sessions, job_id, JobProgress(ctx.sessions, job_id))
-
-    yield make
-    for cm in opened:
-        cm.__exit__(None, None, None)
+        yield make
