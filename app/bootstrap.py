@@ -28,6 +28,7 @@ from indexer.ivf import ShardPolicy
 from models.encoders import TextEncoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
 from evaluation.drift import parse_features
+from workers.auto_train import AutoTrainConfig
 from workers.context import JobContext
 from workers.drift import DriftConfig
 from workers.evaluate import EvalConfig
@@ -198,8 +199,9 @@ def shard_policy(settings: Settings) -> ShardPolicy:
 
 
 def build_retriever(settings: Settings, encoder: TextEncoder) -> Retriever:
-    """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT."""
-    return make_retriever(settings.retriever, encoder, fusion=settings.fusion, dense_weight=settings.fusion_dense_weight)
+    """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT, SQA_RECENCY_WEIGHT."""
+    return make_retriever(settings.retriever, encoder, fusion=settings.fusion, dense_weight=settings.fusion_dense_weight,
+                          recency=settings.recency_weight)
 
 
 def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
@@ -226,7 +228,8 @@ def retriever_key(settings: Settings) -> str:
     """SQA_RETRIEVER with the fusion settings that change its ranking ("hybrid-weighted-0.5")."""
     if settings.retriever != "hybrid":
         return settings.retriever
-    return f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
+    key = f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
+    return f"{key}-recency-{settings.recency_weight:g}" if settings.recency_weight else key
 
 
 def build_context(settings: Settings, db: Database, *, bar: bool = False,
@@ -247,12 +250,15 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
         db=db, runner=JobRunner(db.sessions, settings.work_dir / "jobs", bar=bar),
         home=settings.home, index_dir=settings.index_dir, work_dir=settings.work_dir,
         models_dir=settings.models_dir, encoders_dir=settings.encoders_dir, reports_dir=settings.reports_dir,
-        device=settings.device, retriever=retriever_key(settings), news_source=settings.news_source,
+        device=settings.device, reader=settings.reader, retriever=retriever_key(settings),
+        news_source=settings.news_source,
         finetune_policy=settings.finetune_policy, drift_measure=settings.drift_measure,
         drift_drop_threshold=settings.drift_drop_threshold, ingest=ingest_config(settings),
         evaluation=eval_config(settings), transport=transport_config(settings), drift=drift_config(settings),
+        auto_train=AutoTrainConfig(enabled=settings.auto_train, max_minutes=settings.auto_train_minutes),
         load_encoder=load_encoder, load_answer_service=load_answer_service,
-        open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical))
+        open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical),
+        load_reader_folder=lambda folder: load_trained_folder(settings, Path(folder)))
 
 
 @contextlib.contextmanager

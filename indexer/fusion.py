@@ -73,3 +73,26 @@ def weighted_fusion(scored: Sequence[Sequence[tuple[int, float]]], weights: Sequ
             norm = (s - lo) / (hi - lo) if hi > lo else 1.0
             scores[pid] = scores.get(pid, 0.0) + weight * norm
     return _ranked(scores, first_seen, k)
+
+
+def recency_prior(hits: Sequence[tuple[int, float]], as_of_day: int, weight: float, k: int, *,
+                  scale_days: float = 1.0) -> list[tuple[int, float]]:
+    """Re-score (id, score) hits with a soft penalty on their age at `as_of`: score - weight *
+    log1p(age_days / scale_days), the age read from the id (`indexer.ids`); best first, at most k.
+
+    News questions are mostly about the last days before their date, but not always: a soft prior
+    keeps older evidence reachable where a hard window would drop it. Ties keep the input order.
+    """
+    import numpy as np
+
+    from indexer.ids import id_day_numbers
+
+    if weight < 0 or scale_days <= 0:
+        raise ValueError(f"weight must be >= 0 and scale_days > 0, got {weight} and {scale_days}")
+    if not hits:
+        return []
+    ids = np.fromiter((h[0] for h in hits), dtype=np.int64, count=len(hits))
+    age = np.maximum(0, as_of_day - id_day_numbers(ids)).astype(np.float64)  # (n,) days
+    scores = np.fromiter((h[1] for h in hits), dtype=np.float64, count=len(hits)) - weight * np.log1p(age / scale_days)
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [(int(ids[i]), float(scores[i])) for i in order]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from app.db.engine import Database
+from workers.auto_train import AutoTrainConfig
 from workers.drift import DriftConfig
 from workers.evaluate import EvalConfig
 from workers.ingest import IngestConfig
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # types only: a context never loads a model by being built
     from app.services.answering import AnswerService
     from app.services.index_state import IndexState
     from models.encoders import TextEncoder
+    from models.readers import Reader
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class JobContext:
     encoders_dir: Path
     reports_dir: Path
     device: str
+    reader: str  # SQA_READER ("auto": the active version serves)
     retriever: str  # SQA_RETRIEVER with its fusion, e.g. "hybrid-weighted-0.5" (cache keys)
     news_source: str
     finetune_policy: str
@@ -46,12 +49,15 @@ class JobContext:
     evaluation: EvalConfig
     transport: TransportConfig
     drift: DriftConfig
+    auto_train: AutoTrainConfig
     # The encoder the serving index was built with (SQA_ENCODER), loaded on first call.
     load_encoder: Callable[[], "TextEncoder"]
     # The served pipeline (SQA_RETRIEVER; SQA_READER, or the reader given), on a fresh index state.
     load_answer_service: Callable[..., "AnswerService"]
     # An index state over `encoder` (lexical: with the BM25 files).
     open_index_state: Callable[["TextEncoder", bool], "IndexState"]
+    # A reader version's folder loaded as a Reader (the serving settings: device, passages).
+    load_reader_folder: Callable[[Path], "Reader"]
 
     @property
     def sessions(self):

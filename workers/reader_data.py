@@ -116,7 +116,8 @@ def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date
                    val_from: dt.date, cfg: DataConfig, progress=None, self_from: dt.date | None = None,
                    replay: list[TrainExample] | None = None) -> tuple[list[TrainExample], list[TrainExample], DataCounts]:
     """(train, val, counts). Gold questions in [train_from, val_from) train; those in [val_from,
-    until) validate; self-labeled questions from articles in [self_from or train_from, until) train."""
+    until) validate; self-labeled questions from articles in [self_from or train_from, until) train.
+    Without a gold question in [val_from, until), the self-labeled ones of its articles validate."""
     counts = DataCounts()
     b = _Builder(session, retriever, snapshot, cfg, counts)
     golds, left_out = gold_questions(session, train_from, until)
@@ -144,6 +145,12 @@ def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date
             train.append(ex)
         if progress:
             progress.advance()
+    if not val and val_from < until:
+        # No gold question in the held-back month (a store of news only): validate on the
+        # self-labeled questions of its articles instead, and train on the rest.
+        val = [ex for ex in train if ex.source == "self" and ex.as_of >= val_from][: cfg.max_val]
+        held = {id(ex) for ex in val}
+        train = [ex for ex in train if id(ex) not in held]
     counts.gold = sum(ex.source == "gold" for ex in train)
     counts.self_labeled = sum(ex.source == "self" for ex in train)
     counts.val = len(val)

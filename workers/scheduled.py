@@ -140,6 +140,27 @@ def _finetune(ctx: JobContext, month: str, ingested: dict | None) -> dict:
     return {"policy": policy, "ran": True, "job_id": job_id, "version": version, **decision}
 
 
+def _auto_train(ctx: JobContext, first: dt.date, ingested: dict | None) -> dict:
+    """SQA_AUTO_TRAIN: train the reader on what is dated before the month, as its own job
+    (workers/auto_train.py); a failure leaves the month ingested and is on that job's row."""
+    from app.services.reader_registry import READER_TRAINING_LOCK
+    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, plan
+
+    if ingested is None:
+        return {"action": "skip", "reason": f"no articles in {month_key(first)}"}
+    what = plan(ctx, first)
+    if what["action"] == "skip":  # no job row for nothing to do
+        return what
+    job_id = ctx.runner.create(AUTO_TRAIN, {"until": str(first)})
+    try:
+        return {"job_id": job_id, **ctx.runner.run(
+            job_id, lambda handle: after_ingest(ctx, handle, until=first, cfg=ctx.auto_train),
+            lock=ctx.runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)}
+    except Exception as exc:
+        log.error("training after the ingest of %s failed (job %d): %s", month_key(first), job_id, exc)
+        return {"job_id": job_id, "error": str(exc)}
+
+
 def drift_decision(ctx: JobContext, session: Session, active, month: str) -> dict:
     """on-drift: fine-tune when the predicted F1 drop of the new month exceeds SQA_DRIFT_DROP_THRESHOLD.
 
@@ -193,8 +214,10 @@ def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
         except NoArticlesError:
             ingested = None
     t2 = time.perf_counter()
-    finetune = _finetune(ctx, month, ingested)
-    counts: dict = {"ingest": ingested, "finetune": finetune}
+    counts: dict = {"ingest": ingested}
+    if ctx.auto_train.enabled:
+        counts["auto_train"] = _auto_train(ctx, first, ingested)
+    counts["finetune"] = _finetune(ctx, month, ingested)
     if ingested is None:
         counts["note"] = "no articles"
         message = f"no articles published in {month}: nothing to index"

@@ -105,25 +105,60 @@ def import_articles(path: Path, since: Optional[str] = typer.Option(None), until
 
 # ---- ingest ----------------------------------------------------------------------------------------
 
-def _run_ingest(params) -> None:
-    """Run an ingest job (`workers.ingest.IngestParams`) here and print what each shard got."""
+def _run_ingest(params, *, train: bool = False, train_minutes: float | None = None) -> None:
+    """Run an ingest job (`workers.ingest.IngestParams`) here, print what each shard got, then train
+    the reader on what is dated before the last ingested month (workers/auto_train.py) unless told not to."""
+    import dataclasses
     import json
 
+    from sqlalchemy import func, select
+
+    from app.db.tables import Passage
+    from indexer.dates import month_start
     from workers.ingest import ingest as run_ingest
 
     with context() as ctx:
         typer.echo(f"ingest: {json.dumps(params.to_json())}", err=True)
         job = run_ingest(ctx.sessions, ctx.load_encoder(), ctx.ingest, params, runner=ctx.runner)
-    typer.echo(f"ingest job {job.id} {job.state}", err=True)
-    counts = job.counts or {}
-    for key in counts.get("planned", []):
-        c, t = counts.get(key, {}), (job.timings or {}).get(key, {})
-        typer.echo(f"{key}: {c.get('articles')} articles -> {c.get('passages')} passages "
-                   f"({t.get('passages_per_s')} passages/s), snapshot {c.get('snapshot')}")
-    if counts.get("empty_months"):
-        typer.echo(f"months without articles (skipped): {' '.join(counts['empty_months'])}")
-    if not counts.get("planned"):
-        typer.echo(job.message)
+        typer.echo(f"ingest job {job.id} {job.state}", err=True)
+        counts = job.counts or {}
+        for key in counts.get("planned", []):
+            c, t = counts.get(key, {}), (job.timings or {}).get(key, {})
+            typer.echo(f"{key}: {c.get('articles')} articles -> {c.get('passages')} passages "
+                       f"({t.get('passages_per_s')} passages/s), snapshot {c.get('snapshot')}")
+        if counts.get("empty_months"):
+            typer.echo(f"months without articles (skipped): {' '.join(counts['empty_months'])}")
+        if not counts.get("planned"):
+            typer.echo(job.message)
+        last = params.month or params.through
+        if last is None:  # a history backfill: no month of news to learn up to
+            return
+        with ctx.sessions() as session:  # the last ingested month: one that holds passages
+            newest = session.scalar(select(func.max(Passage.published)))
+        if newest is None:
+            return
+        until = min(last, month_start(newest))
+        cfg = ctx.auto_train if train_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=train_minutes)
+        if not train or not cfg.enabled:
+            typer.echo("reader training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
+            return
+        _auto_train(ctx, until, cfg)
+
+
+def _auto_train(ctx, until, cfg) -> None:
+    from app.services.reader_registry import READER_TRAINING_LOCK
+    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, plan
+
+    what = plan(ctx, until)
+    if what["action"] == "skip":
+        typer.echo(f"reader training after ingest: skipped ({what['reason']})", err=True)
+        return
+    typer.echo(f"reader training after ingest: {what['action']} on what is dated before {until} "
+               f"(held-back month {what['held_back']}, budget {cfg.max_minutes:g} min; --no-train skips it)", err=True)
+    runner = ctx.runner
+    done = runner.run_new(AUTO_TRAIN, {"until": str(until)}, lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
+                          lock=runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)
+    typer.echo(f"reader training after ingest: {describe(done)}")
 
 
 @cli.command("ingest")
@@ -133,8 +168,18 @@ def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest 
            from_: Optional[str] = typer.Option(None, "--from", help="YYYY-MM: with --through, the first month "
                                                "(older articles form one history backfill on an empty index)"),
            history_before: Optional[str] = typer.Option(None, help="YYYY-MM: (re)build the history shard of "
-                                                        "everything published before this month")) -> None:
-    """Chunk, encode and index articles; each month becomes a shard and a new snapshot."""
+                                                        "everything published before this month"),
+           train: bool = typer.Option(True, "--train/--no-train", help="then train the reader on what is dated "
+                                      "before the last ingested month, and activate it if it answers better on the "
+                                      "month before (default: SQA_AUTO_TRAIN)"),
+           train_minutes: Optional[float] = typer.Option(None, min=0.1, help="that training's budget in minutes "
+                                                         "(default: SQA_AUTO_TRAIN_MINUTES, 30)")) -> None:
+    """Chunk, encode and index articles; each month becomes a shard and a new snapshot.
+
+    Then, unless --no-train, the reader is trained on the stored questions and news dated before the
+    last ingested month and becomes the served default only if it answers better than the serving
+    reader on the month before it (a job of its own, resumable: run the same command again).
+    """
     from workers.ingest import IngestParams
 
     given = [x for x in (month, through, history_before) if x]
@@ -144,7 +189,8 @@ def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest 
         fail("--from goes with --through")
     _run_ingest(IngestParams(month=month_option(month, "--month"), through=month_option(through, "--through"),
                              start=month_option(from_, "--from"),
-                             history_before=month_option(history_before, "--history-before")))
+                             history_before=month_option(history_before, "--history-before")),
+                train=train, train_minutes=train_minutes)
 
 
 @index_cli.command("rebuild")

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     # How hybrid fuses the two rankings: rrf (reciprocal rank) or weighted (min-max normalised scores).
     fusion: Literal["rrf", "weighted"] = "weighted"
     fusion_dense_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # weighted: dense share, BM25 gets the rest
+    # hybrid: a soft prior for recent news, score - weight * log1p(age in days at as_of) on the fused
+    # score (weighted fusion scores are in [0, 1]); fitted on 2023-01..03 (bench/bench_quality.py). 0: none.
+    recency_weight: float = Field(default=0.0, ge=0.0)
     # A new shard is flat (exact) below ivf_min_vectors, IVF-Flat below ivf_compressed_min_vectors,
     # and IVF with ivf_codec codes (sq8: 8-bit scalar, pq: product quantisation) from there.
     ivf_min_vectors: int = Field(default=100_000, ge=1)
@@ -148,7 +151,13 @@ class Settings(BaseSettings):
     eval_cron: str = "0 4 2 1,4,7,10 *"
     # A run missed while the worker was down still runs (once) if it is at most this late.
     misfire_grace_s: int = Field(default=6 * 3600, ge=1)
-    # Fine-tune the reader after each monthly ingest: never | always | on-drift.
+    # Train the reader after an ingest (`sqa ingest`, the monthly job) on what is dated before the
+    # ingested month, and activate it if it answers better on the month before (workers/auto_train.py).
+    auto_train: bool = True
+    # The training budget of one such run, in minutes (the best checkpoint within it is kept).
+    auto_train_minutes: float = Field(default=30.0, gt=0)
+    # Also fine-tune the active reader on each monthly ingest's own month: never | always | on-drift
+    # (after the training SQA_AUTO_TRAIN does, which learns only what is dated before the month).
     finetune_policy: Literal["never", "always", "on-drift"] = "never"
     # on-drift: fine-tune when the drift regression (workers/transport.py) predicts that the new
     # month costs the active reader more than this many F1 points against its source quarter.

@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 from app.db.tables import Passage
 from app.services.errors import IndexNotReadyError
 from app.services.index_state import LoadedSnapshot
-from indexer.fusion import FUSIONS, reciprocal_rank_fusion, weighted_fusion
+from indexer.dates import day_number
+from indexer.fusion import FUSIONS, reciprocal_rank_fusion, recency_prior, weighted_fusion
 from indexer.lexical import LexicalIndex
 from models.encoders import TextEncoder
 from models.readers import dated_question
@@ -134,12 +135,16 @@ class Bm25Retriever:
 
 
 class HybridRetriever:
-    """Dense and BM25 candidates under the same date filter, fused (rrf or weighted); the score is the fused one."""
+    """Dense and BM25 candidates under the same date filter, fused (rrf or weighted); the score is the fused one.
+
+    `recency` > 0 adds a soft prior on the passage's age at as_of to every fused candidate's score
+    (`indexer.fusion.recency_prior`: score - recency * log1p(age in days)) before the top k are kept.
+    """
 
     name = "hybrid"
 
     def __init__(self, encoder: TextEncoder, *, fusion: str = "rrf", dense_weight: float = 0.5,
-                 depth: int = FUSION_DEPTH) -> None:
+                 depth: int = FUSION_DEPTH, recency: float = 0.0) -> None:
         if fusion not in FUSIONS:
             raise ValueError(f"fusion {fusion!r} is not one of {', '.join(FUSIONS)}")
         if not 0.0 <= dense_weight <= 1.0:
@@ -147,27 +152,35 @@ class HybridRetriever:
         self.encoder = encoder
         self.dense = DenseRetriever(encoder)
         self.lexical = Bm25Retriever(encoder)
-        self.fusion, self.dense_weight, self.depth = fusion, dense_weight, depth
+        if recency < 0:
+            raise ValueError(f"recency {recency} must be >= 0")
+        self.fusion, self.dense_weight, self.depth, self.recency = fusion, dense_weight, depth, recency
 
     def search(self, snapshot: LoadedSnapshot, question: str, as_of: dt.date, k: int) -> list[tuple[int, float]]:
         depth = max(k, self.depth)
         lexical = self.lexical.search(snapshot, question, as_of, depth)  # raises first if BM25 is missing
         dense = self.dense.search(snapshot, question, as_of, depth)
+        n = k if not self.recency else 2 * depth  # with a prior, every candidate may still rise
         if self.fusion == "rrf":
-            return reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]], k)
-        return weighted_fusion([dense, lexical], [self.dense_weight, 1.0 - self.dense_weight], k)
+            fused = reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]], n)
+        else:
+            fused = weighted_fusion([dense, lexical], [self.dense_weight, 1.0 - self.dense_weight], n)
+        if not self.recency:
+            return fused
+        return recency_prior(fused, day_number(as_of), self.recency, k)
 
     def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
                  top_k: int) -> list[RetrievedPassage]:
         return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
 
-def make_retriever(kind: str, encoder: TextEncoder, *, fusion: str = "rrf", dense_weight: float = 0.5):
-    """The retriever SQA_RETRIEVER names: "dense", "bm25" or "hybrid"."""
+def make_retriever(kind: str, encoder: TextEncoder, *, fusion: str = "rrf", dense_weight: float = 0.5,
+                   recency: float = 0.0):
+    """The retriever SQA_RETRIEVER names: "dense", "bm25" or "hybrid" (with SQA_RECENCY_WEIGHT)."""
     if kind == "dense":
         return DenseRetriever(encoder)
     if kind == "bm25":
         return Bm25Retriever(encoder)
     if kind == "hybrid":
-        return HybridRetriever(encoder, fusion=fusion, dense_weight=dense_weight)
+        return HybridRetriever(encoder, fusion=fusion, dense_weight=dense_weight, recency=recency)
     raise ValueError(f"retriever {kind!r} is not one of {', '.join(RETRIEVERS)}")

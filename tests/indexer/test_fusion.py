@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from indexer.fusion import reciprocal_rank_fusion, weighted_fusion
+import datetime as dt
+import math
+
+from indexer.dates import day_number
+from indexer.fusion import reciprocal_rank_fusion, recency_prior, weighted_fusion
+from indexer.ids import make_id
 
 
 def test_rrf_ranks_a_passage_in_both_lists_above_the_top_of_one():
@@ -32,3 +37,23 @@ def test_fusion_rejects_bad_arguments():
         reciprocal_rank_fusion([[1]], k=0)
     with pytest.raises(ValueError, match="one non-negative weight per list"):
         weighted_fusion([[(1, 1.0)]], [0.5, 0.5], k=1)
+
+
+def test_recency_prior_lets_a_fresh_passage_overtake_an_older_one_of_nearly_the_same_score():
+    as_of = dt.date(2023, 4, 10)
+    old, fresh = make_id(dt.date(2023, 1, 10), 0), make_id(dt.date(2023, 4, 9), 1)
+    hits = [(old, 0.80), (fresh, 0.75)]
+    ranked = recency_prior(hits, day_number(as_of), 0.05, k=2)
+    assert [i for i, _ in ranked] == [fresh, old]
+    assert ranked[0][1] == pytest.approx(0.75 - 0.05 * math.log1p(1))
+    assert ranked[1][1] == pytest.approx(0.80 - 0.05 * math.log1p(90))
+    # a weight of 0 changes nothing, and k cuts the list
+    assert recency_prior(hits, day_number(as_of), 0.0, k=1) == [(old, 0.80)]
+
+
+def test_recency_prior_counts_a_same_day_passage_as_age_zero_and_rejects_bad_weights():
+    day = dt.date(2023, 4, 10)
+    assert recency_prior([(make_id(day, 3), 0.5)], day_number(day), 1.0, k=5) == [(make_id(day, 3), 0.5)]
+    assert recency_prior([], day_number(day), 1.0, k=5) == []
+    with pytest.raises(ValueError):
+        recency_prior([(make_id(day, 3), 0.5)], day_number(day), -0.1, k=5)

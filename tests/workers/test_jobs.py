@@ -75,6 +75,8 @@ def test_monthly_ingest_indexes_the_month_then_skips_it(use_env, sample_root):
     assert first["counts"]["import"]["questions"]["inserted"] > 0
     assert first["counts"]["ingest"]["passages"] > 0
     assert first["counts"]["finetune"] == {"policy": "never", "ran": False}
+    auto = first["counts"]["auto_train"]  # the tests' settings pin the reader: nothing to train
+    assert auto["action"] == "skip" and "SQA_READER=first-entity pins the reader" in auto["reason"]
     published = {a.published for a in rows(settings, Article)}
     assert min(published) >= dt.date(2024, 2, 1) and max(published) <= dt.date(2024, 2, 29)
     [snapshot] = rows(settings, IndexSnapshot)

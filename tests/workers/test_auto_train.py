@@ -1,0 +1,102 @@
+"""Training after ingestion (workers/auto_train.py): what it decides to do, that it reads nothing
+dated on or after the ingested month, and, with the real Gemma, that a version is activated only when
+it answers the held-back month better than the serving reader."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+import torch
+
+from app.bootstrap import open_context
+from app.services.reader_registry import active_version, register_version
+from models.trained import read_reader_info
+from workers.auto_train import AUTO_TRAIN, AutoTrainConfig, after_ingest, describe, held_back_questions, plan
+
+from tests.conftest import SAMPLE
+
+
+def _register(ctx, version, kind, until, *, activate=True):
+    (ctx.models_dir / version).mkdir(parents=True, exist_ok=True)
+    with ctx.sessions() as session, session.begin():
+        register_version(session, version=version, kind=kind, path=version, trained_until=until,
+                         activate=activate, models_dir=ctx.models_dir)
+
+
+def test_plan_follows_the_registry(loaded_settings):
+    until = dt.date(2024, 3, 1)
+    with open_context(loaded_settings) as ctx:
+        pinned = plan(ctx, until)
+        assert pinned["action"] == "skip" and "SQA_READER=first-entity pins the reader" in pinned["reason"]
+        ctx = dataclasses.replace(ctx, reader="auto")
+        assert plan(ctx, until) == {"action": "train", "held_back": "2024-02"}  # nothing active: from the base
+
+        _register(ctx, "gemma-old", "gemma", dt.date(2024, 1, 15))  # trained before the held-back month
+        assert plan(ctx, until) == {"action": "finetune", "parent": "gemma-old", "held_back": "2024-02"}
+
+        _register(ctx, "gemma-new", "gemma", dt.date(2024, 2, 29))  # already knows February
+        current = plan(ctx, until)
+        assert current["action"] == "skip" and "trained through 2024-02-29" in current["reason"]
+
+        _register(ctx, "ranker-x", "ranker", dt.date(2024, 2, 29))
+        chosen = plan(ctx, until)
+        assert chosen["action"] == "skip" and "is a ranker chosen by hand" in chosen["reason"]
+
+
+def test_held_back_questions_are_the_months_gold_questions(loaded_settings):
+    with open_context(loaded_settings) as ctx:
+        rows, source = held_back_questions(ctx, dt.date(2024, 2, 1), dt.date(2024, 3, 1), AutoTrainConfig())
+    assert source == "gold" and rows
+    assert all(dt.date(2024, 2, 1) <= asked < dt.date(2024, 3, 1) for _, asked, _ in rows)
+
+
+@pytest.mark.integration  # spaCy for the self-labeled questions
+def test_held_back_questions_of_a_news_only_store_are_self_labeled(settings):
+    from app.bootstrap import build_encoder
+    from indexer.importers import read_realtimeqa
+    from workers.imports import store_records
+    from workers.ingest import IngestParams, ingest
+
+    with open_context(settings) as ctx:
+        articles, _, _ = read_realtimeqa(SAMPLE)
+        store_records(ctx.sessions, articles, [])  # news only: no question
+        ingest(ctx.sessions, build_encoder(settings), ctx.ingest, IngestParams(through=dt.date(2024, 3, 1)))
+        rows, source = held_back_questions(ctx, dt.date(2024, 2, 1), dt.date(2024, 3, 1),
+                                           AutoTrainConfig(check_questions=5))
+    assert source == "self-labeled" and 0 < len(rows) <= 5
+    assert all(dt.date(2024, 2, 1) <= asked < dt.date(2024, 3, 1) and answers for _, asked, answers in rows)
+
+
+def test_cli_ingest_says_what_it_did_about_training(sqa):
+    assert sqa("import", "realtimeqa", str(SAMPLE)).exit_code == 0
+    r = sqa("ingest", "--through", "2024-02")
+    assert r.exit_code == 0, r.output
+    assert "reader training after ingest: skipped (SQA_READER=first-entity pins the reader" in r.output
+    r = sqa("ingest", "--month", "2024-03", "--no-train")
+    assert r.exit_code == 0, r.output
+    assert "reader training after ingest: off" in r.output
+
+
+@pytest.mark.integration  # the real Gemma
+def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_settings, gemma_cache):
+    torch.set_num_threads(1)
+    settings = loaded_settings.model_copy(update={"reader": "auto"})
+    settings.models_dir.mkdir(parents=True, exist_ok=True)
+    (settings.models_dir / "base").symlink_to(gemma_cache)
+    until = dt.date(2024, 3, 1)
+    with open_context(settings) as ctx:
+        cfg = AutoTrainConfig(max_minutes=0.05, check_questions=4)
+        done = ctx.runner.run_new(AUTO_TRAIN, {"until": str(until)},
+                                  lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
+                                  result_key="auto_train", message=describe)
+        assert done["action"] == "train" and done["check"]["month"] == "2024-02"
+        new, serving = done["check"]["new"], done["check"]["serving"]
+        assert new["n"] == serving["n"] == 4 and done["check"]["questions"] == "gold"
+        assert done["activated"] == ((new["f1"], new["em"]) > (serving["f1"], serving["em"]))
+        with ctx.sessions() as session:
+            active = active_version(session)
+            assert (active is not None and active.version == done["version"]) == done["activated"]
+        # the version learnt nothing dated on or after the ingested month
+        info = read_reader_info(ctx.models_dir / done["version"])
+        assert info["trained_until"] == str(until) and info["data"]["gold"] > 0

@@ -1,0 +1,166 @@
+"""Training that follows ingestion: the best reader becomes the default with no manual step.
+
+After `sqa ingest` (and the scheduled monthly ingest) indexed months up to M, `after_ingest` trains the
+reader on what is stored and dated before M, then checks it on a held-back month against the reader
+serving now, and activates it only if it answers better there:
+
+- no trained reader is active (a fresh store serves zero-shot Gemma): a Gemma version is trained from
+  the base model on the gold questions before the held-back month, the self-labeled questions of the
+  news before M, and validated on the held-back month (`workers.train.run_train_job`);
+- a Gemma version is active and was trained on data before the held-back month: it is fine-tuned on
+  the held-back month's news with replay of older questions (`workers.train.run_finetune_job`);
+- otherwise (already trained through it, or another kind chosen by hand): nothing runs, and the
+  report says why.
+
+The held-back month is the month before M. Nothing dated M or later is read, so an evaluation of M
+and the months after it stays honest. The check is the served pipeline (retriever, passages,
+reader) end to end on the held-back month's gold questions, or, in a store of news only, on questions
+self-labeled from its articles; both readers answer the same questions. A training run is a job of
+its own ("auto-train", resumable: the same command resumes it), with progress.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from evaluation.metrics import exact_match, token_f1
+from indexer.dates import month_key, month_start
+
+if TYPE_CHECKING:
+    from workers.context import JobContext
+    from workers.runner import JobHandle
+
+log = logging.getLogger(__name__)
+
+AUTO_TRAIN = "auto-train"
+
+
+@dataclass(frozen=True)
+class AutoTrainConfig:
+    enabled: bool = True  # SQA_AUTO_TRAIN
+    max_minutes: float = 30.0  # SQA_AUTO_TRAIN_MINUTES: the training budget of one run
+    check_questions: int = 40  # held-back questions both readers answer
+    min_train_questions: int = 20  # fewer gold + self-labeled examples than this: do not train
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Check:
+    n: int
+    em: float
+    f1: float
+
+    def to_json(self) -> dict:
+        return {"n": self.n, "em": round(100 * self.em, 1), "f1": round(100 * self.f1, 1)}
+
+
+def held_back_questions(ctx: JobContext, first: dt.date, before: dt.date, cfg: AutoTrainConfig
+                        ) -> tuple[list[tuple[str, dt.date, tuple[str, ...]]], str]:
+    """(text, asked, answers) of the held-back month [first, before): its gold questions, else
+    questions self-labeled from its articles (dated a few days after the article, as asked)."""
+    from workers.reader_data import DataConfig, gold_questions, self_labeled
+
+    rng = random.Random(cfg.seed)
+    with ctx.sessions() as session:
+        golds, _ = gold_questions(session, first, before)
+        if golds:
+            rows = [(q.text, q.asked, tuple(q.answers)) for q in golds]
+            source = "gold"
+        else:
+            gen = self_labeled(session, first, before, DataConfig(seed=cfg.seed + 7),
+                               max_articles=cfg.check_questions * 2, per_article=1)
+            rows = [(g.question, min(g.published + dt.timedelta(days=rng.randint(0, 6)), before - dt.timedelta(days=1)),
+                     (g.answer,)) for g in gen]
+            source = "self-labeled"
+    rng.shuffle(rows)
+    return rows[: cfg.check_questions], source
+
+
+def check_reader(ctx: JobContext, reader, questions) -> Check:
+    """EM/F1 of the served pipeline with `reader` on the questions, each asked as of its date."""
+    service = ctx.load_answer_service(reader)
+    service.index_state.refresh()  # a fresh state: open the serving snapshot
+    ems, f1s = [], []
+    for text, asked, answers in questions:
+        answer = service.answer(text, asked).answer
+        ems.append(exact_match(answer, answers))
+        f1s.append(token_f1(answer, answers))
+    n = len(questions)
+    return Check(n, sum(ems) / n if n else 0.0, sum(f1s) / n if n else 0.0)
+
+
+def plan(ctx: JobContext, until: dt.date) -> dict:
+    """What `after_ingest` would do for a cut at `until`: {"action": "train" | "finetune" | "skip", ...}."""
+    from app.services.reader_registry import active_version
+
+    held_from = month_start(until - dt.timedelta(days=1))
+    if ctx.reader != "auto":
+        return {"action": "skip", "reason": f"SQA_READER={ctx.reader} pins the reader: ingestion trains only "
+                                            "when the active version serves (SQA_READER=auto)"}
+    with ctx.sessions() as session:
+        active = active_version(session)
+        if active is None:
+            return {"action": "train", "held_back": month_key(held_from)}
+        if active.kind != "gemma":
+            return {"action": "skip", "reason": f"the active reader {active.version} is a {active.kind} chosen by "
+                                                "hand; activate a gemma version or none to let ingestion train"}
+        if active.trained_until is not None and active.trained_until >= held_from - dt.timedelta(days=1):
+            return {"action": "skip", "reason": f"the active reader {active.version} is trained through "
+                                                f"{active.trained_until}: nothing new before {until}"}
+        return {"action": "finetune", "parent": active.version, "held_back": month_key(held_from)}
+
+
+def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTrainConfig) -> dict:
+    """Train on what is dated before `until` (the first ingested month's start, or the last one's),
+    check on the month before it, activate if better. Returns what happened (the job's counts)."""
+    from app.services.reader_registry import activate_version, get_version, version_dir
+    from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
+
+    what = plan(ctx, until)
+    if what["action"] == "skip":
+        job.update(message=what["reason"])
+        return what
+    held_from = month_start(until - dt.timedelta(days=1))
+    questions, source = held_back_questions(ctx, held_from, until, cfg)
+    if not questions:
+        what = {"action": "skip", "reason": f"nothing to check a new reader on: no question and no article in "
+                                            f"the held-back month {month_key(held_from)}"}
+        job.update(message=what["reason"])
+        return what
+
+    spec = ReaderJobSpec.for_gemma(max_minutes=cfg.max_minutes, seed=cfg.seed)
+    if what["action"] == "train":
+        version = run_train_job(ctx, job, until=until, spec=spec, activate=False)
+    else:
+        parent_spec = replace(spec, lr=spec.learning_rate / 2, max_epochs=1, patience=2)
+        version = run_finetune_job(ctx, job, month=month_key(held_from), spec=parent_spec, activate=False,
+                                   max_minutes=cfg.max_minutes)
+    job.update(message=f"checking {version} against the serving reader on {len(questions)} {source} "
+                       f"questions of {month_key(held_from)}")
+    with ctx.sessions() as session:
+        folder = version_dir(get_version(session, version), ctx.models_dir)
+    incumbent = check_reader(ctx, None, questions)
+    candidate = check_reader(ctx, ctx.load_reader_folder(folder), questions)
+    better = (candidate.f1, candidate.em) > (incumbent.f1, incumbent.em)
+    if better:
+        with ctx.sessions() as session, session.begin():
+            activate_version(session, version, models_dir=ctx.models_dir)
+    verdict = "activated" if better else "kept the serving reader"
+    log.info("auto-train %s: %s (held-back %s, %s questions: new F1 %.1f vs %.1f)", version, verdict,
+             month_key(held_from), source, 100 * candidate.f1, 100 * incumbent.f1)
+    return {**what, "version": version, "activated": better, "check": {
+        "month": month_key(held_from), "questions": source, "new": candidate.to_json(),
+        "serving": incumbent.to_json()}}
+
+
+def describe(done: dict) -> str:
+    """One line for a job's message and the CLI: what `after_ingest` did."""
+    if done.get("action") == "skip":
+        return f"skipped: {done['reason']}"
+    c = done["check"]
+    return (f"{done['version']} {'activated' if done['activated'] else 'not activated'}: on {c['new']['n']} "
+            f"{c['questions']} questions of {c['month']} it scores EM {c['new']['em']} F1 {c['new']['f1']}, "
+            f"the serving reader EM {c['serving']['em']} F1 {c['serving']['f1']}")
