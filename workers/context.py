@@ -38,7 +38,7 @@ class JobContext:
     models_dir: Path
     encoders_dir: Path
     reports_dir: Path
-    device: str
+    device: str  # SQA_DEVICE: auto | cpu | cuda | cuda:N (`torch_device` resolves auto)
     reader: str  # SQA_READER ("auto": the active version serves)
     retriever: str  # SQA_RETRIEVER with its fusion, e.g. "hybrid-weighted-0.5" (cache keys)
     news_source: str
@@ -58,6 +58,14 @@ class JobContext:
     open_index_state: Callable[["TextEncoder", bool], "IndexState"]
     # A reader version's folder loaded as a Reader (the serving settings: device, passages).
     load_reader_folder: Callable[[Path], "Reader"]
+
+    def torch_device(self) -> str:
+        """The device a job's model goes to: SQA_DEVICE, with "auto" the GPU when torch sees one."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
     @property
     def sessions(self):

@@ -234,7 +234,7 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
         raise ValueError(f"only {len(pairs)} training pairs: are the months before the cut ingested?")
     validate, items = validator(val)
     bm25_figures = pool_figures([list(i.bm25) for i in items], items)
-    model = BiEncoder(packaged_minilm_path(), cfg, device=ctx.device)
+    model = BiEncoder(packaged_minilm_path(), cfg, device=ctx.torch_device())
     report = fraction_reporter(progress, log)
 
     t1 = time.perf_counter()

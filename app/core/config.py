@@ -5,6 +5,7 @@ plain values down to indexer/, models/ and evaluation/.
 """
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from functools import lru_cache
@@ -112,7 +113,9 @@ class Settings(BaseSettings):
     # version's folder "fid:PATH" / "extractive:PATH" / "ranker:PATH" / "gemma:PATH" / "trained:PATH", or
     # "version:NAME" (a registered version, whether active or not). Only "auto" follows activations.
     reader: str = "auto"
-    device: str = "cpu"
+    # Where the encoder and the readers run: auto (a CUDA GPU when torch sees one, else the CPU), cpu,
+    # cuda or cuda:N. Resolved when a model loads (app.bootstrap.resolve_device), never at import.
+    device: str = "auto"
     torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
 
     top_k: int = Field(default=5, ge=1, le=100)
@@ -178,6 +181,14 @@ class Settings(BaseSettings):
     @classmethod
     def _home_absolute(cls, v: Path) -> Path:
         return v.expanduser().resolve()
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", v):
+            return v
+        raise ValueError(f"device {v!r} is not auto, cpu, cuda or cuda:N")
 
     @field_validator("reader")
     @classmethod

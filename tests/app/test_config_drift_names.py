@@ -31,3 +31,4 @@ def test_config_parse_drift_features_refuses_with_evaluation_drift_message(value
     with pytest.raises(ValueError) as got:
         parse_drift_features(value)
     assert str(got.value) == str(expected.value)
+
