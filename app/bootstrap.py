@@ -272,6 +272,7 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
         auto_train=AutoTrainConfig(enabled=settings.auto_train, max_minutes=settings.auto_train_minutes),
         load_encoder=load_encoder, load_answer_service=load_answer_service,
         open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical),
+        make_retriever=lambda enc: build_retriever(settings, enc),
         load_reader_folder=lambda folder: load_trained_folder(settings, Path(folder)))
 
 

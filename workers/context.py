@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # types only: a context never loads a model by being built
     from app.services.answering import AnswerService
     from app.services.index_state import IndexState
     from models.encoders import TextEncoder
+    from app.services.retrieval import Retriever
     from models.readers import Reader
 
 
@@ -56,6 +57,9 @@ class JobContext:
     load_answer_service: Callable[..., "AnswerService"]
     # An index state over `encoder` (lexical: with the BM25 files).
     open_index_state: Callable[["TextEncoder", bool], "IndexState"]
+    # The served retriever (SQA_RETRIEVER, fusion, recency prior) over an encoder: what training data
+    # retrieve with, so that a reader learns from the passages it will be given.
+    make_retriever: Callable[["TextEncoder"], "Retriever"]
     # A reader version's folder loaded as a Reader (the serving settings: device, passages).
     load_reader_folder: Callable[[Path], "Reader"]
 

@@ -104,7 +104,6 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
                         activate: bool | None = None) -> str:
     """Shared by training and fine-tuning: data (cached in `work`), the loop, the version folder.
     Run it under the reader-training lock (`READER_TRAINING_LOCK`): one reader training per SQA_HOME."""
-    from app.services.retrieval import DenseRetriever
     from app.services.reader_registry import new_version_name, register_version
     from models.trained import write_reader_info
 
@@ -115,9 +114,10 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
         train, val = load_examples(work / "train.jsonl"), load_examples(work / "val.jsonl")
         counts = {"train": len(train), "val": len(val), "data": "reused from an interrupted run"}
     else:
-        encoder, snapshot = serving_snapshot(ctx)
+        # the served retriever (hybrid by default): the reader learns from the passages it will be given
+        encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
         with db.sessions() as session:
-            train, val, dc = make_data(session, DenseRetriever(encoder), snapshot, progress)
+            train, val, dc = make_data(session, ctx.make_retriever(encoder), snapshot, progress)
         save_examples(work / "val.jsonl", val)
         save_examples(work / "train.jsonl", train)
         counts = {"train": len(train), "val": len(val), **asdict(dc)}
