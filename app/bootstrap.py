@@ -23,6 +23,7 @@ from app.services.answering import AnswerLimits, AnswerService
 from app.services.index_state import IndexState
 from app.services.reader_registry import check_servable, get_version
 from app.services.reader_state import ReaderState, RegistrySource
+from app.services.reranking import RerankerState, RerankingRetriever, active_reranker
 from app.services.retrieval import Retriever, make_retriever
 from indexer.ivf import ShardPolicy
 from models.encoders import TextEncoder, load_encoder, resolve_encoder
@@ -212,10 +213,25 @@ def resolve_device(settings: Settings) -> str:
     return "cuda" if _cuda_available() else "cpu"
 
 
-def build_retriever(settings: Settings, encoder: TextEncoder) -> Retriever:
-    """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT, SQA_RECENCY_WEIGHT."""
-    return make_retriever(settings.retriever, encoder, fusion=settings.fusion, dense_weight=settings.fusion_dense_weight,
-                          recency=settings.recency_weight)
+def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = True) -> Retriever:
+    """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT,
+    SQA_RECENCY_WEIGHT, then the active re-ranker version (SQA_RERANKER; `rerank=False`: the first
+    stage alone, what a re-ranker is trained on)."""
+    first = make_retriever(settings.retriever, encoder, fusion=settings.fusion, dense_weight=settings.fusion_dense_weight,
+                           recency=settings.recency_weight)
+    if not rerank or settings.reranker == "none":
+        return first
+    return RerankingRetriever(first, reranker_state(settings), depth=settings.rerank_depth)
+
+
+def reranker_state(settings: Settings) -> RerankerState:
+    """Follows SQA_HOME/rerankers/ACTIVE; versions load on the SQA_DEVICE."""
+    def load(folder: Path):
+        from models.reranker import CrossEncoderReranker
+
+        return CrossEncoderReranker.load(folder, device=resolve_device(settings))
+
+    return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5))
 
 
 def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
@@ -243,7 +259,10 @@ def retriever_key(settings: Settings) -> str:
     if settings.retriever != "hybrid":
         return settings.retriever
     key = f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
-    return f"{key}-recency-{settings.recency_weight:g}" if settings.recency_weight else key
+    if settings.recency_weight:
+        key += f"-recency-{settings.recency_weight:g}"
+    active = active_reranker(settings.rerankers_dir) if settings.reranker == "auto" else None
+    return f"{key}+{active}" if active else key
 
 
 def build_context(settings: Settings, db: Database, *, bar: bool = False,
@@ -263,7 +282,7 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
     return JobContext(
         db=db, runner=JobRunner(db.sessions, settings.work_dir / "jobs", bar=bar),
         home=settings.home, index_dir=settings.index_dir, work_dir=settings.work_dir,
-        models_dir=settings.models_dir, encoders_dir=settings.encoders_dir, reports_dir=settings.reports_dir,
+        models_dir=settings.models_dir, encoders_dir=settings.encoders_dir, rerankers_dir=settings.rerankers_dir, reports_dir=settings.reports_dir,
         device=settings.device, reader=settings.reader, retriever=retriever_key(settings),
         news_source=settings.news_source,
         finetune_policy=settings.finetune_policy, drift_measure=settings.drift_measure,
@@ -272,7 +291,7 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
         auto_train=AutoTrainConfig(enabled=settings.auto_train, max_minutes=settings.auto_train_minutes),
         load_encoder=load_encoder, load_answer_service=load_answer_service,
         open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical),
-        make_retriever=lambda enc: build_retriever(settings, enc),
+        make_retriever=lambda enc, rerank=True: build_retriever(settings, enc, rerank=rerank),
         load_reader_folder=lambda folder: load_trained_folder(settings, Path(folder)))
 
 

@@ -38,6 +38,7 @@ class JobContext:
     work_dir: Path
     models_dir: Path
     encoders_dir: Path
+    rerankers_dir: Path
     reports_dir: Path
     device: str  # SQA_DEVICE: auto | cpu | cuda | cuda:N (`torch_device` resolves auto)
     reader: str  # SQA_READER ("auto": the active version serves)
@@ -59,7 +60,8 @@ class JobContext:
     open_index_state: Callable[["TextEncoder", bool], "IndexState"]
     # The served retriever (SQA_RETRIEVER, fusion, recency prior) over an encoder: what training data
     # retrieve with, so that a reader learns from the passages it will be given.
-    make_retriever: Callable[["TextEncoder"], "Retriever"]
+    # `rerank=False`: the first stage alone (what a re-ranker is trained on).
+    make_retriever: Callable[..., "Retriever"]
     # A reader version's folder loaded as a Reader (the serving settings: device, passages).
     load_reader_folder: Callable[[Path], "Reader"]
 

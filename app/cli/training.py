@@ -1,4 +1,4 @@
-"""`sqa train`, `encoders`, `finetune`, `models` and `selflabel`: the trained readers and encoders."""
+"""`sqa train`, `encoders`, `rerankers`, `finetune`, `models` and `selflabel`: the trained readers, encoders and re-rankers."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -129,6 +129,64 @@ def encoders_list() -> None:
                    f"recall@20 {best.get('recall@20')}")
     if serving is None:
         typer.echo("(no index yet)")
+
+
+@train_cli.command("reranker")
+@guard
+def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day "
+                                              "(the month before it is held back for validation)"),
+                   max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget (0: none)"),
+                   epochs: int = typer.Option(1, min=1),
+                   depth: int = typer.Option(50, min=2, max=500, help="first-stage candidates per question"),
+                   self_articles: int = typer.Option(300, min=0, help="articles sampled for self-labeled questions"),
+                   seed: int = typer.Option(0),
+                   activate: bool = typer.Option(False, "--activate/--no-activate", help="serve it when done, if it "
+                                                 "beats the first stage's recall@5 on the held-back month")) -> None:
+    """Train a cross-encoder re-ranker (MiniLM) on the first stage's candidates for the dated gold and
+    self-labeled questions before the cut, and fit its recency prior; run it again to reuse the data."""
+    from workers.train_reranker import RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job
+
+    cut = day_option(until, "--until")
+    data = RerankerDataConfig(depth=depth, max_self_articles=self_articles, seed=seed)
+    info = run_job("train-reranker", {"until": str(cut)},
+                   lambda ctx, job: run_train_reranker_job(ctx, job, until=cut, max_minutes=max_minutes, epochs=epochs,
+                                                           data=data, activate=activate),
+                   lock=RERANKER_TRAINING_LOCK)
+    v, f = info["validation"], info["first_stage"]
+    typer.echo(f"re-ranker {info['version']} trained ({info['data']['groups']} groups, {info['train']['steps']} steps, "
+               f"{info['seconds']['train']} s); on {info['data']['val']} questions of {info['held_back']}: recall@1/5/10 "
+               f"{v['recall@1']}/{v['recall@5']}/{v['recall@10']} (first stage {f['recall@1']}/{f['recall@5']}/"
+               f"{f['recall@10']}), recency weight {info['recency_weight']}; "
+               + ("activated" if info["activated"] else f"not activated (`sqa rerankers activate {info['version']}`)"))
+
+
+rerankers_cli = typer.Typer(no_args_is_help=True, help="Re-ranker versions (`sqa train reranker`).")
+cli.add_typer(rerankers_cli, name="rerankers")
+
+
+@rerankers_cli.command("list")
+@guard
+def rerankers_list() -> None:
+    """Re-ranker versions with their validation figures; * marks the serving one."""
+    from app.services.reranking import list_reranker_versions
+
+    rows = list_reranker_versions(settings().rerankers_dir)
+    for info in rows:
+        v, f = info.get("validation", {}), info.get("first_stage", {})
+        typer.echo(f"{'*' if info['active'] else ' '} {info['version']}  trained until {info.get('trained_until')}  "
+                   f"recall@5 {v.get('recall@5')} (first stage {f.get('recall@5')})  recency {info.get('recency_weight')}")
+    if not rows:
+        typer.echo("no re-ranker versions yet: `sqa train reranker --until YYYY-MM-DD`")
+
+
+@rerankers_cli.command("activate")
+@guard
+def rerankers_activate(version: str = typer.Argument(..., help="a version, or none to stop re-ranking")) -> None:
+    """Serve this re-ranker version (servers follow within seconds)."""
+    from app.services.reranking import activate_reranker
+
+    activate_reranker(settings().rerankers_dir, None if version == "none" else version)
+    typer.echo(f"re-ranker {version} serving" if version != "none" else "no re-ranker serving")
 
 
 @cli.command("finetune")

@@ -53,8 +53,9 @@ class Retriever(Protocol):
         ...
 
     def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
-                 top_k: int) -> list[RetrievedPassage]:
-        """The hits' passages with their articles, in hit order (none after as_of)."""
+                 top_k: int, timings: dict | None = None) -> list[RetrievedPassage]:
+        """The hits' passages with their articles, in hit order (none after as_of). A stage that
+        has parts of its own (a re-ranker) adds their milliseconds to `timings`."""
         ...
 
 
@@ -77,7 +78,7 @@ class DenseRetriever:
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
 
     def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
-                 top_k: int) -> list[RetrievedPassage]:
+                 top_k: int, timings: dict | None = None) -> list[RetrievedPassage]:
         return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
 
@@ -130,7 +131,7 @@ class Bm25Retriever:
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
 
     def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
-                 top_k: int) -> list[RetrievedPassage]:
+                 top_k: int, timings: dict | None = None) -> list[RetrievedPassage]:
         return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
 
@@ -170,7 +171,7 @@ class HybridRetriever:
         return recency_prior(fused, day_number(as_of), self.recency, k)
 
     def retrieve(self, session: Session, snapshot: LoadedSnapshot, question: str, as_of: dt.date,
-                 top_k: int) -> list[RetrievedPassage]:
+                 top_k: int, timings: dict | None = None) -> list[RetrievedPassage]:
         return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
 
