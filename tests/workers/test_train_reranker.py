@@ -1,0 +1,47 @@
+"""`sqa train reranker` on the invented sample (hash encoder): candidates from the first stage, the
+real MiniLM cross-encoder for one short epoch, the recency fit, the version folder and activation."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import torch
+
+from app.services.reranking import active_reranker, list_reranker_versions
+from models.reranker import CrossEncoderReranker
+from workers.train_reranker import RECENCY_GRID, RerankerDataConfig, ranking_figures, run_train_reranker_job
+
+
+def test_ranking_figures_count_a_question_without_a_positive_as_a_miss():
+    items = [{"cands": [{"hit": False, "age": 0}, {"hit": True, "age": 30}]},
+             {"cands": [{"hit": False, "age": 0}]}]
+    assert ranking_figures(items, None) == {"recall@1": 0.0, "recall@5": 50.0, "recall@10": 50.0, "mrr": 0.25}
+    # scores that put the hit first; a recency weight large enough brings the fresh miss back on top
+    assert ranking_figures(items, [[0.0, 1.0], [0.0]])["recall@1"] == 50.0
+    assert ranking_figures(items, [[0.0, 1.0], [0.0]], recency=1.0)["recall@1"] == 0.0
+
+
+@pytest.mark.integration  # the real MiniLM weights as a cross-encoder
+def test_train_a_reranker_version_and_activate_it_only_when_asked(loaded_settings, new_job):
+    torch.set_num_threads(1)
+    data = RerankerDataConfig(depth=10, negatives=3, max_self_articles=0)
+    info = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
+                                  data=data, activate=False)
+    assert info["held_back"] == "2024-02" and info["data"]["gold"] > 0 and info["data"]["groups"] > 0
+    assert info["recency_weight"] in RECENCY_GRID and info["activated"] is False
+    assert set(info["validation"]) == {"recall@1", "recall@5", "recall@10", "mrr"}
+    assert active_reranker(loaded_settings.rerankers_dir) is None
+    [listed] = list_reranker_versions(loaded_settings.rerankers_dir)
+    assert listed["version"] == info["version"] and not listed["active"]
+
+    model = CrossEncoderReranker.load(loaded_settings.rerankers_dir / info["version"])
+    assert model.info["recency_weight"] == info["recency_weight"]
+    scores = model.scores("Who coaches the Harriers?", ["Harriers. Ines Okafor coaches the Harriers.", "Weather. Rain."])
+    assert scores.shape == (2,) and scores.dtype.name == "float32"
+
+    second = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
+                                    data=data, activate=True)
+    better = (second["validation"]["recall@5"], second["validation"]["mrr"]) > (
+        second["first_stage"]["recall@5"], second["first_stage"]["mrr"])
+    assert second["activated"] == better
+    assert (active_reranker(loaded_settings.rerankers_dir) == second["version"]) == better
