@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from app.db.tables import Passage
 from app.services.errors import IndexNotReadyError
@@ -86,7 +86,8 @@ def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.da
     """Rows for (faiss_id, score) hits, in hit order; drops (and logs) anything after as_of."""
     if not hits:
         return []
-    rows = session.scalars(select(Passage).where(Passage.faiss_id.in_([h[0] for h in hits]))).all()
+    rows = session.scalars(select(Passage).options(joinedload(Passage.article))  # one query, not one per article
+                           .where(Passage.faiss_id.in_([h[0] for h in hits]))).unique().all()
     by_id = {r.faiss_id: r for r in rows}
     out = []
     for fid, score in hits:

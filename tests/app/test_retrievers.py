@@ -50,7 +50,7 @@ def test_answers_hybrid_fuses_dense_and_bm25_rankings(make_settings):
         snapshot = service.index_state.current()
         as_of = dt.date(2024, 3, 14)
         q = QUESTIONS[1]
-        dense = service.retriever.dense.search(snapshot, q, as_of, 50)
+        dense = service.retriever.base.dense.search(snapshot, q, as_of, 50)  # under the (idle) re-ranking stage
         bm25 = Bm25Retriever(service.retriever.encoder).search(snapshot, q, as_of, 50)
         expected = reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in bm25]], 5)
         body = ask(client, q, "2024-03-14", top_k=5)
