@@ -72,7 +72,7 @@ def make_settings(tmp_path):
 
     def make(**overrides) -> Settings:
         values = dict(home=tmp_path / "home", encoder="hash", reader="first-entity", env="test",
-                      snapshot_poll_s=0, admin_token="test-admin-token")
+                      snapshot_poll_s=0, admin_token="test-admin-token", auto_train=False)
         values.update(overrides)
         return Settings(**values)
 
@@ -135,6 +135,7 @@ def sqa(monkeypatch, tmp_path):
     monkeypatch.setenv("SQA_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("SQA_ENCODER", "hash")
     monkeypatch.setenv("SQA_READER", "first-entity")
+    monkeypatch.setenv("SQA_AUTO_TRAIN", "false")  # tests/workers/test_auto_train.py turns it on
     monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
     get_settings.cache_clear()
     runner = CliRunner()

@@ -1,6 +1,8 @@
 """Training that follows ingestion: the best reader becomes the default with no manual step.
 
-After `sqa ingest` (and the scheduled monthly ingest) indexed months up to M, `after_ingest` trains the
+After `sqa ingest` (and the scheduled monthly ingest) indexed months up to M, `after_ingest` first
+trains a re-ranker (workers/train_reranker.py; activated only if it beats the first stage's recall@5
+on the held-back month) unless the serving one already learnt everything before M, then trains the
 reader on what is stored and dated before M, then checks it on a held-back month against the reader
 serving now, and activates it only if it answers better there:
 
@@ -41,7 +43,9 @@ AUTO_TRAIN = "auto-train"
 @dataclass(frozen=True)
 class AutoTrainConfig:
     enabled: bool = True  # SQA_AUTO_TRAIN
-    max_minutes: float = 30.0  # SQA_AUTO_TRAIN_MINUTES: the training budget of one run
+    max_minutes: float = 30.0  # SQA_AUTO_TRAIN_MINUTES: the reader's training budget
+    rerank: bool = True  # train a re-ranker first (SQA_RERANKER=auto)
+    reranker_minutes: float = 20.0  # its budget (one epoch is usually less)
     check_questions: int = 40  # held-back questions both readers answer
     min_train_questions: int = 20  # fewer gold + self-labeled examples than this: do not train
     seed: int = 0
@@ -107,10 +111,43 @@ def plan(ctx: JobContext, until: dt.date) -> dict:
         if active.kind != "gemma":
             return {"action": "skip", "reason": f"the active reader {active.version} is a {active.kind} chosen by "
                                                 "hand; activate a gemma version or none to let ingestion train"}
-        if active.trained_until is not None and active.trained_until >= held_from - dt.timedelta(days=1):
+        # trained_until: a training's cut, or a fine-tune's last day: either way it knows the news
+        # before `until` once it reaches the day before it
+        if active.trained_until is not None and active.trained_until >= until - dt.timedelta(days=1):
             return {"action": "skip", "reason": f"the active reader {active.version} is trained through "
                                                 f"{active.trained_until}: nothing new before {until}"}
         return {"action": "finetune", "parent": active.version, "held_back": month_key(held_from)}
+
+
+def reranker_plan(ctx: JobContext, until: dt.date) -> dict:
+    """Train a re-ranker unless the serving one already learnt what is dated before `until`."""
+    from app.services.reranking import active_reranker, list_reranker_versions
+
+    active = active_reranker(ctx.rerankers_dir)
+    if active is not None:
+        info = next((i for i in list_reranker_versions(ctx.rerankers_dir) if i["version"] == active), {})
+        if str(info.get("trained_until", "")) >= str(until):
+            return {"action": "skip", "reason": f"the serving re-ranker {active} is trained until {info['trained_until']}"}
+    return {"action": "train"}
+
+
+def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTrainConfig) -> dict:
+    """The re-ranker first (the reader then learns from the passages it puts on top); a failure is
+    reported, and the reader is still trained."""
+    from workers.train_reranker import run_train_reranker_job
+
+    what = reranker_plan(ctx, until)
+    if what["action"] == "skip":
+        return what
+    job.update(message=f"training a re-ranker on what is dated before {until}")
+    try:
+        info = run_train_reranker_job(ctx, job, until=until, max_minutes=cfg.reranker_minutes, activate=True)
+    except ValueError as exc:  # no data to learn from: say so, go on with the reader
+        log.warning("no re-ranker trained: %s", exc)
+        return {"action": "skip", "reason": str(exc)}
+    return {"action": "train", "version": info["version"], "activated": info["activated"],
+            "validation": info["validation"], "first_stage": info["first_stage"],
+            "recency_weight": info["recency_weight"]}
 
 
 def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTrainConfig) -> dict:
@@ -119,7 +156,10 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     from app.services.reader_registry import activate_version, get_version, version_dir
     from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
 
+    reranker = _train_reranker(ctx, job, until, cfg) if cfg.rerank else None
     what = plan(ctx, until)
+    if reranker is not None:
+        what = {**what, "reranker": reranker}
     if what["action"] == "skip":
         job.update(message=what["reason"])
         return what
@@ -158,9 +198,27 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
 
 def describe(done: dict) -> str:
     """One line for a job's message and the CLI: what `after_ingest` did."""
+    r = done.get("reranker")
+    if r is None:
+        head = ""
+    elif r["action"] == "skip":
+        head = f"re-ranker skipped ({r['reason']}); "
+    else:
+        head = (f"re-ranker {r['version']} {'activated' if r['activated'] else 'not activated'} (held-back recall@5 "
+                f"{r['validation']['recall@5']} vs first stage {r['first_stage']['recall@5']}); ")
     if done.get("action") == "skip":
-        return f"skipped: {done['reason']}"
+        return f"{head}reader skipped: {done['reason']}"
     c = done["check"]
-    return (f"{done['version']} {'activated' if done['activated'] else 'not activated'}: on {c['new']['n']} "
-            f"{c['questions']} questions of {c['month']} it scores EM {c['new']['em']} F1 {c['new']['f1']}, "
-            f"the serving reader EM {c['serving']['em']} F1 {c['serving']['f1']}")
+    return (f"{head}reader {done['version']} {'activated' if done['activated'] else 'not activated'}: on "
+            f"{c['new']['n']} {c['questions']} questions of {c['month']} it scores EM {c['new']['em']} F1 "
+            f"{c['new']['f1']}, the serving reader EM {c['serving']['em']} F1 {c['serving']['f1']}")
+
+
+def nothing_to_do(ctx: JobContext, until: dt.date, cfg: AutoTrainConfig) -> str | None:
+    """Why `after_ingest` would do nothing at this cut (no job is worth recording), or None."""
+    reader = plan(ctx, until)
+    if reader["action"] != "skip":
+        return None
+    if cfg.rerank and reranker_plan(ctx, until)["action"] != "skip":
+        return None
+    return reader["reason"] if not cfg.rerank else f"{reader['reason']}; {reranker_plan(ctx, until)['reason']}"

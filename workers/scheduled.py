@@ -144,13 +144,13 @@ def _auto_train(ctx: JobContext, first: dt.date, ingested: dict | None) -> dict:
     """SQA_AUTO_TRAIN: train the reader on what is dated before the month, as its own job
     (workers/auto_train.py); a failure leaves the month ingested and is on that job's row."""
     from app.services.reader_registry import READER_TRAINING_LOCK
-    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, plan
+    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, nothing_to_do
 
     if ingested is None:
         return {"action": "skip", "reason": f"no articles in {month_key(first)}"}
-    what = plan(ctx, first)
-    if what["action"] == "skip":  # no job row for nothing to do
-        return what
+    reason = nothing_to_do(ctx, first, ctx.auto_train)
+    if reason is not None:  # no job row for nothing to do
+        return {"action": "skip", "reason": reason}
     job_id = ctx.runner.create(AUTO_TRAIN, {"until": str(first)})
     try:
         return {"job_id": job_id, **ctx.runner.run(

@@ -140,25 +140,28 @@ def _run_ingest(params, *, train: bool = False, train_minutes: float | None = No
         until = min(last, month_start(newest))
         cfg = ctx.auto_train if train_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=train_minutes)
         if not train or not cfg.enabled:
-            typer.echo("reader training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
+            typer.echo("training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
             return
         _auto_train(ctx, until, cfg)
 
 
 def _auto_train(ctx, until, cfg) -> None:
-    from app.services.reader_registry import READER_TRAINING_LOCK
-    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, plan
+    from datetime import timedelta
 
-    what = plan(ctx, until)
-    if what["action"] == "skip":
-        typer.echo(f"reader training after ingest: skipped ({what['reason']})", err=True)
+    from app.services.reader_registry import READER_TRAINING_LOCK
+    from indexer.dates import month_key
+    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, nothing_to_do
+
+    reason = nothing_to_do(ctx, until, cfg)
+    if reason is not None:
+        typer.echo(f"training after ingest: skipped ({reason})", err=True)
         return
-    typer.echo(f"reader training after ingest: {what['action']} on what is dated before {until} "
-               f"(held-back month {what['held_back']}, budget {cfg.max_minutes:g} min; --no-train skips it)", err=True)
+    typer.echo(f"training after ingest: on what is dated before {until}, checked on {month_key(until - timedelta(days=1))} "
+               f"(re-ranker, then the reader within {cfg.max_minutes:g} min; --no-train skips it)", err=True)
     runner = ctx.runner
     done = runner.run_new(AUTO_TRAIN, {"until": str(until)}, lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
                           lock=runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)
-    typer.echo(f"reader training after ingest: {describe(done)}")
+    typer.echo(f"training after ingest: {describe(done)}")
 
 
 @cli.command("ingest")

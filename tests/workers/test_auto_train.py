@@ -68,14 +68,22 @@ def test_held_back_questions_of_a_news_only_store_are_self_labeled(settings):
     assert all(dt.date(2024, 2, 1) <= asked < dt.date(2024, 3, 1) and answers for _, asked, answers in rows)
 
 
-def test_cli_ingest_says_what_it_did_about_training(sqa):
+def test_cli_ingest_says_what_it_did_about_training(sqa, monkeypatch):
+    from app.core.config import get_settings
+
     assert sqa("import", "realtimeqa", str(SAMPLE)).exit_code == 0
     r = sqa("ingest", "--through", "2024-02")
     assert r.exit_code == 0, r.output
-    assert "reader training after ingest: skipped (SQA_READER=first-entity pins the reader" in r.output
+    assert "training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)" in r.output  # the tests' setting
+    monkeypatch.setenv("SQA_AUTO_TRAIN", "true")
+    monkeypatch.setenv("SQA_RERANKER", "none")
+    get_settings.cache_clear()
+    r = sqa("ingest", "--month", "2024-03")
+    assert r.exit_code == 0, r.output
+    assert "training after ingest: skipped (SQA_READER=first-entity pins the reader" in r.output
     r = sqa("ingest", "--month", "2024-03", "--no-train")
     assert r.exit_code == 0, r.output
-    assert "reader training after ingest: off" in r.output
+    assert "training after ingest: off" in r.output
 
 
 @pytest.mark.integration  # the real Gemma
@@ -86,7 +94,7 @@ def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_se
     (settings.models_dir / "base").symlink_to(gemma_cache)
     until = dt.date(2024, 3, 1)
     with open_context(settings) as ctx:
-        cfg = AutoTrainConfig(max_minutes=0.05, check_questions=4)
+        cfg = AutoTrainConfig(max_minutes=0.05, check_questions=4, rerank=False)
         done = ctx.runner.run_new(AUTO_TRAIN, {"until": str(until)},
                                   lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
                                   result_key="auto_train", message=describe)
