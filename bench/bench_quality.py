@@ -100,7 +100,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     reader = service.reader
     hits = {k: 0 for k in KS}
     own = 0
-    e2e, gold, times = {}, {}, {"retrieve": [], "read": [], "total": [], "gold_read": []}
+    e2e, gold, times = {}, {}, {"retrieve": [], "rerank": [], "read": [], "total": [], "gold_read": []}
     n_gold = 0
     with sessions() as session:
         for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
@@ -118,8 +118,9 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
                      "prediction": result.answer, "timings_ms": result.timings_ms}
                 cache.add(r)
             e2e[q.qid] = r["prediction"]
-            for stage in ("retrieve", "read", "total"):
-                times[stage].append(r["timings_ms"][stage])
+            for stage in ("retrieve", "rerank", "read", "total"):
+                if stage in r["timings_ms"]:  # rerank: only with a re-ranker version serving
+                    times[stage].append(r["timings_ms"][stage])
 
             row = gold_passage(session, q)
             if row is None:

@@ -39,9 +39,12 @@ def parse_month(value: str) -> dt.date:
         year, month = value.strip().split("-")
         if len(year) != 4 or len(month) != 2:
             raise ValueError
-        return dt.date(int(year), int(month), 1)
+        first = dt.date(int(year), int(month), 1)
     except (ValueError, AttributeError):
         raise InvalidDateError(f"month {value!r} is not a month (use YYYY-MM)") from None
+    if first.year >= dt.MAXYEAR:  # its end and the month after it would not be dates
+        raise InvalidDateError(f"month {value!r} is out of range (before {dt.MAXYEAR}-01)")
+    return first
 
 
 def month_key(day: dt.date) -> str:

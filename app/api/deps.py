@@ -4,7 +4,7 @@ from __future__ import annotations
 import secrets
 from typing import Annotated, Iterator
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Path, Request
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
@@ -40,6 +40,8 @@ DatabaseDep = Annotated[Database, Depends(get_db)]
 SessionDep = Annotated[Session, Depends(get_session)]
 AnswerServiceDep = Annotated[AnswerService, Depends(get_answer_service)]
 JobsDep = Annotated[JobContext, Depends(get_jobs)]
+# A row id in a path: a 64-bit integer the database can compare (a larger one is a 422, not a 500).
+RowId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a row id (1 .. 2^63-1)")]
 
 
 def require_admin(settings: SettingsDep, x_admin_token: Annotated[str | None, Header()] = None) -> None:

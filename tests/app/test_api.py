@@ -169,3 +169,17 @@ def test_admin_ingest_runs_in_background_and_swaps_snapshot(client, loaded_setti
     assert client.get("/readyz").json()["vectors"] == client.get("/admin/index", headers=ADMIN).json()["vectors"]
     listing = client.get("/admin/jobs", headers=ADMIN).json()
     assert listing[0]["id"] == job["id"]
+
+
+@pytest.mark.parametrize("path", ["/admin/jobs/99999999999999999999", "/admin/evaluations/99999999999999999999",
+                                  "/admin/evaluations/99999999999999999999/report", "/admin/jobs/0"])
+def test_an_id_out_of_range_is_a_422_not_a_server_error(client, path):
+    r = client.get(path, headers={"X-Admin-Token": "test-admin-token"})
+    assert r.status_code == 422, r.text
+    assert "less than or equal to 9223372036854775807" in r.text or "greater than or equal to 1" in r.text
+
+
+def test_ingest_of_a_month_past_the_calendar_is_a_400(client):
+    r = client.post("/admin/ingest", json={"month": "9999-12"}, headers={"X-Admin-Token": "test-admin-token"})
+    assert r.status_code in (400, 422), r.text
+    assert "9999-12" in r.text and "out of range" in r.text

@@ -5,7 +5,7 @@ import logging
 from fastapi import APIRouter, Query, Request, status
 from sqlalchemy import select
 
-from app.api.deps import AdminDep, JobsDep, SessionDep, SettingsDep
+from app.api.deps import AdminDep, JobsDep, RowId, SessionDep, SettingsDep
 from app.api.schemas import (EncoderVersionPublic, FinetuneRequest, IngestRequest, ReencodeRequest, JobPublic, JobStarted, MonthDriftPublic,
                              ReaderActivatedPublic, ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic,
                              SnapshotPublic)
@@ -102,7 +102,7 @@ def list_jobs(session: SessionDep, limit: int = 50) -> list[JobPublic]:
 
 
 @router.get("/jobs/{job_id}", response_model=JobPublic)
-def get_job(job_id: int, session: SessionDep) -> JobPublic:
+def get_job(job_id: RowId, session: SessionDep) -> JobPublic:
     job = session.get(Job, job_id)
     if job is None:
         raise NotFoundError(f"no job with id {job_id}")

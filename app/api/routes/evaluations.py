@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
-from app.api.deps import AdminDep, JobsDep, SessionDep
+from app.api.deps import AdminDep, JobsDep, RowId, SessionDep
 from app.db.tables import EvalResult, EvalRun
 from app.services.errors import InvalidInputError, NotFoundError
 from evaluation.temporal import quarter_bounds
@@ -48,14 +48,14 @@ def list_evaluations(session: SessionDep, limit: int = 50) -> list[dict]:
 
 
 @router.get("/{run_id}")
-def get_evaluation(run_id: int, session: SessionDep) -> dict:
+def get_evaluation(run_id: RowId, session: SessionDep) -> dict:
     run = _run(session, run_id)
     n = session.scalar(select(func.count()).select_from(EvalResult).where(EvalResult.run_id == run_id))
     return {**_public(run, n), "summary": run.summary}
 
 
 @router.get("/{run_id}/report", response_class=HTMLResponse)
-def get_report(run_id: int, session: SessionDep) -> HTMLResponse:
+def get_report(run_id: RowId, session: SessionDep) -> HTMLResponse:
     """The run's HTML report, with its plots inlined (the admin header cannot follow <img> links)."""
     run = _run(session, run_id)
     if not run.report_dir or not (Path(run.report_dir) / "report.html").exists():
