@@ -366,6 +366,7 @@ def ingest_work(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConf
         with sf() as session:
             plans, empty, fresh = plans_for(session, params, cfg, encoder)
         job.update(counts={"planned": [p.key for p in plans], "empty_months": empty})
+        job.progress.rounds(len(plans))  # chunk, encode and commit once per shard
         for i, plan in enumerate(plans):
             ingest_shard(sf, encoder, plan, cfg, job, job=job, finish_job=i == len(plans) - 1,
                          fresh=fresh and i == 0)

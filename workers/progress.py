@@ -30,6 +30,7 @@ class JobProgress:
         self._bar = None
         self._every = every_s
         self._weights = weights or {}
+        self._rounds = 1  # the weighted stages run this many times (a multi-month ingest: once a month)
         self._done_weight = 0.0
         self._stage = ""
         self._total = 0
@@ -47,6 +48,11 @@ class JobProgress:
 
             self._bar = tqdm(total=total, desc=name, unit="it", file=sys.stderr, dynamic_ncols=True)
         self._write(force=True)
+
+    def rounds(self, n: int) -> None:
+        """The weighted stages will run `n` times (say, once per month of an ingest): each round is
+        1/n of the whole, so the fraction reaches 1 with the last round, not the first."""
+        self._rounds = max(1, n)
 
     def advance(self, n: int = 1) -> None:
         self._count += n
@@ -66,7 +72,7 @@ class JobProgress:
         if not self._weights:
             return min(1.0, inside)
         w = self._weights.get(self._stage, 0.0)
-        return min(1.0, self._done_weight + w * inside)
+        return min(1.0, (self._done_weight + w * inside) / self._rounds)
 
     def _write(self, force: bool = False) -> None:
         now = time.monotonic()
