@@ -142,10 +142,10 @@ def _run_ingest(params, *, train: bool = False, train_minutes: float | None = No
         if not train or not cfg.enabled:
             typer.echo("training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
             return
-        _auto_train(ctx, until, cfg)
+        run_auto_train(ctx, until, cfg)
 
 
-def _auto_train(ctx, until, cfg) -> None:
+def run_auto_train(ctx, until, cfg) -> None:
     from datetime import timedelta
 
     from app.services.reader_registry import READER_TRAINING_LOCK

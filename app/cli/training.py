@@ -131,6 +131,26 @@ def encoders_list() -> None:
         typer.echo("(no index yet)")
 
 
+@train_cli.command("auto")
+@guard
+def train_auto(until: str = typer.Option(..., help="YYYY-MM-DD, a month's first day: learn what is dated before it"),
+               max_minutes: Optional[float] = typer.Option(None, min=0.1, help="the reader's budget (default "
+                                                           "SQA_AUTO_TRAIN_MINUTES)")) -> None:
+    """What `sqa ingest` runs when it ends: a re-ranker, then the reader, each activated only if it
+    beats what serves on the month before the cut. Run it again to resume."""
+    import dataclasses
+
+    from app.cli.data import run_auto_train
+    from app.cli.common import context
+
+    cut = day_option(until, "--until")
+    if cut.day != 1:
+        fail(f"--until {cut} must be the first day of a month (the held-back month is the one before)")
+    with context() as ctx:
+        cfg = ctx.auto_train if max_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=max_minutes)
+        run_auto_train(ctx, cut, cfg)
+
+
 @train_cli.command("reranker")
 @guard
 def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day "
