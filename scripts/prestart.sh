@@ -7,6 +7,18 @@ if [ "$#" -eq 0 ]; then
     set -- sqa serve --host 0.0.0.0 --port 8000
 fi
 
+# Compose passes the database's host and user, and the password as a secret file: build the URL here
+# (it then lives in this process's environment only, not in the compose file or `docker inspect`).
+if [ -z "${SQA_DATABASE_URL:-}" ] && [ -n "${SQA_DATABASE_HOST:-}" ]; then
+    secret="${SQA_DATABASE_PASSWORD_FILE:-/run/secrets/postgres_password}"
+    if [ ! -r "$secret" ]; then
+        echo "prestart: SQA_DATABASE_HOST is set but the password file $secret is missing" >&2
+        exit 1
+    fi
+    SQA_DATABASE_URL="postgresql+psycopg://${SQA_DATABASE_USER:-sqa}:$(tr -d '\n' < "$secret")@${SQA_DATABASE_HOST}"
+    export SQA_DATABASE_URL
+fi
+
 url="${SQA_DATABASE_URL:-}"
 wait_s="${PRESTART_DB_WAIT_S:-60}"
 
@@ -44,6 +56,10 @@ PY
         ;;
 esac
 
-sqa db upgrade
+# One process applies the migrations (compose: the `migrate` service, before api and worker start);
+# the others set SQA_MIGRATE=0 so that two of them never race on the same schema change.
+if [ "${SQA_MIGRATE:-1}" != "0" ]; then
+    sqa db upgrade
+fi
 
 exec "$@"

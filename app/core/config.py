@@ -5,6 +5,7 @@ plain values down to indexer/, models/ and evaluation/.
 """
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -89,8 +90,14 @@ def parse_reader_spec(spec: str) -> ReaderSpec:
                      "extractive:PATH, trained:PATH or version:NAME)")
 
 
+SECRETS_DIR = "/run/secrets"
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SQA_", extra="ignore")
+    # Secrets may come as files (Docker/Compose secrets): /run/secrets/sqa_admin_token,
+    # /run/secrets/sqa_database_url; the environment wins over a file.
+    model_config = SettingsConfigDict(env_prefix="SQA_", extra="ignore",
+                                      secrets_dir=SECRETS_DIR if os.path.isdir(SECRETS_DIR) else None)
 
     env: Literal["development", "production", "test"] = "development"
     # All state lives under one directory: database file, index shards, snapshots, job work files.
