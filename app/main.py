@@ -7,6 +7,7 @@ import logging
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi_offline import FastAPIOffline
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -76,8 +77,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     task.cancel()
             db.close()
 
-    app = FastAPI(title="Streaming QA", version="0.1.0", lifespan=lifespan,
-                  description="Answers dated questions from the news published on or before their date.")
+    # /docs and /redoc with their scripts served by this process (fastapi-offline), not from a CDN
+    app = FastAPIOffline(title="Streaming QA", version="0.1.0", lifespan=lifespan,
+                         description="Answers dated questions from the news published on or before their date.")
     app.state.settings = settings
     app.state.scheduler = scheduler_config(settings)
     app.include_router(health.router)

@@ -183,3 +183,12 @@ def test_ingest_of_a_month_past_the_calendar_is_a_400(client):
     r = client.post("/admin/ingest", json={"month": "9999-12"}, headers={"X-Admin-Token": "test-admin-token"})
     assert r.status_code in (400, 422), r.text
     assert "9999-12" in r.text and "out of range" in r.text
+
+
+def test_docs_work_offline_with_their_assets_served_here(client):
+    page = client.get("/docs")
+    assert page.status_code == 200 and "cdn.jsdelivr.net" not in page.text
+    assert "/static-offline-docs/swagger-ui-bundle.js" in page.text
+    js = client.get("/static-offline-docs/swagger-ui-bundle.js")
+    assert js.status_code == 200 and len(js.content) > 100_000
+    assert client.get("/redoc").status_code == 200
