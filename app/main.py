@@ -8,6 +8,8 @@ from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi_offline import FastAPIOffline
+
+from app.api import protection
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -87,6 +89,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(evaluations.router)
     app.include_router(schedule.router)
+
+    protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,
+                       admin_failure_limit=settings.admin_failure_limit)
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:

@@ -44,13 +44,19 @@ JobsDep = Annotated[JobContext, Depends(get_jobs)]
 RowId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a row id (1 .. 2^63-1)")]
 
 
-def require_admin(settings: SettingsDep, x_admin_token: Annotated[str | None, Header()] = None) -> None:
+def require_admin(request: Request, settings: SettingsDep, x_admin_token: Annotated[str | None, Header()] = None) -> None:
     if not settings.admin_token:
         raise HTTPException(403, "admin routes are disabled: set SQA_ADMIN_TOKEN on the server")
-    if not x_admin_token:
-        raise HTTPException(401, "missing X-Admin-Token header")
-    if not secrets.compare_digest(x_admin_token.encode(), settings.admin_token.encode()):
-        raise HTTPException(401, "wrong admin token (X-Admin-Token)")
+    guard = getattr(request.app.state, "admin_guard", None)  # app/api/protection.py
+    address = request.client.host if request.client else "unknown"
+    if guard is not None and (wait := guard.blocked_for(address)) is not None:
+        raise HTTPException(429, f"too many failed admin logins from this client (SQA_ADMIN_FAILURE_LIMIT); "
+                                 f"try again in {wait:.0f} s", headers={"Retry-After": str(int(wait) + 1)})
+    if not x_admin_token or not secrets.compare_digest(x_admin_token.encode(), settings.admin_token.encode()):
+        if guard is not None:
+            guard.failed(address)
+        raise HTTPException(401, "missing X-Admin-Token header" if not x_admin_token
+                            else "wrong admin token (X-Admin-Token)")
 
 
 AdminDep = Depends(require_admin)

@@ -129,6 +129,12 @@ class Settings(BaseSettings):
     max_top_k: int = Field(default=50, ge=1, le=1000)
     reader_passages: int = Field(default=0, ge=0, le=100)  # 0: the reader's own number
     max_question_chars: int = Field(default=1000, ge=10)
+    # A request body over this many bytes is refused (413) before it is read whole.
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Requests per client address (limits' notation, "" for none); health checks and /metrics are exempt.
+    rate_limit: str = "600/minute"
+    # Failed admin logins per client address before it is locked out (429) for the rest of the window.
+    admin_failure_limit: str = "10/minute"
     encode_batch_size: int = Field(default=64, ge=1)
     # Passages per embedding checkpoint: an interrupted ingest resumes from the last one.
     checkpoint_every: int = Field(default=256, ge=1)
@@ -193,6 +199,20 @@ class Settings(BaseSettings):
     @classmethod
     def _home_absolute(cls, v: Path) -> Path:
         return v.expanduser().resolve()
+
+    @field_validator("rate_limit", "admin_failure_limit")
+    @classmethod
+    def _limit(cls, v: str, info) -> str:
+        v = v.strip()
+        if not v and info.field_name == "rate_limit":
+            return v
+        from limits import parse
+
+        try:
+            parse(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not a rate (use N/second, N/minute, N/hour, e.g. 600/minute)") from None
+        return v
 
     @field_validator("device")
     @classmethod

@@ -192,3 +192,46 @@ def test_docs_work_offline_with_their_assets_served_here(client):
     js = client.get("/static-offline-docs/swagger-ui-bundle.js")
     assert js.status_code == 200 and len(js.content) > 100_000
     assert client.get("/redoc").status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(client):
+    big = b'{"question": "' + b"x" * (70 * 1024) + b'"}'
+    r = client.post("/v1/answers", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "the limit is 65536 bytes (SQA_MAX_BODY_BYTES)" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: the streamed bytes are counted
+        for _ in range(80):
+            yield b" " * 1024
+    r = client.post("/v1/answers", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert client.get("/healthz").status_code == 200
+
+
+def test_admin_token_guessing_is_locked_out_per_client(client):
+    for _ in range(10):
+        assert client.get("/admin/jobs", headers={"X-Admin-Token": "guess"}).status_code == 401
+    r = client.get("/admin/jobs", headers={"X-Admin-Token": "test-admin-token"})  # even the right one now
+    assert r.status_code == 429 and "too many failed admin logins" in r.json()["detail"]
+    assert int(r.headers["Retry-After"]) >= 1
+
+
+def test_metrics_count_requests_by_route(client):
+    client.get("/healthz")
+    text = client.get("/metrics").text
+    assert "http_requests_total" in text and 'handler="/healthz"' in text
+
+
+def test_rate_limit_answers_429_with_retry_after(make_settings):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from tests.conftest import load_sample
+
+    settings = make_settings(rate_limit="3/minute")
+    load_sample(settings)
+    with TestClient(create_app(settings)) as c:
+        codes = [c.get("/admin/index", headers={"X-Admin-Token": "test-admin-token"}).status_code for _ in range(4)]
+        assert codes == [200, 200, 200, 429]
+        assert c.get("/healthz").status_code == 200  # health checks are never limited
+    with pytest.raises(ValueError, match="is not a rate"):
+        make_settings(rate_limit="lots")
