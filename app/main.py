@@ -48,6 +48,23 @@ async def _poll_reader(app: FastAPI, every_s: float) -> None:
             log.exception("reader refresh failed")
 
 
+def body_fields(request: Request) -> list[str]:
+    """The fields of the JSON body model the request's endpoint takes (for "unknown field" errors)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    endpoint = request.scope.get("endpoint")
+    try:
+        hints = typing.get_type_hints(endpoint) if endpoint is not None else {}
+    except Exception:  # an annotation that does not resolve: no list, the error still says what is wrong
+        return []
+    for hint in hints.values():
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            return list(hint.model_fields)
+    return []
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -102,11 +119,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+            if err.get("type") == "json_invalid":  # loc holds the character offset
+                parts.append(f"the body is not valid JSON (at character {where or 0}): {err.get('ctx', {}).get('error', '')}"
+                             .rstrip(": "))
+            elif err.get("type") == "extra_forbidden":
+                allowed = body_fields(request)
+                parts.append(f"unknown field {where!r}" + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
+            else:
+                parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
         return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": errors},
                             status_code=422)

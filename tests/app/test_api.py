@@ -235,3 +235,11 @@ def test_rate_limit_answers_429_with_retry_after(make_settings):
         assert c.get("/healthz").status_code == 200  # health checks are never limited
     with pytest.raises(ValueError, match="is not a rate"):
         make_settings(rate_limit="lots")
+
+
+def test_an_unknown_field_lists_the_allowed_ones_and_bad_json_says_where(client):
+    r = client.post("/v1/answers", json={"question": "Who?", "bogus": 1})
+    assert r.status_code == 422
+    assert r.json()["detail"] == "unknown field 'bogus' (allowed: question, as_of, top_k)"
+    r = client.post("/v1/answers", content=b'{"question": "x",', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("the body is not valid JSON (at character 17)")
