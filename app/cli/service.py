@@ -54,6 +54,7 @@ def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-D
 
     s = settings()
     asked = day_option(as_of, "--as-of")
+    quiet_model_loading()  # the answer, not the weights' loading bars
     db = open_database(s)
     try:
         service = build_answer_service(s, db, build_encoder(s), build_reader(s))
@@ -72,6 +73,17 @@ def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-D
         typer.echo(f"note: {note}")
     for i, p in enumerate(result.passages, 1):
         typer.echo(f"  [{i}] {p.published}  {p.score:.3f}  {p.title[:80]}\n      {p.url}\n      {p.text[:200]}…")
+
+
+def quiet_model_loading() -> None:
+    """No progress bars or loading chatter from transformers and the hub on the terminal."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 @cli.command("serve")
