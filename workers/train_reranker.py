@@ -160,9 +160,13 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     val = items["val"]
 
     def val_scores():
-        return [model.scores(i["query"], [c["input"] for c in i["cands"]]).tolist() for i in val]
+        job.stage("validate", len(val))
+        out = []
+        for i in val:
+            out.append(model.scores(i["query"], [c["input"] for c in i["cands"]]).tolist())
+            job.advance()
+        return out
 
-    job.stage("train", 1)
     result = model.train_groups(groups, progress=fraction_reporter(job, log))
     t2 = time.perf_counter()
     scores = val_scores()
