@@ -149,7 +149,7 @@ class CrossEncoderReranker:
                 opt.zero_grad(set_to_none=True)
                 step += 1
                 if progress and step % 10 == 0:
-                    progress(step / total, f"step {step}/{total} loss {float(loss) / len(sizes):.3f}")
+                    progress(step / total, f"step {step}/{total} loss {loss.item() / len(sizes):.3f}")
                 if cfg.max_minutes and time.monotonic() - t0 > cfg.max_minutes * 60:
                     stopped = "budget"
                     break

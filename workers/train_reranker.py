@@ -9,8 +9,9 @@ BM25 and dense results fused). Questions self-labeled from the news before the h
 groups the same way (their answer is the entity their sentence gave).
 
 Validation: the held-back month's gold questions, the same candidates re-ranked: recall@1/5/10 and
-MRR against the first stage's own order. The recency prior's weight (score - w * log1p(age days))
-is then fitted on those questions from a small grid. The version is activated when asked to (or by
+MRR against the first stage's own order. The final score adds the first stage's own score and a
+recency prior, `ce + f * first_stage - w * log1p(age days)`, with f and w fitted on those questions
+from a small grid (f = w = 0 is the cross-encoder alone, also reported). The version is activated when asked to (or by
 the training that follows ingestion) only if its recall@5 beats the first stage's there.
 Candidates are cached in the job's work folder: running the same command again reuses them.
 """
@@ -41,11 +42,12 @@ log = logging.getLogger(__name__)
 RERANKER_TRAINING_LOCK = "reranker-training"
 KS = (1, 5, 10)
 RECENCY_GRID = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
+FIRST_STAGE_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)  # times the first stage's score (weighted fusion: 0..1)
 
 
 @dataclass(frozen=True)
 class RerankerDataConfig:
-    depth: int = 50  # first-stage candidates per question
+    depth: int = 30  # first-stage candidates per question (SQA_RERANK_DEPTH when serving)
     max_positives: int = 2  # groups per question
     negatives: int = 7
     max_self_articles: int = 300  # articles sampled for self-labeled questions (0: none)
@@ -56,7 +58,8 @@ class RerankerDataConfig:
 def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers, depth: int) -> list[dict]:
     found = retriever.retrieve(session, snapshot, text, asked, depth)
     return [{"input": f"{p.title}. {p.text}" if p.title else p.text, "age": max(0, (asked - p.published).days),
-             "hit": answer_in_text(list(answers), passage_body(p.text, p.published))} for p in found]
+             "score": p.score, "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
+            for p in found]
 
 
 def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig) -> dict:
@@ -111,9 +114,11 @@ def groups_of(items: list[dict], cfg: RerankerDataConfig):
     return groups
 
 
-def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency: float = 0.0) -> dict:
-    """recall@k and MRR of the candidates ordered by `scores` minus the recency prior (None: the
-    first stage's own order), over all the items (an item without a positive counts as a miss)."""
+def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency: float = 0.0,
+                    first_stage: float = 0.0) -> dict:
+    """recall@k and MRR of the candidates ordered by `scores` plus `first_stage` times the first
+    stage's score minus the recency prior (scores None: the first stage's own order), over all the
+    items (an item without a positive counts as a miss)."""
     n = max(1, len(items))
     hits = {k: 0 for k in KS}
     rr = 0.0
@@ -122,7 +127,8 @@ def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency
         if scores is None:
             order = list(range(len(cands)))
         else:
-            final = [s - recency * math.log1p(c["age"]) for s, c in zip(scores[j], cands)]
+            final = [s + first_stage * c.get("score", 0.0) - recency * math.log1p(c["age"])
+                     for s, c in zip(scores[j], cands)]
             order = sorted(range(len(cands)), key=lambda i: -final[i])
         flags = [cands[i]["hit"] for i in order]
         for k in KS:
@@ -171,15 +177,18 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     t2 = time.perf_counter()
     scores = val_scores()
     first_stage = ranking_figures(val, None)
-    by_weight = {w: ranking_figures(val, scores, w) for w in RECENCY_GRID}
-    weight = max(RECENCY_GRID, key=lambda w: (by_weight[w]["recall@5"], by_weight[w]["mrr"], -w))
-    figures = by_weight[weight]
+    # the recency prior and the first stage's own score join the cross-encoder's: fitted on the
+    # held-back month, the combination is never blind to what the first stage knew
+    grid = [(w, f) for w in RECENCY_GRID for f in FIRST_STAGE_GRID]
+    by_weight = {wf: ranking_figures(val, scores, *wf) for wf in grid}
+    weight, first_weight = max(grid, key=lambda wf: (by_weight[wf]["recall@5"], by_weight[wf]["mrr"], -wf[0], -wf[1]))
+    figures = by_weight[(weight, first_weight)]
     version = f"reranker-{until}-{secrets.token_hex(3)}"
     info = {"version": version, "kind": "cross-encoder", "base": "all-MiniLM-L6-v2", "trained_until": str(until),
             "held_back": month_key(month_start(until - dt.timedelta(days=1))),
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "recency_weight": weight, "validation": figures, "first_stage": first_stage,
-            "validation_without_recency": by_weight[0.0], "data": {**items["counts"], "groups": len(groups)},
+            "recency_weight": weight, "first_stage_weight": first_weight, "validation": figures,
+            "first_stage": first_stage, "cross_encoder_alone": by_weight[(0.0, 0.0)], "data": {**items["counts"], "groups": len(groups)},
             "train": result, "seconds": {"data": round(t1 - t0, 1), "train": round(t2 - t1, 1),
                                          "validate": round(time.perf_counter() - t2, 1)}}
     model.info = info
@@ -194,6 +203,6 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     if info["activated"]:
         activate_reranker(ctx.rerankers_dir, version)
     job.update(counts={"version": version, "activated": info["activated"], "validation": figures,
-                       "first_stage": first_stage, "recency_weight": weight})
+                       "first_stage": first_stage, "recency_weight": weight, "first_stage_weight": first_weight})
     shutil.rmtree(work, ignore_errors=True)
     return info

@@ -157,7 +157,8 @@ def run_auto_train(ctx, until, cfg) -> None:
         typer.echo(f"training after ingest: skipped ({reason})", err=True)
         return
     typer.echo(f"training after ingest: on what is dated before {until}, checked on {month_key(until - timedelta(days=1))} "
-               f"(re-ranker, then the reader within {cfg.max_minutes:g} min; --no-train skips it)", err=True)
+               f"({'a re-ranker, then ' if cfg.rerank else ''}the reader within {cfg.max_minutes:g} min; "
+               "--no-train skips it)", err=True)
     runner = ctx.runner
     done = runner.run_new(AUTO_TRAIN, {"until": str(until)}, lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
                           lock=runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)

@@ -157,7 +157,8 @@ def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on wha
                                               "(the month before it is held back for validation)"),
                    max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget (0: none)"),
                    epochs: int = typer.Option(1, min=1),
-                   depth: int = typer.Option(50, min=2, max=500, help="first-stage candidates per question"),
+                   depth: int = typer.Option(30, min=2, max=500, help="first-stage candidates per question "
+                                             "(serve with the same SQA_RERANK_DEPTH)"),
                    self_articles: int = typer.Option(300, min=0, help="articles sampled for self-labeled questions"),
                    seed: int = typer.Option(0),
                    activate: bool = typer.Option(False, "--activate/--no-activate", help="serve it when done, if it "
@@ -176,7 +177,8 @@ def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on wha
     typer.echo(f"re-ranker {info['version']} trained ({info['data']['groups']} groups, {info['train']['steps']} steps, "
                f"{info['seconds']['train']} s); on {info['data']['val']} questions of {info['held_back']}: recall@1/5/10 "
                f"{v['recall@1']}/{v['recall@5']}/{v['recall@10']} (first stage {f['recall@1']}/{f['recall@5']}/"
-               f"{f['recall@10']}), recency weight {info['recency_weight']}; "
+               f"{f['recall@10']}), first-stage weight {info['first_stage_weight']}, recency weight "
+               f"{info['recency_weight']}; "
                + ("activated" if info["activated"] else f"not activated (`sqa rerankers activate {info['version']}`)"))
 
 

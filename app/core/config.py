@@ -151,11 +151,11 @@ class Settings(BaseSettings):
     # hybrid: a soft prior for recent news, score - weight * log1p(age in days at as_of) on the fused
     # score (weighted fusion scores are in [0, 1]); fitted on 2023-01..03 (bench/bench_quality.py). 0: none.
     recency_weight: float = Field(default=0.0, ge=0.0)
-    # Re-ranking the first stage's top SQA_RERANK_DEPTH candidates with a cross-encoder version
+    # Re-ranking the first stage's top SQA_RERANK_DEPTH candidates (30 pairs cost ~2 s on 2 CPU cores) with a cross-encoder version
     # (app/services/reranking.py): "auto" serves the active version (none until `sqa train reranker`
     # or the training after ingest activates one), "none" never re-ranks.
     reranker: Literal["auto", "none"] = "auto"
-    rerank_depth: int = Field(default=50, ge=1, le=500)
+    rerank_depth: int = Field(default=30, ge=1, le=500)
     # A new shard is flat (exact) below ivf_min_vectors, IVF-Flat below ivf_compressed_min_vectors,
     # and IVF with ivf_codec codes (sq8: 8-bit scalar, pq: product quantisation) from there.
     ivf_min_vectors: int = Field(default=100_000, ge=1)

@@ -7,8 +7,8 @@ activated version outside any lock, and swaps one reference, so a request keeps 
 
 `RerankingRetriever` wraps a first-stage retriever (hybrid by default): it takes the first `depth`
 candidates (published on or before as_of, like every retriever), scores each with the active
-version, subtracts the version's fitted recency prior (weight * log1p(age in days)), and keeps the
-top k. With no active version it is the first stage itself.
+version, adds the first stage's score times the version's fitted weight, subtracts its fitted
+recency prior (weight * log1p(age in days)), and keeps the top k. With no active version it is the first stage itself.
 """
 from __future__ import annotations
 
@@ -150,11 +150,14 @@ class RerankingRetriever:
 
 
 def rerank(model, question: str, as_of: dt.date, found: list["RetrievedPassage"]) -> list["RetrievedPassage"]:
-    """`found` re-scored by `model` (its cross-encoder score minus its recency prior), best first."""
+    """`found` re-scored by `model`: its cross-encoder score, plus its weight times the first stage's
+    score, minus its recency prior; best first."""
     if not found:
         return []
     scores = model.scores(question, [passage_input(p.title, p.text) for p in found])
     weight = float(model.info.get("recency_weight", 0.0))
-    final = [float(s) - weight * math.log1p(max(0, (as_of - p.published).days)) for s, p in zip(scores, found)]
+    first = float(model.info.get("first_stage_weight", 0.0))
+    final = [float(s) + first * p.score - weight * math.log1p(max(0, (as_of - p.published).days))
+             for s, p in zip(scores, found)]
     order = sorted(range(len(found)), key=lambda i: -final[i])  # stable: ties keep the first stage's order
     return [replace(found[i], score=final[i]) for i in order]
