@@ -18,8 +18,8 @@ from app.services.retrieval import make_retriever
 class ReversingModel:
     """Scores candidates in the reverse of the first stage's order (the last one best)."""
 
-    def __init__(self, recency_weight: float = 0.0) -> None:
-        self.info = {"recency_weight": recency_weight}
+    def __init__(self, recency_weight: float = 0.0, first_stage_weight: float = 0.0) -> None:
+        self.info = {"recency_weight": recency_weight, "first_stage_weight": first_stage_weight}
         self.calls = 0
 
     def scores(self, query, passages):
@@ -129,3 +129,15 @@ def test_the_served_answer_reports_the_rerank_time(loaded_settings):
         assert all(p.published <= dt.date(2024, 2, 15) for p in result.passages)
     finally:
         db.close()
+
+
+def test_rerank_adds_the_first_stage_score_by_the_version_weight():
+    from app.services.retrieval import RetrievedPassage
+
+    day = dt.date(2024, 3, 10)
+    strong = RetrievedPassage(1, 1, 1, "A", "u1", day, 1.0, "a")  # the first stage's best
+    weak = RetrievedPassage(2, 2, 2, "B", "u2", day, 0.0, "b")
+    # the model alone prefers the later candidate by 1.0; a first-stage weight of 2 outweighs it
+    assert [p.passage_id for p in rerank(ReversingModel(), "q", day, [strong, weak])] == [2, 1]
+    ranked = rerank(ReversingModel(first_stage_weight=2.0), "q", day, [strong, weak])
+    assert [p.passage_id for p in ranked] == [1, 2] and ranked[0].score == pytest.approx(0.0 + 2.0 * 1.0)
