@@ -44,7 +44,7 @@ AUTO_TRAIN = "auto-train"
 class AutoTrainConfig:
     enabled: bool = True  # SQA_AUTO_TRAIN
     max_minutes: float = 30.0  # SQA_AUTO_TRAIN_MINUTES: the reader's training budget
-    rerank: bool = True  # train a re-ranker first (SQA_RERANKER=auto)
+    rerank: bool = False  # train a re-ranker first (SQA_AUTO_TRAIN_RERANKER, with SQA_RERANKER=auto)
     reranker_minutes: float = 20.0  # its budget (one epoch is usually less)
     check_questions: int = 40  # held-back questions both readers answer
     min_train_questions: int = 20  # fewer gold + self-labeled examples than this: do not train

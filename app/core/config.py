@@ -177,6 +177,9 @@ class Settings(BaseSettings):
     auto_train: bool = True
     # The training budget of one such run, in minutes (the best checkpoint within it is kept).
     auto_train_minutes: float = Field(default=30.0, gt=0)
+    # ...and a re-ranker first (SQA_RERANKER=auto). Off by default: on 2 CPU cores its 25-minute budget
+    # gave a re-ranker no better than the first stage (README, "Re-ranking"); on a GPU, turn it on.
+    auto_train_reranker: bool = False
     # Also fine-tune the active reader on each monthly ingest's own month: never | always | on-drift
     # (after the training SQA_AUTO_TRAIN does, which learns only what is dated before the month).
     finetune_policy: Literal["never", "always", "on-drift"] = "never"
