@@ -99,6 +99,39 @@ def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
     uvicorn.run(create_app(s), host=host, port=port, log_level=log_level)
 
 
+@jobs_cli.command("list")
+@guard
+def jobs_list(limit: int = typer.Option(20, min=1, max=1000, help="the newest this many"),
+              kind: Optional[str] = typer.Option(None, help="only this kind (ingest, auto-train, finetune, ...)"),
+              state: Optional[str] = typer.Option(None, help="only this state (queued, running, succeeded, failed, "
+                                                             "interrupted, skipped)")) -> None:
+    """The newest jobs, one line each: id, kind, state, progress, started, duration, message."""
+    from sqlalchemy import select
+
+    from app.bootstrap import open_database
+    from app.db.tables import Job
+
+    db = open_database(settings())
+    try:
+        with db.sessions() as session:
+            q = select(Job).order_by(Job.id.desc()).limit(limit)
+            if kind:
+                q = q.where(Job.kind == kind)
+            if state:
+                q = q.where(Job.state == state)
+            jobs = session.scalars(q).all()
+            for j in jobs:
+                end = j.finished_at or j.heartbeat_at
+                took = f"{(end - j.started_at).total_seconds():.0f} s" if end and j.started_at else "-"
+                started = j.started_at.strftime("%Y-%m-%d %H:%M") if j.started_at else "-"
+                typer.echo(f"{j.id:>5}  {j.kind:<20} {j.state:<11} {100 * (j.progress or 0):5.1f}%  {started}  "
+                           f"{took:>8}  {(j.error or j.message or '')[:90]}")
+            if not jobs:
+                typer.echo("no jobs" + (" of that kind/state" if kind or state else " yet"))
+    finally:
+        db.close()
+
+
 @jobs_cli.command("show")
 @guard
 def jobs_show(job_id: int) -> None:

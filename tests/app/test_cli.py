@@ -78,3 +78,13 @@ def test_cli_evaluation_bad_input(sqa, args, fragment):
     r = sqa(*args)
     assert r.exit_code == 2, r.output
     assert fragment in r.output
+
+
+def test_cli_jobs_list_shows_the_newest_jobs_and_filters(sqa, sample_root):
+    assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
+    assert sqa("ingest", "--through", "2024-01").exit_code == 0
+    r = sqa("jobs", "list")
+    assert r.exit_code == 0, r.output
+    [line] = [x for x in r.output.splitlines() if " ingest " in x]
+    assert "succeeded" in line and "100.0%" in line
+    assert "no jobs of that kind/state" in sqa("jobs", "list", "--state", "failed").output
