@@ -12,7 +12,7 @@ from fastapi_offline import FastAPIOffline
 from app.api import protection
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 
 from app.api.routes import admin, answers, evaluations, health, schedule
 from app.core.config import Settings, get_settings
@@ -106,6 +106,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(evaluations.router)
     app.include_router(schedule.router)
+
+    @app.get("/", include_in_schema=False)
+    async def _home() -> RedirectResponse:
+        """Until the web page exists: the interactive API docs."""
+        return RedirectResponse("/docs", status_code=307)
 
     protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,
                        admin_failure_limit=settings.admin_failure_limit)

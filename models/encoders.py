@@ -86,6 +86,8 @@ class HashEncoder:
     """
 
     def __init__(self, dim: int = 384, *, delay_ms: float = 0.0) -> None:
+        if not 1 <= dim <= 4096 or delay_ms < 0:
+            raise ValueError(f"hash encoder: dim {dim} must be in 1..4096 and delay_ms {delay_ms} >= 0")
         self.dim = dim
         self.delay_ms = delay_ms
         self.name = f"hash-{dim}"

@@ -243,3 +243,24 @@ def test_an_unknown_field_lists_the_allowed_ones_and_bad_json_says_where(client)
     assert r.json()["detail"] == "unknown field 'bogus' (allowed: question, as_of, top_k)"
     r = client.post("/v1/answers", content=b'{"question": "x",', headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["detail"].startswith("the body is not valid JSON (at character 17)")
+
+
+def test_reencode_refuses_paths_unknown_names_and_bad_options(make_settings):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from tests.conftest import load_sample
+
+    load_sample(make_settings())  # ingested with the hash encoder; the server follows it (auto)
+    with TestClient(create_app(make_settings(encoder="auto"))) as c:
+        for encoder in ("~", "../x", "/tmp", "nope-version"):
+            r = c.post("/admin/index/reencode", json={"encoder": encoder}, headers={"X-Admin-Token": "test-admin-token"})
+            assert r.status_code == 422, r.text
+            assert r.json()["detail"].startswith(f"encoder {encoder!r} is not 'minilm' or a trained version"), r.text
+        r = c.post("/admin/index/reencode", json={"encoder": "hash:dim=0"}, headers={"X-Admin-Token": "test-admin-token"})
+        assert r.status_code == 422 and "dim 0 must be in 1..4096" in r.json()["detail"]
+
+
+def test_the_root_leads_to_the_docs(client):
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/docs"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import APIRouter, Query, Request, status
 from sqlalchemy import select
@@ -65,8 +66,15 @@ def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep,
     if settings.encoder != "auto":
         raise ConflictError(f"SQA_ENCODER is pinned to {settings.encoder!r}: this server would refuse the "
                             "re-encoded index; run it with SQA_ENCODER=auto to switch encoders")
-    if "/" in body.encoder or body.encoder.startswith("."):
-        raise InvalidInputError(f"encoder {body.encoder!r} must be a version name or 'minilm', not a path")
+    # Only names the server knows: the packaged model, a trained version, or the tests' hash fake.
+    # Never a path (a request must not make the server load whatever folder it names).
+    from models.encoders import list_encoder_versions
+
+    known = [i["version"] for i in list_encoder_versions(settings.encoders_dir)]
+    if body.encoder not in ("minilm", *known) and not re.fullmatch(r"hash(:[a-z_]+=[0-9.]+(,[a-z_]+=[0-9.]+)*)?",
+                                                                   body.encoder):
+        raise InvalidInputError(f"encoder {body.encoder!r} is not 'minilm' or a trained version "
+                                f"(known: {', '.join(known) or 'none yet: sqa train retriever'})")
     serving_manifest(session, cfg)  # 422 when there is nothing to re-encode
     try:
         encoder = load_encoder(body.encoder, device=settings.device, encoders_dir=settings.encoders_dir)
