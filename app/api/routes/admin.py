@@ -71,7 +71,7 @@ def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep,
     from models.encoders import list_encoder_versions
 
     known = [i["version"] for i in list_encoder_versions(settings.encoders_dir)]
-    if body.encoder not in ("minilm", *known) and not re.fullmatch(r"hash(:[a-z_]+=[0-9.]+(,[a-z_]+=[0-9.]+)*)?",
+    if body.encoder not in ("minilm", *known) and not re.fullmatch(r"hash(-[0-9]+|:[a-z_]+=[0-9.]+(,[a-z_]+=[0-9.]+)*)?",
                                                                    body.encoder):
         raise InvalidInputError(f"encoder {body.encoder!r} is not 'minilm' or a trained version "
                                 f"(known: {', '.join(known) or 'none yet: sqa train retriever'})")
