@@ -83,7 +83,7 @@ def held_back_questions(ctx: JobContext, first: dt.date, before: dt.date, cfg: A
     return rows[: cfg.check_questions], source
 
 
-def check_reader(ctx: JobContext, reader, questions) -> Check:
+def check_reader(ctx: JobContext, reader, questions, progress=None) -> Check:
     """EM/F1 of the served pipeline with `reader` on the questions, each asked as of its date."""
     service = ctx.load_answer_service(reader)
     service.index_state.refresh()  # a fresh state: open the serving snapshot
@@ -92,6 +92,8 @@ def check_reader(ctx: JobContext, reader, questions) -> Check:
         answer = service.answer(text, asked).answer
         ems.append(exact_match(answer, answers))
         f1s.append(token_f1(answer, answers))
+        if progress is not None:
+            progress.advance()
     n = len(questions)
     return Check(n, sum(ems) / n if n else 0.0, sum(f1s) / n if n else 0.0)
 
@@ -182,8 +184,9 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
                        f"questions of {month_key(held_from)}")
     with ctx.sessions() as session:
         folder = version_dir(get_version(session, version), ctx.models_dir)
-    incumbent = check_reader(ctx, None, questions)
-    candidate = check_reader(ctx, ctx.load_reader_folder(folder), questions)
+    job.stage("check", 2 * len(questions))
+    incumbent = check_reader(ctx, None, questions, job)
+    candidate = check_reader(ctx, ctx.load_reader_folder(folder), questions, job)
     better = (candidate.f1, candidate.em) > (incumbent.f1, incumbent.em)
     if better:
         with ctx.sessions() as session, session.begin():
