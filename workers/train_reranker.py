@@ -25,13 +25,14 @@ import random
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
 from workers.progress import fraction_reporter
+from workers.reader_data import digest
 
 if TYPE_CHECKING:
     from workers.context import JobContext
@@ -145,7 +146,7 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     from models.reranker import CrossEncoderReranker, RerankerConfig
 
     data = data or RerankerDataConfig()
-    work = ctx.work_dir / "train-reranker" / f"data-{until}-{abs(hash(json.dumps(asdict(data), sort_keys=True))) % 10**8}"
+    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}"  # a rerun reuses the candidates
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cached = work / "items.json"
