@@ -47,7 +47,6 @@ class AutoTrainConfig:
     rerank: bool = False  # train a re-ranker first (SQA_AUTO_TRAIN_RERANKER, with SQA_RERANKER=auto)
     reranker_minutes: float = 20.0  # its budget (one epoch is usually less)
     check_questions: int = 40  # held-back questions both readers answer
-    min_train_questions: int = 20  # fewer gold + self-labeled examples than this: do not train
     seed: int = 0
 
 
@@ -65,7 +64,7 @@ def held_back_questions(ctx: JobContext, first: dt.date, before: dt.date, cfg: A
                         ) -> tuple[list[tuple[str, dt.date, tuple[str, ...]]], str]:
     """(text, asked, answers) of the held-back month [first, before): its gold questions, else
     questions self-labeled from its articles (dated a few days after the article, as asked)."""
-    from workers.reader_data import DataConfig, gold_questions, self_labeled
+    from workers.reader_data import DataConfig, asked_after, gold_questions, self_labeled
 
     rng = random.Random(cfg.seed)
     with ctx.sessions() as session:
@@ -76,8 +75,8 @@ def held_back_questions(ctx: JobContext, first: dt.date, before: dt.date, cfg: A
         else:
             gen = self_labeled(session, first, before, DataConfig(seed=cfg.seed + 7),
                                max_articles=cfg.check_questions * 2, per_article=1)
-            rows = [(g.question, min(g.published + dt.timedelta(days=rng.randint(0, 6)), before - dt.timedelta(days=1)),
-                     (g.answer,)) for g in gen]
+            rows = [(g.question, asked_after(g.published, rng, before - dt.timedelta(days=1)), (g.answer,))
+                    for g in gen]
             source = "self-labeled"
     rng.shuffle(rows)
     return rows[: cfg.check_questions], source
@@ -222,6 +221,28 @@ def nothing_to_do(ctx: JobContext, until: dt.date, cfg: AutoTrainConfig) -> str 
     reader = plan(ctx, until)
     if reader["action"] != "skip":
         return None
-    if cfg.rerank and reranker_plan(ctx, until)["action"] != "skip":
-        return None
-    return reader["reason"] if not cfg.rerank else f"{reader['reason']}; {reranker_plan(ctx, until)['reason']}"
+    if not cfg.rerank:
+        return reader["reason"]
+    reranker = reranker_plan(ctx, until)
+    return None if reranker["action"] != "skip" else f"{reader['reason']}; {reranker['reason']}"
+
+
+def run_after_ingest(ctx: JobContext, until: dt.date, cfg: AutoTrainConfig, *, keep_going: bool = False) -> dict:
+    """`after_ingest` as an "auto-train" job under the reader-training lock, or a skip (no job row)
+    when there is nothing to learn. Returns the job's result with its "job_id". A failure is on the
+    job's row; it is raised again, or with `keep_going` returned as {"job_id", "error"}."""
+    from app.services.reader_registry import READER_TRAINING_LOCK
+
+    reason = nothing_to_do(ctx, until, cfg)
+    if reason is not None:
+        return {"action": "skip", "reason": reason}
+    job_id = ctx.runner.create(AUTO_TRAIN, {"until": str(until)})
+    try:
+        done = ctx.runner.run(job_id, lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
+                              lock=ctx.runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)
+    except Exception as exc:
+        if not keep_going:
+            raise
+        log.error("training after ingest (until %s) failed (job %d): %s", until, job_id, exc)
+        return {"job_id": job_id, "error": str(exc)}
+    return {"job_id": job_id, **done}

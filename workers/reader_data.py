@@ -104,6 +104,12 @@ def self_labeled(session: Session, first: dt.date, before: dt.date, cfg: DataCon
     return list(generate_questions(articles, max_per_article=per_article or cfg.self_per_article, seed=cfg.seed))
 
 
+def asked_after(published: dt.date, rng: random.Random, last_day: dt.date, lag_days: int = 6) -> dt.date:
+    """The date a self-labeled question is asked: 0..lag_days after its article (real questions come
+    a few days after the news: median 3 days on RealTimeQA), never after `last_day`."""
+    return min(published + dt.timedelta(days=rng.randint(0, lag_days)), last_day)
+
+
 def indexed_start(snapshot) -> dt.date:
     """The first day the serving index has passages for (questions before it have no evidence)."""
     spans = [e.span for e in snapshot.manifest.shards]

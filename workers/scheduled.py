@@ -143,22 +143,11 @@ def _finetune(ctx: JobContext, month: str, ingested: dict | None) -> dict:
 def _auto_train(ctx: JobContext, first: dt.date, ingested: dict | None) -> dict:
     """SQA_AUTO_TRAIN: train the reader on what is dated before the month, as its own job
     (workers/auto_train.py); a failure leaves the month ingested and is on that job's row."""
-    from app.services.reader_registry import READER_TRAINING_LOCK
-    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, nothing_to_do
+    from workers.auto_train import run_after_ingest
 
     if ingested is None:
         return {"action": "skip", "reason": f"no articles in {month_key(first)}"}
-    reason = nothing_to_do(ctx, first, ctx.auto_train)
-    if reason is not None:  # no job row for nothing to do
-        return {"action": "skip", "reason": reason}
-    job_id = ctx.runner.create(AUTO_TRAIN, {"until": str(first)})
-    try:
-        return {"job_id": job_id, **ctx.runner.run(
-            job_id, lambda handle: after_ingest(ctx, handle, until=first, cfg=ctx.auto_train),
-            lock=ctx.runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)}
-    except Exception as exc:
-        log.error("training after the ingest of %s failed (job %d): %s", month_key(first), job_id, exc)
-        return {"job_id": job_id, "error": str(exc)}
+    return run_after_ingest(ctx, first, ctx.auto_train, keep_going=True)
 
 
 def drift_decision(ctx: JobContext, session: Session, active, month: str) -> dict:

@@ -65,7 +65,8 @@ def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers
 
 def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig) -> dict:
     """{"train": [{query, cands}], "val": [...], "counts": {...}} from the first stage's candidates."""
-    from workers.reader_data import DataConfig, gold_questions, indexed_start, self_labeled, serving_snapshot
+    from workers.reader_data import (DataConfig, asked_after, gold_questions, indexed_start, self_labeled,
+                                     serving_snapshot)
 
     held_from = month_start(until - dt.timedelta(days=1))
     encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
@@ -85,8 +86,8 @@ def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: Reranke
         if cfg.max_self_articles:
             gen = self_labeled(session, start, held_from, DataConfig(seed=cfg.seed), max_articles=cfg.max_self_articles,
                                per_article=1)
-            selfq = [(g.question, min(g.published + dt.timedelta(days=rng.randint(0, 6)), held_from - dt.timedelta(days=1)),
-                      (g.answer,), "self") for g in gen]
+            selfq = [(g.question, asked_after(g.published, rng, held_from - dt.timedelta(days=1)), (g.answer,), "self")
+                     for g in gen]
         job.stage("candidates", len(train_q) + len(selfq) + len(val_q))
         out = {"train": [], "val": []}
         for dest, rows in (("train", train_q + selfq), ("val", val_q)):

@@ -34,7 +34,7 @@ from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.readers import dated_question
 from workers.bakeoff import gold_passage
-from workers.reader_data import digest
+from workers.reader_data import asked_after, digest
 from workers.progress import fraction_reporter
 from workers.runner import JobHandle
 
@@ -133,7 +133,7 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
             continue
         # asked a few days after the article, as real questions are (median 3 days on RealTimeQA):
         # dated on the article's own day, the question's date prefix would match the passage's
-        as_of = min(g.published + dt.timedelta(days=rng.randint(0, cfg.self_lag_days)), last_day)
+        as_of = asked_after(g.published, rng, last_day, cfg.self_lag_days)
         p = _pair(session, bm25, snapshot, g.question, as_of, (g.answer,),
                   lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence), "self", cfg.retrieve_k)
         _keep(pairs, missing, p, "self")

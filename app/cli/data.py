@@ -133,35 +133,31 @@ def _run_ingest(params, *, train: bool = False, train_minutes: float | None = No
         last = params.month or params.through
         if last is None:  # a history backfill: no month of news to learn up to
             return
-        with ctx.sessions() as session:  # the last ingested month: one that holds passages
-            newest = session.scalar(select(func.max(Passage.published)))
-        if newest is None:
-            return
-        until = min(last, month_start(newest))
         cfg = ctx.auto_train if train_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=train_minutes)
         if not train or not cfg.enabled:
             typer.echo("training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
             return
-        run_auto_train(ctx, until, cfg)
+        with ctx.sessions() as session:  # the last ingested month: one that holds passages
+            newest = session.scalar(select(func.max(Passage.published)))
+        if newest is not None:
+            run_auto_train(ctx, min(last, month_start(newest)), cfg)
 
 
 def run_auto_train(ctx, until, cfg) -> None:
+    """Train after an ingest (workers/auto_train.py) and print what happened; shared with `sqa train auto`."""
     from datetime import timedelta
 
-    from app.services.reader_registry import READER_TRAINING_LOCK
     from indexer.dates import month_key
-    from workers.auto_train import AUTO_TRAIN, after_ingest, describe, nothing_to_do
+    from workers.auto_train import describe, nothing_to_do, run_after_ingest
 
-    reason = nothing_to_do(ctx, until, cfg)
-    if reason is not None:
-        typer.echo(f"training after ingest: skipped ({reason})", err=True)
+    if nothing_to_do(ctx, until, cfg) is None:  # say what is coming: it takes a while
+        typer.echo(f"training after ingest: on what is dated before {until}, checked on "
+                   f"{month_key(until - timedelta(days=1))} ({'a re-ranker, then ' if cfg.rerank else ''}the reader "
+                   f"within {cfg.max_minutes:g} min; --no-train skips it)", err=True)
+    done = run_after_ingest(ctx, until, cfg)
+    if done["action"] == "skip" and "job_id" not in done:
+        typer.echo(f"training after ingest: skipped ({done['reason']})", err=True)
         return
-    typer.echo(f"training after ingest: on what is dated before {until}, checked on {month_key(until - timedelta(days=1))} "
-               f"({'a re-ranker, then ' if cfg.rerank else ''}the reader within {cfg.max_minutes:g} min; "
-               "--no-train skips it)", err=True)
-    runner = ctx.runner
-    done = runner.run_new(AUTO_TRAIN, {"until": str(until)}, lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
-                          lock=runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)
     typer.echo(f"training after ingest: {describe(done)}")
 
 
