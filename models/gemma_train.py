@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from models.gemma import FOLDER_NAME, GemmaReader, build_prompt, build_target, gemma_folder
+from models.gemma import FOLDER_NAME, GemmaReader, build_prompt, build_target, gemma_folder, reader_context
 from models.reader_base import Item, ReaderPassage, shorten_answer
 from models.saved_config import SavedConfig
 
@@ -47,6 +47,9 @@ class GemmaConfig(SavedConfig):
     max_length: int = 320  # training tokens per example (<bos> + prompt + answer); passages are cut to fit
     max_answer_tokens: int = 24  # training target, newline included
     max_new_tokens: int = 16  # generation
+    # 0: the first max_passage_words of each of the first n_passages (the original prompt); else the
+    # sentences of the first n_passages that bear on the question, this many words in all (models.context)
+    context_words: int = 0
     method: str = "lora"  # "lora" (peft adapters) | "last-layers" (train the last decoder layers)
     lora_r: int = 16
     lora_alpha: int = 32
@@ -64,16 +67,30 @@ class GemmaConfig(SavedConfig):
                      "last_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.context_words < 0:
+            raise ValueError(f"context_words must be 0 or positive, got {self.context_words}")
         if self.max_length < 2 * self.max_answer_tokens:
             raise ValueError(f"max_length {self.max_length} leaves no room for the passages and question "
                              f"(max_answer_tokens is {self.max_answer_tokens})")
 
 
 def fit_prompt(question: str, as_of, passages: Sequence[ReaderPassage], max_words: int, budget: int,
-               count: Callable[[str], int]) -> str:
+               count: Callable[[str], int], *, context_words: int = 0) -> str:
     """`build_prompt` with every passage cut to the same number of words, the most (up to `max_words`)
     that keeps `count(prompt) <= budget`; the question is never cut (without room, passages keep one
-    word). `count` is the tokenizer's length of a prompt."""
+    word). `count` is the tokenizer's length of a prompt. With `context_words`, the sentences are
+    selected again with a smaller word budget instead (`reader_context`), so that what is cut is
+    what matters least."""
+    if context_words:
+        words = context_words
+        while True:
+            kept = reader_context(question, passages, n_passages=len(passages), max_passage_words=max_words,
+                                  context_words=words)
+            prompt = build_prompt(question, as_of, kept, None)
+            n = count(prompt)
+            if n <= budget or words <= 8:
+                return prompt
+            words = max(8, min(words - 8, int(words * budget / n)))
     words = min(max_words, max((len(p.text.split()) for p in passages), default=1))
     prompt = build_prompt(question, as_of, passages, words)
     n = count(prompt)
@@ -233,7 +250,8 @@ class GemmaModel:
         for (question, as_of, passages), answer in zip(items, answers):
             target = self._ids(build_target(answer), special=False)[: cfg.max_answer_tokens]
             prompt = fit_prompt(question, as_of, list(passages)[: cfg.n_passages], cfg.max_passage_words,
-                                cfg.max_length - len(target), lambda t: len(self._ids(t, special=True)))
+                                cfg.max_length - len(target), lambda t: len(self._ids(t, special=True)),
+                                context_words=cfg.context_words)
             rows.append((self._ids(prompt, special=True), target))
         length = max(len(p) + len(t) for p, t in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -281,8 +299,7 @@ class GemmaModel:
         from models.gemma import _first_line_stop
 
         cfg = self.config
-        prompts = [self._ids(build_prompt(q, as_of, list(ps)[: cfg.n_passages], cfg.max_passage_words), special=True)
-                   for q, as_of, ps in items]
+        prompts = [self._ids(build_prompt(q, as_of, self.context(q, ps), None), special=True) for q, as_of, ps in items]
         length = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.full((len(prompts), length), pad, dtype=torch.long)
@@ -295,6 +312,12 @@ class GemmaModel:
                                 stopping_criteria=_first_line_stop(self.tokenizer, length))  # B x (length + new)
         return self.tokenizer.batch_decode(gen[:, length:], skip_special_tokens=True)
 
+    def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
+        """What the served reader reads of the ranked passages (GemmaReader.context)."""
+        cfg = self.config
+        return reader_context(question, passages, n_passages=cfg.n_passages, max_passage_words=cfg.max_passage_words,
+                              context_words=cfg.context_words)
+
     # ---- serving ----------------------------------------------------------------------------------
     def into_reader(self, *, name: str, n_passages: int | None = None) -> GemmaReader:
         """A GemmaReader (the served prompt and decoding) over this model. LoRA adapters are merged
@@ -304,7 +327,8 @@ class GemmaModel:
         self.net = lm.eval()
         return GemmaReader(lm, self.tokenizer, device=str(self.device), name=name,
                            n_passages=n_passages or self.config.n_passages,
-                           max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens)
+                           max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens,
+                           context_words=self.config.context_words)
 
 
 __all__ = ["GemmaConfig", "GemmaModel", "fit_prompt", "LORA_TARGETS", "METHODS"]

@@ -1,0 +1,79 @@
+"""Sentence selection: what a generator reads of the ranked passages."""
+import datetime as dt
+
+import pytest
+
+from models.context import content_terms, select_context, split_passage
+from models.gemma import build_prompt, reader_context
+from models.reader_base import ReaderPassage
+
+DAY = dt.date(2023, 6, 12)
+PREFIX = "Monday, June 12, 2023. "
+
+
+def passage(body: str, day: dt.date = DAY, title: str = "t") -> ReaderPassage:
+    return ReaderPassage(title=title, text=f"{day:%A}, {day:%B} {day.day}, {day.year}. {body}", published=day)
+
+
+FILLER = " ".join(f"The council met on item {i} and adjourned without a vote." for i in range(12))
+
+
+def test_split_passage_keeps_the_date_apart_and_splits_sentences():
+    prefix, sentences = split_passage(PREFIX + 'The Heat flew home. "We lost," he said. Denver won 94-89!')
+    assert prefix == PREFIX
+    assert sentences == ["The Heat flew home.", '"We lost," he said.', "Denver won 94-89!"]
+
+
+def test_content_terms_drop_stopwords_and_keep_numbers():
+    assert content_terms("Who won the 2023 NBA championship this week?") == {"won", "2023", "nba", "championship"}
+
+
+def test_a_late_answer_sentence_is_kept_where_the_first_words_lose_it():
+    text = FILLER + " The Denver Nuggets won the NBA championship on Monday."
+    ps = [passage(text)]
+    old = reader_context("Who won the NBA championship?", ps, n_passages=3, max_passage_words=100)
+    new = reader_context("Who won the NBA championship?", ps, n_passages=3, max_passage_words=100, context_words=60)
+    assert "Nuggets" not in old[0].text
+    assert "Nuggets" in new[0].text
+    assert new[0].text.startswith(PREFIX)  # the date stays in front
+    assert len(new[0].text.split()) <= 60
+
+
+def test_the_budget_is_shared_and_order_and_dates_are_kept():
+    day2 = dt.date(2023, 6, 10)
+    ps = [passage(FILLER + " Nikola Jokic was named finals MVP."),
+          passage(FILLER + " The Nuggets won the NBA championship in five games.", day=day2)]
+    out = select_context("Who won the NBA championship and who was MVP?", ps, budget_words=50, max_passages=2)
+    assert sum(len(p.text.split()) for p in out) <= 50
+    assert [p.published for p in out] == [DAY, day2]  # ranked order, each with its own date
+    assert "Jokic" in out[0].text and "championship in five games" in out[1].text
+
+
+def test_passages_beyond_max_passages_are_never_read():
+    ps = [passage("Nothing here."), passage("The Nuggets won the NBA championship.")]
+    out = select_context("Who won the NBA championship?", ps, budget_words=100, max_passages=1)
+    assert [p.text for p in out] == [ps[0].text]
+
+
+def test_with_room_for_everything_passages_come_back_whole():
+    ps = [passage("One fact. Another fact."), passage("A third.")]
+    assert select_context("What fact?", ps, budget_words=500, max_passages=5) == ps
+
+
+def test_sentences_kept_within_a_passage_stay_in_their_order():
+    body = "Alpha beta gamma NBA. " + FILLER + " Delta NBA championship epsilon."
+    out = select_context("NBA championship", [passage(body)], budget_words=20, max_passages=1)
+    text = out[0].text
+    assert text.index("Alpha") < text.index("Delta")
+
+
+def test_the_prompt_prints_the_selected_context_whole():
+    ps = reader_context("Who won?", [passage(FILLER)], n_passages=1, max_passage_words=100, context_words=40)
+    prompt = build_prompt("Who won?", DAY, ps, None)
+    assert prompt.splitlines()[0] == "Passage: " + ps[0].text
+
+
+@pytest.mark.parametrize("budget, depth", [(0, 3), (10, 0)])
+def test_bad_sizes_are_refused(budget, depth):
+    with pytest.raises(ValueError, match="at least 1"):
+        select_context("q", [passage("x")], budget_words=budget, max_passages=depth)
