@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DATA ?= ../shared/data/realtimeqa
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: install demo lint test test-unit test-integration bench clean
+.PHONY: install browser demo lint test test-unit test-integration bench clean
 
 install: $(VENV)/.installed
 
@@ -30,13 +30,17 @@ demo: install
 lint: install
 	$(VENV)/bin/lint-imports
 
-test: install lint
+# Chromium and ChromeDriver for the browser tests of the pages (installed with apt-get where it may).
+browser:
+	bash scripts/install_browser.sh
+
+test: install lint browser
 	$(PY) -m pytest
 
 test-unit: install lint
 	$(PY) -m pytest -m "not integration"
 
-test-integration: install
+test-integration: install browser
 	$(PY) -m pytest -m integration
 
 bench: install

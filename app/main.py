@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import logging
 from typing import AsyncIterator
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi_offline import FastAPIOffline
@@ -13,8 +14,11 @@ from app.api import protection
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.routes import admin, answers, evaluations, health, schedule
+from app.web import dashboard as web_dashboard, pages as web_pages
+from app.web.templating import error_page, static_files, wants_page
 from app.core.config import Settings, get_settings
 from app.bootstrap import (build_answer_service, build_context, build_encoder, build_reader_state, job_locks,
                            open_database, scheduler_config)
@@ -106,17 +110,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(evaluations.router)
     app.include_router(schedule.router)
+    # The pages: ask (/), the dashboard (/dashboard), their stylesheet and script (/static).
+    app.include_router(web_pages.router)
+    app.include_router(web_dashboard.router)
+    app.mount("/static", static_files(), name="static")
 
-    @app.get("/", include_in_schema=False)
-    async def _home() -> RedirectResponse:
-        """Until the web page exists: the interactive API docs."""
-        return RedirectResponse("/docs", status_code=307)
+    @app.exception_handler(web_dashboard.LoginRequired)
+    async def _login_required(_: Request, exc: web_dashboard.LoginRequired) -> RedirectResponse:
+        return RedirectResponse(f"/dashboard/login?{urlencode({'next': exc.next_url})}", status_code=303)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if wants_page(request):
+            return error_page(request, exc.status_code, str(exc.detail))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,
                        admin_failure_limit=settings.admin_failure_limit)
 
     @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+    async def _service_error(request: Request, exc: ServiceError):
+        if wants_page(request):
+            return error_page(request, exc.status_code, str(exc))
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
 
     @app.exception_handler(InvalidDateError)

@@ -41,6 +41,11 @@ def _stars(p: float) -> str:
     return "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else "n.s."
 
 
+def _short(text: str, limit: int = 160) -> str:
+    """A run fact as a table cell: long values (the whole grid summary) are in summary.json."""
+    return text if len(text) <= limit else text[:limit] + " … (whole value in summary.json)"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
@@ -247,7 +252,7 @@ def write_report(out_dir: Path, *, title: str, summary: dict, grid: TemporalGrid
     paths["summary"] = out_dir / "summary.json"
     paths["summary"].write_text(json.dumps(document, indent=2, default=str, allow_nan=False), encoding="utf-8")
 
-    flat = [[k, v if isinstance(v, str) else json.dumps(jsonable(v), default=str)] for k, v in summary.items()]
+    flat = [[k, _short(v if isinstance(v, str) else json.dumps(jsonable(v), default=str))] for k, v in summary.items()]
     parts = [f"<h1>{_e(title)}</h1>", "<h2>Run</h2>", _table(["key", "value"], flat) if flat else "<p>No summary.</p>",
              "<h2>Scores by question quarter</h2>",
              _by_quarter_html(by_quarter, metric) if by_quarter else "<p>No per-quarter scores.</p>"]

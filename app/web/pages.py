@@ -1,0 +1,77 @@
+"""The ask page (`/`): a question as of a date, the answer and its evidence on a time axis, and the
+same question as of a second date beside it."""
+from __future__ import annotations
+
+import datetime as dt
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from app.api.deps import AnswerServiceDep
+from app.services.errors import ServiceError
+from app.web.templating import templates
+from app.web.views import answer_view, ask_url, months_before, parse_as_of, parse_top_k
+from indexer.dates import InvalidDateError
+
+router = APIRouter(include_in_schema=False)
+
+
+def _field_of(message: str) -> str:
+    """Which form field a service error is about (its message names it)."""
+    if message.startswith("top_k"):
+        return "top_k"
+    if message.startswith("question"):
+        return "q"
+    return "form"
+
+
+@router.get("/", response_class=HTMLResponse)
+def ask_page(request: Request, service: AnswerServiceDep,
+             q: str = Query("", max_length=5000), as_of: str = Query("", max_length=40),
+             top_k: str = Query("", max_length=10), compare: str = Query("", max_length=40)) -> HTMLResponse:
+    """Ask: the question box, the date picker and top-k; with `q`, the answer(s)."""
+    today = dt.datetime.now(dt.timezone.utc).date()
+    limits = service.limits
+    errors: dict[str, str] = {}
+    form = {"q": q, "as_of": as_of or today.isoformat(), "top_k": top_k, "compare": compare}
+    views = []
+    day = other = k = None
+    status = 200
+    if q.strip() or request.query_params:
+        try:
+            day = parse_as_of(form["as_of"], what="as_of")
+        except InvalidDateError as exc:
+            errors["as_of"] = str(exc)
+        if compare.strip():
+            try:
+                other = parse_as_of(compare, what="the second date")
+            except InvalidDateError as exc:
+                errors["compare"] = str(exc)
+        try:
+            k = parse_top_k(top_k, limits.default_top_k, limits.max_top_k)
+        except ValueError as exc:
+            errors["top_k"] = str(exc)
+        if not q.strip():
+            errors["q"] = "type a question"
+    if q.strip() and not errors:
+        try:
+            results = [service.answer(q, day, k)]
+            if other is not None:
+                results.append(service.answer(q, other, k))
+        except ServiceError as exc:
+            errors[_field_of(str(exc))] = str(exc)
+            status = exc.status_code
+        else:
+            ids = [{p.passage_id for p in r.passages} for r in results]
+            n_read = service.passages_for(service.reader)
+            views = [answer_view(r, n_read, ids[1 - i] if len(results) == 2 else None) for i, r in enumerate(results)]
+    links = {}
+    if views:
+        links["permalink"] = ask_url(q, day, k if top_k else None, other)
+        links["month_earlier"] = ask_url(q, day, k if top_k else None, months_before(day, 1))
+        links["year_earlier"] = ask_url(q, day, k if top_k else None, months_before(day, 12))
+    if errors and status == 200:
+        status = 422
+    return templates.TemplateResponse(request, "ask.html", {
+        "form": form, "errors": errors, "views": views, "links": links, "max_top_k": limits.max_top_k,
+        "default_top_k": limits.default_top_k, "today": today.isoformat()}, status_code=status)
