@@ -35,10 +35,28 @@ class RunningServer:
         return log_tail(self.log_path, lines)
 
 
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -48,12 +66,13 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 @contextlib.contextmanager
 def served(env: Mapping[str, str], log_path: Path, *, ready_timeout_s: float = 300.0,
-           log_level: str = "warning") -> Iterator[RunningServer]:
-    """Start the server with `env`, yield once /readyz answers 200, always stop it afterwards.
+           log_level: str = "warning", port: int | None = None) -> Iterator[RunningServer]:
+    """Start the server with `env` (on `port`, else a free one), yield once /readyz answers 200,
+    always stop it afterwards.
 
     Raises ServerNotReady (with the log's tail) if it exits or is not ready in time.
     """
-    port = free_port()
+    port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:

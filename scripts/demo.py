@@ -6,20 +6,24 @@ reader, each activated only if it beats what serves on March; --train-minutes bo
 ingests May and June without training, then asks three questions of 2023-04..06 (weeks no model
 saw) whose answer the indexed news holds, and prints our answer beside the gold one. Without the data
 it uses the shipped sample (36 invented articles, January-March 2024) with the packaged models
-untrained. State lives under SQA_HOME (default ./.sqa); re-running is cheap (imports are idempotent,
+untrained. It ends by keeping the server up, printing the web page's address and the dashboard's
+admin token, until Ctrl-C (--no-serve: stop after the questions). State lives under SQA_HOME (default ./.sqa); re-running is cheap (imports are idempotent,
 months already ingested are skipped, and a trained model is not trained again).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+from urllib.parse import urlencode
 
-from app.server_process import ServerNotReady, served
+from app.server_process import ServerNotReady, free_port, port_is_free, served
 from evaluation.metrics import exact_match
 from evaluation.subsets import needs_choices
 
@@ -71,6 +75,8 @@ def main() -> int:
     ap.add_argument("--since", default="2023-04-01", help="the first day asked about (training stops before it)")
     ap.add_argument("--until", default="2023-06-30")
     ap.add_argument("--train-minutes", type=float, default=10.0, help="the reader's training budget")
+    ap.add_argument("--port", type=int, default=8000, help="the server's port (a free one if it is taken)")
+    ap.add_argument("--no-serve", action="store_true", help="stop the server after the questions")
     args = ap.parse_args()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -95,8 +101,10 @@ def main() -> int:
     print("\n$ sqa serve   (loading the encoder and the Gemma 3 270M reader; the first start converts the "
           "packaged weights once, a few minutes)", flush=True)
     log_path = Path(os.environ.get("SQA_HOME", ROOT / ".sqa")) / "demo-server.log"
+    os.environ.setdefault("SQA_ADMIN_TOKEN", secrets.token_urlsafe(12))  # for the dashboard
+    port = args.port if port_is_free(args.port) else free_port()
     try:
-        with served(os.environ, log_path, ready_timeout_s=900) as server:
+        with served(os.environ, log_path, ready_timeout_s=900, port=port) as server:
             print(f"ready in {server.startup_s:.0f} s: {server.ready}")
             right = 0
             for text, as_of, gold in questions:
@@ -113,7 +121,19 @@ def main() -> int:
                 for i, p in enumerate(body["passages"][:3], 1):
                     print(f"   [{i}] {p['published']}  {p['title'][:90]}\n       {p['url']}")
             print(f"\n{right} of {len(questions)} right (exact match after normalisation).")
-            print(f"\nThe server at {server.base} is stopping. Run it yourself with `.venv/bin/sqa serve`.")
+            if args.no_serve:
+                print(f"\nThe server at {server.base} is stopping. Run it yourself with `.venv/bin/sqa serve`.")
+                return 0
+            text, as_of, _ = questions[0] if questions else ("", until, "")
+            print(f"\nThe web page: {server.base}/   (ask a question as of a date, and as of a second one beside it)")
+            print(f"  this one:    {server.base}/?{urlencode({'q': text, 'as_of': as_of})}")
+            print(f"The dashboard: {server.base}/dashboard   (admin token: {os.environ['SQA_ADMIN_TOKEN']})")
+            print("The server keeps running until Ctrl-C.", flush=True)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
+            try:
+                server.process.wait()
+            except KeyboardInterrupt:
+                print("\nstopping the server")
     except ServerNotReady as exc:
         print(f"the server did not start: {exc}", file=sys.stderr)
         return 1

@@ -261,6 +261,16 @@ def test_reencode_refuses_paths_unknown_names_and_bad_options(make_settings):
         assert r.status_code == 422 and "dim 0 must be in 1..4096" in r.json()["detail"]
 
 
-def test_the_root_leads_to_the_docs(client):
+def test_the_root_is_the_ask_page_and_links_the_docs(client):
     r = client.get("/", follow_redirects=False)
-    assert r.status_code == 307 and r.headers["location"] == "/docs"
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert 'href="/docs"' in r.text and 'href="/dashboard"' in r.text
+    assert client.get("/static/style.css").status_code == 200 and client.get("/static/app.js").status_code == 200
+
+
+def test_the_json_api_keeps_json_errors_while_the_pages_show_html(client):
+    r = client.get("/admin/jobs", headers={"X-Admin-Token": "wrong"})
+    assert r.status_code == 401 and r.json()["detail"] == "wrong admin token (X-Admin-Token)"
+    assert client.get("/v1/nothing").json() == {"detail": "Not Found"}
+    page = client.get("/dashboard/nothing")
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
