@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(PY) scripts/demo.py --data "$(DATA)"
+	$(PY) scripts/demo.py --data "$(DATA)" $(DEMO_ARGS)
 
 # The architecture contract (pyproject.toml's [tool.importlinter]): a back-edge or a cycle fails the build.
 lint: install
