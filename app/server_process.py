@@ -50,15 +50,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def log_tail(path: Path, lines: int = 30) -> str:
     with open(path, errors="replace") as fh:
         return "".join(deque(fh, maxlen=lines))
