@@ -7,9 +7,13 @@ import datetime as dt
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from app.api.deps import AnswerServiceDep
+from sqlalchemy import select
+
+from app.api.deps import AnswerServiceDep, SessionDep
+from app.db.tables import Question
 from app.services.errors import ServiceError
 from app.web.templating import templates
+from evaluation.subsets import needs_choices
 from app.web.views import answer_view, ask_url, months_before, parse_as_of, parse_top_k
 from indexer.dates import InvalidDateError
 
@@ -25,8 +29,34 @@ def _field_of(message: str) -> str:
     return "form"
 
 
+def _indexed(service) -> tuple[str, str] | None:
+    """The first and last day of the serving index (what a question's date can reach)."""
+    snap = service.index_state.current()
+    if snap is None or not snap.manifest.shards:
+        return None
+    return min(e.min_day for e in snap.manifest.shards), max(e.max_day for e in snap.manifest.shards)
+
+
+def _examples(session, indexed: tuple[str, str] | None, n: int = 3) -> list[dict]:
+    """Stored questions dated inside the index, one per month from the newest: something to try."""
+    if indexed is None:
+        return []
+    rows = session.execute(select(Question.text, Question.asked)
+                           .where(Question.asked >= dt.date.fromisoformat(indexed[0]),
+                                  Question.asked <= dt.date.fromisoformat(indexed[1]))
+                           .order_by(Question.asked.desc(), Question.id).limit(200)).all()
+    out, months = [], set()
+    for text, asked in rows:  # "which of these..." reads badly without its choices
+        if not needs_choices(text) and asked.strftime("%Y-%m") not in months and len(text) <= 160:
+            months.add(asked.strftime("%Y-%m"))
+            out.append({"text": text, "as_of": asked.isoformat(), "url": ask_url(text, asked)})
+        if len(out) == n:
+            break
+    return out
+
+
 @router.get("/", response_class=HTMLResponse)
-def ask_page(request: Request, service: AnswerServiceDep,
+def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep,
              q: str = Query("", max_length=5000), as_of: str = Query("", max_length=40),
              top_k: str = Query("", max_length=10), compare: str = Query("", max_length=40)) -> HTMLResponse:
     """Ask: the question box, the date picker and top-k; with `q`, the answer(s)."""
@@ -72,6 +102,8 @@ def ask_page(request: Request, service: AnswerServiceDep,
         links["year_earlier"] = ask_url(q, day, k if top_k else None, months_before(day, 12))
     if errors and status == 200:
         status = 422
+    indexed = _indexed(service)
     return templates.TemplateResponse(request, "ask.html", {
+        "indexed": indexed, "examples": [] if views else _examples(session, indexed),
         "form": form, "errors": errors, "views": views, "links": links, "max_top_k": limits.max_top_k,
         "default_top_k": limits.default_top_k, "today": today.isoformat()}, status_code=status)

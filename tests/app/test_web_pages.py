@@ -80,11 +80,15 @@ def test_session_cookies_are_signed_expire_and_die_with_the_token():
 
 # ---- the ask page ---------------------------------------------------------------------------------
 
-def test_ask_page_shows_an_empty_form_with_today(client):
+def test_ask_page_shows_an_empty_form_with_today_the_indexed_days_and_questions_to_try(client):
     r = client.get("/")
     assert r.status_code == 200 and 'id="q"' in r.text
     assert f'value="{dt.datetime.now(dt.timezone.utc).date().isoformat()}"' in r.text
     assert "section class=\"result\"" not in r.text
+    assert re.search(r'id="indexed-from">2024-01-0\d</strong> to <strong id="indexed-to">2024-03-\d\d<', r.text)
+    tries = re.findall(r'<a href="(/\?q=[^"]+&amp;as_of=(2024-0\d-\d\d))">', r.text.split('class="examples"')[1])
+    assert len(tries) == 3 and len({day[:7] for _, day in tries}) == 3  # one a month, inside the index
+    assert client.get(tries[0][0].replace("&amp;", "&")).status_code == 200
 
 
 def test_ask_page_answers_with_passages_no_later_than_as_of(client):
