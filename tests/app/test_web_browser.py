@@ -107,6 +107,9 @@ def test_ask_a_question_as_of_two_dates(server, browser):
     unlabeled = browser.execute_script(
         "return [...document.querySelectorAll('input:not([type=hidden])')].filter(i => !i.labels.length).map(i => i.id)")
     assert unlabeled == []
+    assert browser.find_elements(By.CSS_SELECTOR, ".examples a")  # questions to try, for a new user
+    print("screenshot:", shot(browser, "ask-empty"))
+    browser.set_window_size(1280, 1000)
     box = browser.find_element(By.ID, "q")
     box.send_keys(QUESTION)
     browser.execute_script("document.getElementById('as_of').value = '2024-02-20'")  # the date picker's value
