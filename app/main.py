@@ -27,6 +27,8 @@ from indexer.dates import InvalidDateError
 from indexer.errors import IndexIntegrityError
 
 log = logging.getLogger("app")
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
 
 
 async def _poll_snapshots(app: FastAPI, every_s: float) -> None:
@@ -114,6 +116,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(web_pages.router)
     app.include_router(web_dashboard.router)
     app.mount("/static", static_files(), name="static")
+
+    @app.middleware("http")
+    async def _page_headers(request: Request, call_next):
+        """The pages may not be framed (no clickjacking of a confirmation) and run only this
+        server's scripts; inline style attributes place the time axis' dots."""
+        response = await call_next(request)
+        if wants_page(request):
+            response.headers.setdefault("X-Frame-Options", "DENY")
+            response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+            response.headers.setdefault("Referrer-Policy", "same-origin")
+            response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
 
     @app.exception_handler(web_dashboard.LoginRequired)
     async def _login_required(_: Request, exc: web_dashboard.LoginRequired) -> RedirectResponse:

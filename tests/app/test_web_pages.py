@@ -247,3 +247,14 @@ def test_evaluation_pages_show_the_report_and_its_plots(client, wait_job):
         assert client.get(src).content.startswith(b"\x89PNG")
     assert client.get(f"/dashboard/evaluations/{run_id}/files/..%2Fsqa.db").status_code == 404
     assert client.get("/dashboard/evaluations/999").status_code == 404
+
+
+def test_pages_cannot_be_framed_and_run_only_this_servers_scripts(client):
+    for path in ("/", "/dashboard/login"):
+        r = client.get(path)
+        assert r.headers["x-frame-options"] == "DENY"
+        csp = r.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp.split(
+            "script-src")[1].split(";")[0]
+    assert "content-security-policy" not in client.get("/healthz").headers  # the JSON API is left as it was
+

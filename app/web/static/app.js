@@ -11,10 +11,20 @@
     function tick() {
       if (document.hidden) { return schedule(); }
       fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
-        .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.text(); })
-        .then(function (html) { box.innerHTML = html; })
-        .catch(function () { /* the next tick tries again */ })
-        .then(schedule);
+        .then(function (r) {
+          if (r.redirected) { throw new Error("login"); }  // the session ended: the login page came back
+          if (!r.ok) { throw new Error("HTTP " + r.status); }
+          return r.text();
+        })
+        .then(function (html) { box.innerHTML = html; schedule(); })
+        .catch(function (err) {
+          if (err.message === "login") {
+            box.insertAdjacentHTML("afterbegin", '<p class="error" role="alert">Your session has ended: ' +
+              '<a href="/dashboard/login">log in again</a> to follow the jobs.</p>');
+            return;  // stop polling
+          }
+          schedule();  // a network blip: the next tick tries again
+        });
     }
     function schedule() { setTimeout(tick, active() ? 1000 : 5000); }
     schedule();
