@@ -52,7 +52,7 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory):
     binary, driver_path = _browser_paths()
     os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must not look for drivers online
     from selenium import webdriver
@@ -61,7 +61,8 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", "--lang=en-US"):
+                "--window-size=1280,1000", "--lang=en-US",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):  # not left in /tmp
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     driver.set_page_load_timeout(60)
