@@ -26,7 +26,7 @@ from app.services.reader_state import ReaderState, RegistrySource
 from app.services.reranking import RerankerState, RerankingRetriever, active_reranker
 from app.services.retrieval import Retriever, make_retriever
 from indexer.ivf import ShardPolicy
-from models.encoders import TextEncoder, load_encoder, resolve_encoder
+from models.encoders import TextEncoder, describe_encoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
 from evaluation.drift import parse_features
 from workers.auto_train import AutoTrainConfig
@@ -65,6 +65,19 @@ def build_encoder(settings: Settings) -> TextEncoder:
 
 
 AUTO_ENCODER = "auto"
+
+
+def encoder_identity(settings: Settings) -> tuple[str, int]:
+    """SQA_ENCODER's (name, dim) as `build_encoder` would give them, read from the model's files where
+    they tell (no torch, no weights: `sqa index status` starts in a second); built otherwise."""
+    spec = settings.encoder
+    if spec == AUTO_ENCODER:
+        spec = index_encoder_name(settings) or "minilm"
+    found = describe_encoder(spec, encoders_dir=settings.encoders_dir)
+    if found is None:
+        encoder = build_encoder(settings)
+        found = (encoder.name, encoder.dim)
+    return found
 
 
 def index_encoder_name(settings: Settings) -> str | None:

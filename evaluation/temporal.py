@@ -36,7 +36,6 @@ from datetime import date, datetime, timedelta, timezone
 from itertools import combinations
 
 import numpy as np
-from scipy.stats import wilcoxon
 
 _QUARTER = re.compile(r"^(\d{4})Q([1-4])$")
 
@@ -123,6 +122,8 @@ def wilcoxon_p(differences: Iterable[float]) -> float:
         return 1.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # normal approximation with many ties
+        from scipy.stats import wilcoxon  # here, not at import: scipy.stats takes ~0.6 s to import
+
         return float(wilcoxon(d, zero_method="wilcox", alternative="two-sided", method=wilcoxon_method(d)).pvalue)
 
 

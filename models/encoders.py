@@ -196,6 +196,52 @@ def resolve_encoder(name: str, *, encoders_dir: Path | None, device: str = "cpu"
                      f"nor a trained version under {encoders_dir} (`sqa encoders list`)")
 
 
+def _folder_dim(folder: Path) -> int | None:
+    """A sentence-transformers folder's output size read from its files (Transformer, Pooling and
+    Normalize modules only: another module may change the size, so None then)."""
+    import json
+
+    try:
+        modules = json.loads((folder / "modules.json").read_text())
+        kinds = {m["type"].rsplit(".", 1)[-1] for m in modules}
+        if not kinds <= {"Transformer", "Pooling", "Normalize"}:
+            return None
+        pooling = next(m["path"] for m in modules if m["type"].endswith("Pooling"))
+        config = json.loads((folder / pooling / "config.json").read_text())
+        # "word_embedding_dimension" in the packaged model; newer sentence-transformers save "embedding_dimension"
+        return int(config.get("word_embedding_dimension") or config["embedding_dimension"])
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
+def describe_encoder(spec: str, *, encoders_dir: Path | None = None) -> tuple[str, int] | None:
+    """The (name, dim) `load_encoder(spec)` (or `resolve_encoder` of a recorded name) would give,
+    read from files without loading a model (or torch); None where only loading can tell.
+
+    Example:
+        >>> describe_encoder("hash:dim=256")
+        ('hash-256', 256)
+    """
+    if spec in ("minilm", PACKAGED_MINILM):
+        dim = _folder_dim(packaged_minilm_path())
+        return (PACKAGED_MINILM, dim) if dim else None
+    if spec == "hash" or spec.startswith("hash:") or _HASH_NAME.match(spec):
+        try:
+            enc = load_encoder(spec) if not _HASH_NAME.match(spec) else HashEncoder(int(spec.split("-")[1]))
+        except ValueError:
+            return None
+        return enc.name, enc.dim  # the fake is numpy only: building it loads nothing
+    if encoders_dir is not None and "/" not in spec and (Path(encoders_dir) / spec / ENCODER_INFO).exists():
+        folder = Path(encoders_dir) / spec
+        try:
+            info = read_encoder_info(folder)
+        except ValueError:
+            return None
+        dim = _folder_dim(folder / ("shared" if info.get("towers") == "shared" else "query"))
+        return (info["version"], dim) if dim else None
+    return None
+
+
 def load_encoder(spec: str, *, device: str = "cpu", encoders_dir: Path | None = None) -> TextEncoder:
     """Build an encoder from a setting: "minilm", "hash", "hash:delay_ms=5", a trained version's
     name (a folder under `encoders_dir`), or a local folder (a trained version or any

@@ -24,7 +24,6 @@ from app.db.tables import Article, EvalResult, EvalRun, Question
 from app.services.answering import AnswerService
 from app.services.index_state import LoadedSnapshot
 from evaluation.metrics import answer_in_text, days_between, exact_match, token_f1
-from evaluation.report import write_report
 from evaluation.subsets import needs_choices
 from evaluation.temporal import TemporalGrid, jsonable, quarter_bounds, quarter_index, quarter_of
 from workers.transport import TransportConfig, version_transport
@@ -182,6 +181,8 @@ def render_report(sf: sessionmaker[Session], run_id: int, out: Path, title: str,
     summary = jsonable(grid.summary())
     summary["counts"] = {"results": len(rows), "answered_by_reader": sum("f1" in r["metrics"] for r in rows)}
     transport = run_transport(sf, run_id, cfg.transport) if cfg is not None and cfg.transport else None
+    from evaluation.report import write_report  # matplotlib: loaded by the jobs that draw, not by every command
+
     return summary, write_report(out, title=title, summary=summary, grid=grid, by_quarter=None, transport=transport)
 
 

@@ -278,8 +278,8 @@ def index_bm25() -> None:
 
 
 def _encoder_identity(s) -> dict:
-    from app.bootstrap import build_encoder
+    from app.bootstrap import encoder_identity
 
-    enc = build_encoder(s)
-    return {"encoder": enc.name, "dim": enc.dim}
+    name, dim = encoder_identity(s)
+    return {"encoder": name, "dim": dim}
 

@@ -88,3 +88,54 @@ def test_cli_jobs_list_shows_the_newest_jobs_and_filters(sqa, sample_root):
     [line] = [x for x in r.output.splitlines() if " ingest " in x]
     assert "succeeded" in line and "100.0%" in line
     assert "no jobs of that kind/state" in sqa("jobs", "list", "--state", "failed").output
+
+
+def test_describe_encoder_matches_the_built_encoder_without_loading_a_model(tmp_path):
+    from models.encoders import describe_encoder, load_encoder
+
+    for spec in ("hash", "hash:dim=256", "hash:dim=64,delay_ms=1"):
+        enc = load_encoder(spec)
+        assert describe_encoder(spec) == (enc.name, enc.dim)
+        assert describe_encoder(enc.name) == (enc.name, enc.dim)  # the name an index records
+    assert describe_encoder("hash:dim=0") is None and describe_encoder("hash:size=3") is None
+    assert describe_encoder("no-such-version", encoders_dir=tmp_path) is None
+    assert describe_encoder(str(tmp_path)) is None  # a folder: only loading it can tell
+
+
+TABLE_COMMANDS = [("index", "status"), ("jobs", "list"), ("models", "list")]
+
+
+@pytest.mark.parametrize("args", TABLE_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize("encoder", ["hash", "minilm"])
+def test_table_commands_load_no_model_library(tmp_path, args, encoder):
+    """`sqa index status`, `jobs list`, `models list` read the database and files only: importing
+    torch, sentence-transformers, matplotlib or scipy.stats would cost them seconds at every start."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    home = tmp_path / "home"
+    env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": "hash", "SQA_READER": "first-entity",
+           "SQA_AUTO_TRAIN": "0"}
+    env.pop("SQA_DATABASE_URL", None)
+    subprocess.run([sys.executable, "-m", "app.cli", "import", "realtimeqa", str(ROOT / "indexer" / "sample" / "realtimeqa")],
+                   cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "app.cli", "ingest", "--month", "2024-01", "--no-train"], cwd=ROOT, env=env,
+                   check=True, capture_output=True)
+    probe = ("import json, sys\nfrom app.cli import cli\ntry:\n    cli(sys.argv[1:])\nexcept SystemExit as e:\n"
+             "    code = e.code\nheavy = ['torch', 'sentence_transformers', 'transformers', 'matplotlib', 'scipy.stats',"
+             " 'spacy']\nprint(json.dumps({'code': code, 'loaded': [m for m in heavy if m in sys.modules]}))\n")
+    env["SQA_ENCODER"] = encoder  # minilm: the index's hash encoder is refused, by name, without loading MiniLM
+    out = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["loaded"] == [], out.stderr[-2000:]
+    if args == ("index", "status"):
+        assert result["code"] == (0 if encoder == "hash" else 2), out.stderr[-2000:]
+        if encoder == "minilm":
+            assert "built with encoder 'hash-384'" in out.stderr and "all-MiniLM-L6-v2" in out.stderr
+    else:
+        assert result["code"] in (0, None), out.stderr[-2000:]

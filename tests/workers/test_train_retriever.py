@@ -9,7 +9,8 @@ import torch
 
 from app.bootstrap import open_database
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
-from models.encoders import DualEncoder, HashEncoder, packaged_minilm_path, read_encoder_info, resolve_encoder
+from models.encoders import (DualEncoder, HashEncoder, SentenceTransformerEncoder, describe_encoder, packaged_minilm_path,
+                             read_encoder_info, resolve_encoder)
 from tests.conftest import load_sample
 from workers.train_retriever import RetrieverDataConfig, pool_figures, run_train_retriever_job, ValItem
 
@@ -48,6 +49,10 @@ def test_the_loss_falls_and_a_saved_version_reloads_as_the_same_encoder(tmp_path
     # two towers moved apart: the same text is encoded differently as a question and as a passage
     assert float((enc.encode_queries(text) @ enc.encode_passages(text).T)[0, 0]) < 0.9999
     assert resolve_encoder("dpr-x", encoders_dir=tmp_path).name == "dpr-x"
+    # what `sqa index status` reads from the files without loading the towers
+    assert describe_encoder("dpr-x", encoders_dir=tmp_path) == (enc.name, enc.dim)
+    minilm = SentenceTransformerEncoder.packaged()
+    assert describe_encoder("minilm") == describe_encoder(minilm.name) == (minilm.name, minilm.dim)
 
 
 class _HashTowers(BiEncoder):
