@@ -22,6 +22,7 @@ from app.web.templating import error_page, static_files, wants_page
 from app.core.config import Settings, get_settings
 from app.bootstrap import (build_answer_service, build_context, build_encoder, build_reader_state, job_locks,
                            open_database, scheduler_config)
+from app.services.admission import AdmissionGate
 from app.services.errors import ServiceError
 from indexer.dates import InvalidDateError
 from indexer.errors import IndexIntegrityError
@@ -91,6 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if n:
             log.warning("marked %d job(s) left running by a stopped process as interrupted", n)
         app.state.db, app.state.answers, app.state.jobs = db, service, jobs
+        app.state.answer_gate = AdmissionGate(max_active=settings.answer_concurrency,
+                                              max_waiting=settings.answer_queue, max_wait_s=settings.answer_wait_s)
         poller = asyncio.create_task(_poll_snapshots(app, settings.snapshot_poll_s)) if settings.snapshot_poll_s else None
         reader_poller = (asyncio.create_task(_poll_reader(app, settings.snapshot_poll_s))
                          if settings.snapshot_poll_s and reader_state.follows_registry else None)
@@ -144,9 +147,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError):
+        headers = getattr(exc, "headers", None)  # OverloadedError: Retry-After
         if wants_page(request):
-            return error_page(request, exc.status_code, str(exc))
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+            response = error_page(request, exc.status_code, str(exc))
+            response.headers.update(headers or {})
+            return response
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(InvalidDateError)
     async def _date_error(_: Request, exc: InvalidDateError) -> JSONResponse:

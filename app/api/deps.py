@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import Settings
 from app.db.engine import Database
+from app.services.admission import AdmissionGate
 from app.services.answering import AnswerService
 from workers.context import JobContext
 
@@ -35,7 +36,13 @@ def get_answer_service(request: Request) -> AnswerService:
     return request.app.state.answers
 
 
+def get_answer_gate(request: Request) -> AdmissionGate:
+    """How many answers run at once, and how many may wait (app/services/admission.py)."""
+    return request.app.state.answer_gate
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+AnswerGateDep = Annotated[AdmissionGate, Depends(get_answer_gate)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 SessionDep = Annotated[Session, Depends(get_session)]
 AnswerServiceDep = Annotated[AnswerService, Depends(get_answer_service)]

@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     max_top_k: int = Field(default=50, ge=1, le=1000)
     reader_passages: int = Field(default=0, ge=0, le=100)  # 0: the reader's own number
     max_question_chars: int = Field(default=1000, ge=10)
+    # Answers computed at once per process, more waiting their turn, and how long one may wait before
+    # a 503 with Retry-After (app/services/admission.py): a generative reader uses every core anyway.
+    answer_concurrency: int = Field(default=2, ge=1, le=256)
+    answer_queue: int = Field(default=8, ge=0, le=10_000)
+    answer_wait_s: float = Field(default=5.0, ge=0, le=3600)
     # A request body over this many bytes is refused (413) before it is read whole.
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # Requests per client address (limits' notation, "" for none); health checks and /metrics are exempt.

@@ -9,7 +9,7 @@ from fastapi.responses import HTMLResponse
 
 from sqlalchemy import select
 
-from app.api.deps import AnswerServiceDep, SessionDep
+from app.api.deps import AnswerGateDep, AnswerServiceDep, SessionDep
 from app.db.tables import Question
 from app.services.errors import ServiceError
 from app.web.templating import templates
@@ -56,7 +56,7 @@ def _examples(session, indexed: tuple[str, str] | None, n: int = 3) -> list[dict
 
 
 @router.get("/", response_class=HTMLResponse)
-def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep,
+def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep, gate: AnswerGateDep,
              q: str = Query("", max_length=5000), as_of: str = Query("", max_length=40),
              top_k: str = Query("", max_length=10), compare: str = Query("", max_length=40)) -> HTMLResponse:
     """Ask: the question box, the date picker and top-k; with `q`, the answer(s)."""
@@ -67,6 +67,7 @@ def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep,
     views = []
     day = other = k = None
     status = 200
+    headers: dict[str, str] = {}
     if q.strip() or request.query_params:
         try:
             day = parse_as_of(form["as_of"], what="as_of")
@@ -85,12 +86,14 @@ def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep,
             errors["q"] = "type a question"
     if q.strip() and not errors:
         try:
-            results = [service.answer(q, day, k)]
-            if other is not None:
-                results.append(service.answer(q, other, k))
+            with gate.admit():  # both dates in one turn
+                results = [service.answer(q, day, k)]
+                if other is not None:
+                    results.append(service.answer(q, other, k))
         except ServiceError as exc:
             errors[_field_of(str(exc))] = str(exc)
             status = exc.status_code
+            headers.update(getattr(exc, "headers", None) or {})
         else:
             ids = [{p.passage_id for p in r.passages} for r in results]
             n_read = service.passages_for(service.reader)
@@ -106,4 +109,5 @@ def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep,
     return templates.TemplateResponse(request, "ask.html", {
         "indexed": indexed, "examples": [] if views else _examples(session, indexed),
         "form": form, "errors": errors, "views": views, "links": links, "max_top_k": limits.max_top_k,
-        "default_top_k": limits.default_top_k, "today": today.isoformat()}, status_code=status)
+        "default_top_k": limits.default_top_k, "today": today.isoformat()}, status_code=status,
+        headers=headers)

@@ -4,18 +4,22 @@ from dataclasses import asdict
 
 from fastapi import APIRouter
 
-from app.api.deps import AnswerServiceDep
+from app.api.deps import AnswerGateDep, AnswerServiceDep
 from app.api.schemas import AnswerPublic, AnswerRequest, PassagePublic
 from indexer.dates import parse_day
 
 router = APIRouter(prefix="/v1", tags=["answers"])
 
 
-@router.post("/answers", response_model=AnswerPublic)
-def post_answer(body: AnswerRequest, service: AnswerServiceDep) -> AnswerPublic:
+@router.post("/answers", response_model=AnswerPublic,
+             responses={503: {"description": "No index yet, or too many questions at once (Retry-After says when "
+                                             "to try again)"}})
+def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGateDep) -> AnswerPublic:
     """Answer a question from the news published on or before `as_of`, citing the passages."""
     as_of = parse_day(body.as_of, what="as_of") if body.as_of is not None else None
-    result = service.answer(body.question, as_of, body.top_k)
+    service.validate(body.question, body.top_k)  # a bad request is told so at once, not after its turn
+    with gate.admit():
+        result = service.answer(body.question, as_of, body.top_k)
     passages = [PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
                 for p in result.passages]
     return AnswerPublic(answer=result.answer, as_of=result.as_of, passages=passages, versions=result.versions,

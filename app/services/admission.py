@@ -1,0 +1,106 @@
+"""How many questions are answered at once, how many may wait, and for how long.
+
+A generative reader takes every core it is given: answering eight questions at once does not make
+any of them faster, it makes all of them eight times slower. So the answer endpoints (the JSON API
+and the ask page) go through one gate per process:
+
+- up to `max_active` answers run at a time (SQA_ANSWER_CONCURRENCY);
+- up to `max_waiting` more wait their turn (SQA_ANSWER_QUEUE); a request beyond that is refused at
+  once with 503 and Retry-After;
+- a waiting request that has not started within `max_wait_s` (SQA_ANSWER_WAIT_S) is refused the
+  same way, instead of waiting a minute behind the others.
+
+Retry-After is the time the queue ahead is expected to take, from a moving average of recent
+answer times. Background work (evaluation, training) calls the answer service directly and is not
+gated: it is throttled by its own job slots.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from typing import Iterator
+
+from app.services.errors import ServiceError
+
+
+class OverloadedError(ServiceError):
+    """Too many questions at once: 503 with Retry-After."""
+
+    status_code = 503
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class AdmissionGate:
+    """A counting gate with a bounded, time-limited waiting room (thread-safe).
+
+    Example:
+        >>> gate = AdmissionGate(max_active=1, max_waiting=0, max_wait_s=1.0)
+        >>> with gate.admit():
+        ...     gate.active
+        1
+    """
+
+    def __init__(self, *, max_active: int, max_waiting: int, max_wait_s: float) -> None:
+        if max_active < 1:
+            raise ValueError(f"max_active {max_active} must be at least 1")
+        if max_waiting < 0 or max_wait_s < 0:
+            raise ValueError(f"max_waiting {max_waiting} and max_wait_s {max_wait_s} must not be negative")
+        self.max_active, self.max_waiting, self.max_wait_s = max_active, max_waiting, max_wait_s
+        self._cond = threading.Condition()
+        self._active = 0
+        self._waiting = 0
+        self._mean_s = 1.0  # moving average of an answer's time, for Retry-After
+        self.refused = 0  # since start, for the logs and tests
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def _retry_after(self) -> float:
+        return self._mean_s * (self._waiting + self._active) / self.max_active
+
+    def _refuse(self, why: str) -> OverloadedError:
+        self.refused += 1
+        retry = self._retry_after()
+        return OverloadedError(f"the server is busy: {why}; try again in about {max(1, math.ceil(retry))} s",
+                               retry)
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Hold one of the `max_active` places for the duration of the block (OverloadedError if
+        none frees up in time, or if the waiting room is full)."""
+        with self._cond:
+            if self._active >= self.max_active:
+                if self._waiting >= self.max_waiting:
+                    raise self._refuse(f"{self._active} questions are being answered and {self._waiting} are "
+                                       "waiting (SQA_ANSWER_QUEUE)")
+                self._waiting += 1
+                try:
+                    started = self._cond.wait_for(lambda: self._active < self.max_active, timeout=self.max_wait_s)
+                finally:
+                    self._waiting -= 1
+                if not started:
+                    raise self._refuse(f"no answer slot freed up within {self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)")
+            self._active += 1
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - t0
+            with self._cond:
+                self._active -= 1
+                self._mean_s = 0.8 * self._mean_s + 0.2 * took
+                self._cond.notify()

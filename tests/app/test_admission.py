@@ -1,0 +1,114 @@
+"""The answer gate: a bounded, time-limited waiting room instead of minute-long waits."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from app.services.admission import AdmissionGate, OverloadedError
+
+
+def _hold(gate: AdmissionGate, release: threading.Event, done: list) -> threading.Thread:
+    def run():
+        try:
+            with gate.admit():
+                release.wait(10)
+            done.append("ok")
+        except OverloadedError as exc:
+            done.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def test_a_full_waiting_room_refuses_at_once_and_a_freed_slot_admits_the_next():
+    gate = AdmissionGate(max_active=1, max_waiting=1, max_wait_s=10.0)
+    release, done = threading.Event(), []
+    first = _hold(gate, release, done)
+    _until(lambda: gate.active == 1)
+    second_release = threading.Event()
+    second = _hold(gate, second_release, done)
+    _until(lambda: gate.waiting == 1)
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError, match="1 questions are being answered and 1 are waiting") as refused:
+        with gate.admit():
+            pass
+    assert time.monotonic() - t0 < 1.0  # refused at once, not after a wait
+    assert refused.value.status_code == 503 and int(refused.value.headers["Retry-After"]) >= 1
+    release.set()
+    first.join(5)
+    _until(lambda: gate.active == 1 and gate.waiting == 0)  # the second got the slot
+    assert done == ["ok"] and gate.refused == 1
+    second_release.set()
+    second.join(5)
+    assert done == ["ok", "ok"] and gate.active == 0
+
+
+def test_a_wait_longer_than_the_limit_is_refused():
+    gate = AdmissionGate(max_active=1, max_waiting=5, max_wait_s=0.2)
+    release, done = threading.Event(), []
+    holder = _hold(gate, release, done)
+    _until(lambda: gate.active == 1)
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError, match="within 0.2 s"):
+        with gate.admit():
+            pass
+    assert 0.15 < time.monotonic() - t0 < 3.0
+    assert gate.waiting == 0
+    release.set()
+    holder.join(5)
+    with gate.admit():  # free again
+        assert gate.active == 1
+    assert gate.active == 0
+
+
+def test_the_gate_rejects_nonsense_limits():
+    with pytest.raises(ValueError, match="max_active 0"):
+        AdmissionGate(max_active=0, max_waiting=1, max_wait_s=1)
+    with pytest.raises(ValueError, match="must not be negative"):
+        AdmissionGate(max_active=1, max_waiting=-1, max_wait_s=1)
+
+
+def test_the_api_answers_busy_with_503_and_retry_after_but_bad_input_with_422(make_settings, sample_root):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from tests.conftest import load_sample
+
+    settings = make_settings(answer_concurrency=1, answer_queue=0)
+    load_sample(settings, through="2024-01")
+    with TestClient(create_app(settings)) as client:
+        service = client.app.state.answers
+        gate = client.app.state.answer_gate
+        release = threading.Event()
+        original = service.answer
+
+        def slow_answer(*args, **kwargs):
+            release.wait(10)
+            return original(*args, **kwargs)
+
+        service.answer = slow_answer
+        body = {"question": "Who is the mayor of Port Calder?", "as_of": "2024-01-20"}
+        first: list = []
+        thread = threading.Thread(target=lambda: first.append(client.post("/v1/answers", json=body)), daemon=True)
+        thread.start()
+        _until(lambda: gate.active == 1)
+        busy = client.post("/v1/answers", json=body)
+        assert busy.status_code == 503 and "the server is busy" in busy.json()["detail"]
+        assert int(busy.headers["retry-after"]) >= 1
+        assert client.post("/v1/answers", json={**body, "question": " "}).status_code == 422  # not queued
+        page = client.get("/", params={"q": body["question"], "as_of": body["as_of"]})
+        assert page.status_code == 503 and "the server is busy" in page.text and "retry-after" in page.headers
+        release.set()
+        thread.join(10)
+        assert first[0].status_code == 200 and first[0].json()["passages"]
+        assert client.post("/v1/answers", json=body).status_code == 200
