@@ -1,8 +1,14 @@
-"""/v1/answers latency through a real server: p50/p95 over N dated questions, sent one at a time.
+"""/v1/answers latency through a real server: p50/p95 over N dated questions, sent one at a time
+(or from --clients concurrent clients).
 
     .venv/bin/python bench/bench_answers.py --data ../shared/data/realtimeqa [--n 50]
         [--since 2023-06-01 --until 2023-06-30] [--reader smollm2|first-entity] [--encoder minilm]
-        [--threads 0] [--max-articles N] [--home PATH] [--json OUT]
+        [--threads 0] [--max-articles N] [--home PATH] [--json OUT] [--clients 8]
+
+With --clients N, N clients send the questions at once (each takes the next unsent one): the server
+answers SQA_ANSWER_CONCURRENCY at a time, lets SQA_ANSWER_QUEUE wait at most SQA_ANSWER_WAIT_S,
+and refuses the rest with 503 + Retry-After. Those refusals are counted apart from errors (they are
+by design), with how long a client waited for one: the target is that nobody waits minutes.
 
 Without --home it builds a temporary SQA_HOME (SQLite), imports the RealTimeQA questions and
 articles of [since, until] and ingests those months; with --home it uses that SQA_HOME as it is
@@ -102,44 +108,66 @@ def pct(values: list[float], q: float) -> float:
 
 
 def send_questions(server, questions, args):
-    """Warm up, then send each question once; returns latencies, server timings, errors, examples."""
+    """Warm up, then send each question once (from args.clients clients); returns latencies, server
+    timings, errors, examples and the 503 refusals' waits."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
-    latencies, retrieve, read, errors, examples = [], [], [], [], []
+    latencies, retrieve, read, errors, examples, refused = [], [], [], [], [], []
+    lock = threading.Lock()
+    pending = iter(enumerate(questions))
+
+    def client_loop() -> None:
+        with httpx.Client(base_url=server.base, timeout=args.request_timeout) as client:
+            while True:
+                with lock:
+                    item = next(pending, None)
+                if item is None:
+                    return
+                i, (text, asked, gold) = item
+                body = {"question": text, "as_of": asked.isoformat()}
+                if args.top_k is not None:
+                    body["top_k"] = args.top_k
+                t0 = time.perf_counter()
+                try:
+                    r = client.post("/v1/answers", json=body)
+                except httpx.HTTPError as exc:
+                    with lock:
+                        errors.append(f"{asked} {text[:60]!r}: {type(exc).__name__}: {exc}")
+                    continue
+                elapsed_ms = (time.perf_counter() - t0) * 1000
+                with lock:
+                    if r.status_code == 503 and "retry-after" in r.headers and "busy" in r.text:
+                        refused.append(elapsed_ms)
+                    elif r.status_code != 200:
+                        errors.append(f"{asked} {text[:60]!r}: HTTP {r.status_code} {r.text[:120]}")
+                    else:
+                        out = r.json()
+                        latencies.append(elapsed_ms)
+                        retrieve.append(out["timings_ms"].get("retrieve", float("nan")))
+                        read.append(out["timings_ms"].get("read", float("nan")))
+                        if len(examples) < 3:
+                            examples.append((asked, text, out["answer"], gold))
+                    if sys.stdout.isatty():
+                        print(f"  {i + 1:3d}/{len(questions)}  {elapsed_ms:8.0f} ms", end="\r", flush=True)
+
     with httpx.Client(base_url=server.base, timeout=args.request_timeout) as client:
         for text, asked, _ in questions[: max(args.warmup, 0)]:
             try:
                 client.post("/v1/answers", json={"question": text, "as_of": asked.isoformat()})
             except httpx.HTTPError:
                 pass  # the measured loop counts errors
-        for i, (text, asked, gold) in enumerate(questions):
-            body = {"question": text, "as_of": asked.isoformat()}
-            if args.top_k is not None:
-                body["top_k"] = args.top_k
-            t0 = time.perf_counter()
-            try:
-                r = client.post("/v1/answers", json=body)
-            except httpx.HTTPError as exc:
-                errors.append(f"{asked} {text[:60]!r}: {type(exc).__name__}: {exc}")
-                continue
-            elapsed_ms = (time.perf_counter() - t0) * 1000
-            if r.status_code != 200:
-                errors.append(f"{asked} {text[:60]!r}: HTTP {r.status_code} {r.text[:120]}")
-                continue
-            out = r.json()
-            latencies.append(elapsed_ms)
-            retrieve.append(out["timings_ms"].get("retrieve", float("nan")))
-            read.append(out["timings_ms"].get("read", float("nan")))
-            if len(examples) < 3:
-                examples.append((asked, text, out["answer"], gold))
-            if sys.stdout.isatty():
-                print(f"  {i + 1:3d}/{len(questions)}  {elapsed_ms:8.0f} ms", end="\r", flush=True)
+    with ThreadPoolExecutor(max(1, args.clients)) as pool:
+        for f in [pool.submit(client_loop) for _ in range(max(1, args.clients))]:
+            f.result()
     if sys.stdout.isatty():
         print(" " * 40, end="\r")
     if server.process.poll() is not None:
         print(f"the server exited during the run (code {server.process.returncode})\n{server.log_tail()}",
               file=sys.stderr)
-    return latencies, retrieve, read, errors, examples
+    return latencies, retrieve, read, errors, examples, refused
 
 
 def main() -> int:
@@ -163,6 +191,8 @@ def main() -> int:
     ap.add_argument("--ready-timeout", type=float, default=300, help="seconds to wait for /readyz")
     ap.add_argument("--request-timeout", type=float, default=300, help="seconds allowed per request")
     ap.add_argument("--json", metavar="OUT", help="also write the figures to this JSON file")
+    ap.add_argument("--clients", type=int, default=1, help="concurrent clients (default 1: one question at a time)")
+    ap.add_argument("--repeat", type=int, default=1, help="send the question sample this many times (a longer load)")
     args = ap.parse_args()
     if args.n < 1:
         ap.error("--n must be at least 1")
@@ -190,6 +220,7 @@ def main() -> int:
         if not questions:
             print(f"no usable questions in {source} for {since}..{until}; nothing to measure")
             return 0
+        questions = questions * max(1, args.repeat)
 
         env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": args.encoder, "SQA_READER": args.reader,
                "SQA_TORCH_THREADS": str(args.threads)}
@@ -201,7 +232,7 @@ def main() -> int:
             with served(env, Path(tmp) / "server.log", ready_timeout_s=args.ready_timeout) as server:
                 startup_s = server.startup_s
                 print(f"ready in {startup_s:.1f} s: {server.ready}", flush=True)
-                latencies, retrieve, read, errors, examples = send_questions(server, questions, args)
+                latencies, retrieve, read, errors, examples, refused = send_questions(server, questions, args)
         except ServerNotReady as exc:
             print(f"the server did not become ready: {exc}", file=sys.stderr)
             return 1
@@ -216,9 +247,12 @@ def main() -> int:
                       "max": max(latencies, default=float("nan"))},
         "server_retrieve_ms": {"p50": pct(retrieve, 50), "p95": pct(retrieve, 95)},
         "server_read_ms": {"p50": pct(read, 50), "p95": pct(read, 95)},
+        "clients": args.clients, "refused_503": len(refused),
+        "refused_wait_ms": {"p50": pct(refused, 50), "max": max(refused, default=float("nan"))},
     }
     print(f"\n/v1/answers latency: {source}")
-    print(f"encoder {args.encoder}, reader {args.reader}, torch threads {args.threads or 'default'}; {len(questions)} questions sent one at a time "
+    print(f"encoder {args.encoder}, reader {args.reader}, torch threads {args.threads or 'default'}; {len(questions)} questions sent "
+          f"{'one at a time' if args.clients <= 1 else f'by {args.clients} concurrent clients'} "
           f"({left_out} in the window left out: they need their choices; {args.warmup} warm-up request(s) not counted); server ready in {startup_s:.1f} s")
     print(f"machine: {os.cpu_count()} cores, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print()
@@ -227,6 +261,10 @@ def main() -> int:
     print(f"  {'client, end to end':<22}{c['p50']:9.0f}{c['p95']:9.0f}{c['mean']:9.0f}{c['max']:9.0f}")
     for name, key in (("server: retrieve", "server_retrieve_ms"), ("server: read", "server_read_ms")):
         print(f"  {name:<22}{figures[key]['p50']:9.1f}{figures[key]['p95']:9.1f}")
+    if args.clients > 1:
+        r = figures["refused_wait_ms"]
+        print(f"  answered: {len(latencies)}; refused with 503 + Retry-After (by design): {len(refused)}"
+              + (f", after {r['p50']:.0f} ms p50, {r['max']:.0f} ms at most" if refused else ""))
     print(f"\n  errors: {len(errors)} of {len(questions)}")
     for e in errors[:5]:
         print(f"    {e}")
