@@ -30,11 +30,17 @@ def _until(predicate, timeout=5.0):
         time.sleep(0.005)
 
 
-def test_a_full_waiting_room_refuses_at_once_and_a_freed_slot_admits_the_next():
-    gate = AdmissionGate(max_active=1, max_waiting=1, max_wait_s=10.0)
+def _busy(max_waiting: int, max_wait_s: float):
+    """A one-place gate whose place a background thread holds until `release` is set."""
+    gate = AdmissionGate(max_active=1, max_waiting=max_waiting, max_wait_s=max_wait_s)
     release, done = threading.Event(), []
-    first = _hold(gate, release, done)
+    holder = _hold(gate, release, done)
     _until(lambda: gate.active == 1)
+    return gate, release, done, holder
+
+
+def test_a_full_waiting_room_refuses_at_once_and_a_freed_slot_admits_the_next():
+    gate, release, done, first = _busy(max_waiting=1, max_wait_s=10.0)
     second_release = threading.Event()
     second = _hold(gate, second_release, done)
     _until(lambda: gate.waiting == 1)
@@ -54,10 +60,7 @@ def test_a_full_waiting_room_refuses_at_once_and_a_freed_slot_admits_the_next():
 
 
 def test_a_wait_longer_than_the_limit_is_refused():
-    gate = AdmissionGate(max_active=1, max_waiting=5, max_wait_s=0.2)
-    release, done = threading.Event(), []
-    holder = _hold(gate, release, done)
-    _until(lambda: gate.active == 1)
+    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=0.2)
     t0 = time.monotonic()
     with pytest.raises(OverloadedError, match="within 0.2 s"):
         with gate.admit():
