@@ -132,21 +132,49 @@ def jobs_list(limit: int = typer.Option(20, min=1, max=1000, help="the newest th
         db.close()
 
 
+ENDED_STATES = ("succeeded", "failed", "interrupted", "skipped")
+
+
 @jobs_cli.command("show")
 @guard
-def jobs_show(job_id: int) -> None:
-    """Show one job as JSON."""
+def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa jobs list`)"),
+              follow: bool = typer.Option(False, "--follow", "-f",
+                                          help="print its progress as it changes until it ends; the exit code "
+                                               "is 0 if it succeeded (or was skipped), 1 otherwise"),
+              every: float = typer.Option(1.0, min=0.05, max=60, help="--follow: seconds between looks")) -> None:
+    """Show one job as JSON, or follow a running one.
+
+    Example: `sqa jobs show 7` prints the row; `sqa jobs show 7 --follow` prints a line each time its
+    progress or message changes (a job run by the server, the worker or another shell), then the row.
+    """
+    import time
+
     from app.db.tables import Job
     from app.bootstrap import open_database
 
     db = open_database(settings())
     try:
-        with db.sessions() as session:
-            job = session.get(Job, job_id)
-            if job is None:
-                fail(f"no job with id {job_id}")
-            typer.echo(json.dumps({c.name: getattr(job, c.name) for c in Job.__table__.columns}, default=str, indent=2))
+        last = None
+        while True:
+            with db.sessions() as session:
+                job = session.get(Job, job_id)
+                if job is None:
+                    fail(f"no job with id {job_id} (`sqa jobs list` shows the newest)")
+                row = {c.name: getattr(job, c.name) for c in Job.__table__.columns}
+            if not follow:
+                break
+            now = (row["state"], round(100 * (row["progress"] or 0), 1), row["message"])
+            if now != last:
+                typer.echo(f"{time.strftime('%H:%M:%S')}  job {job_id} {row['kind']}: {now[0]:<11} {now[1]:5.1f}%  "
+                           f"{row['error'] or row['message'] or ''}")
+                last = now
+            if row["state"] in ENDED_STATES:
+                break
+            time.sleep(every)
+        typer.echo(json.dumps(row, default=str, indent=2))
     finally:
         db.close()
+    if follow and row["state"] not in ("succeeded", "skipped"):
+        raise typer.Exit(1)
 
 

@@ -139,3 +139,49 @@ def test_table_commands_load_no_model_library(tmp_path, args, encoder):
             assert "built with encoder 'hash-384'" in out.stderr and "all-MiniLM-L6-v2" in out.stderr
     else:
         assert result["code"] in (0, None), out.stderr[-2000:]
+
+
+def test_jobs_show_follows_a_job_run_elsewhere_until_it_ends(sqa, monkeypatch):
+    import threading
+    import time
+
+    from app.bootstrap import open_context
+    from app.core.config import get_settings
+
+    assert sqa("jobs", "list").exit_code == 0  # creates the database
+    # The job moves one step each time the follower has looked (it sleeps after each look), so every
+    # step is seen however slow the machine is.
+    looked, real_sleep = threading.Semaphore(0), time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: (looked.release(), real_sleep(s)))
+    with open_context(get_settings()) as ctx:
+        runner = ctx.runner
+        job_id = runner.create("ingest", {"month": "2024-01"})
+
+        def work(job):
+            for i in range(1, 4):
+                assert looked.acquire(timeout=30)
+                job.update(progress=i / 4, message=f"encode: {i}/4")
+            assert looked.acquire(timeout=30)
+            return None
+
+        thread = threading.Thread(target=lambda: runner.run(job_id, work), daemon=True)
+        thread.start()
+        r = sqa("jobs", "show", str(job_id), "--follow", "--every", "0.05")
+        thread.join(10)
+        assert r.exit_code == 0, r.output
+        lines = [line for line in r.output.splitlines() if f"job {job_id} ingest:" in line]
+        assert lines[-1].split()[4] == "succeeded"
+        # it printed the progress as it changed, not only the end
+        assert [line.split()[5] for line in lines if "encode:" in line] == ["25.0%", "50.0%", "75.0%"]
+        assert '"state": "succeeded"' in r.output
+
+        failed_id = runner.create("ingest", {"month": "2024-02"})
+        try:
+            runner.run(failed_id, lambda job: 1 / 0)
+        except ZeroDivisionError:
+            pass
+    r = sqa("jobs", "show", str(failed_id), "--follow")
+    assert r.exit_code == 1 and "division by zero" in r.output
+    assert sqa("jobs", "show", str(failed_id)).exit_code == 0  # without --follow: the row, whatever its state
+    missing = sqa("jobs", "show", "999")
+    assert missing.exit_code == 2 and "no job with id 999" in missing.output
