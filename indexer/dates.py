@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 # Day 0 of the index id space. News older than this cannot be indexed (none is expected).
 EPOCH = dt.date(1900, 1, 1)
@@ -31,6 +32,24 @@ def parse_day(value: str, *, what: str = "date") -> dt.date:
     if len(text) > 10 and text[10] not in "T -":
         raise InvalidDateError(f"{what} {value!r} is not a date (use YYYY-MM-DD)")
     return day
+
+
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def parse_iso_day(value, *, what: str = "date") -> dt.date:
+    """Exactly 'YYYY-MM-DD' (what the API and the pages take): no time part, no other layout.
+
+    Example:
+        >>> parse_iso_day("2024-02-20")
+        datetime.date(2024, 2, 20)
+    """
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
+        raise InvalidDateError(f"{what} is missing (use YYYY-MM-DD)")
+    if not _ISO_DAY.fullmatch(text):
+        raise InvalidDateError(f"{what} {value!r} is not a date (use YYYY-MM-DD)")
+    return parse_day(text, what=what)
 
 
 def parse_month(value: str) -> dt.date:

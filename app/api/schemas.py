@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class AnswerRequest(BaseModel):
@@ -14,7 +14,9 @@ class AnswerRequest(BaseModel):
     question: str = Field(description="The question, in plain English.")
     as_of: str | None = Field(default=None, description="YYYY-MM-DD: answer from news published on or before "
                                                          "this day (default: today, UTC).")
-    top_k: int | None = Field(default=None, description="How many passages to retrieve (default SQA_TOP_K).")
+    # strict: "5" and true are refused, not read as 5 and 1
+    top_k: StrictInt | None = Field(default=None, description="How many passages to retrieve (default SQA_TOP_K), "
+                                                              "a JSON integer.")
 
 
 class PassagePublic(BaseModel):

@@ -8,10 +8,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
-from indexer.dates import InvalidDateError, parse_day
-
-_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
-
+from indexer.dates import parse_iso_day
 
 @dataclass(frozen=True)
 class PassageCard:
@@ -45,11 +42,7 @@ class AnswerView:
 
 def parse_as_of(value: str | None, *, what: str = "as_of") -> dt.date:
     """A day written exactly as YYYY-MM-DD (the page's date picker sends that)."""
-    text = (value or "").strip()
-    if not _DAY.fullmatch(text):
-        raise InvalidDateError(f"{what} {text!r} is not a date (use YYYY-MM-DD)" if text else f"{what} is missing "
-                               "(use YYYY-MM-DD)")
-    return parse_day(text, what=what)
+    return parse_iso_day(value or "", what=what)
 
 
 def parse_top_k(value: str | None, default: int, maximum: int) -> int:

@@ -71,6 +71,13 @@ def test_answers_same_question_two_dates_use_their_own_period(client):
     ({"question": "Who?", "top_k": 0}, "top_k 0 is out of range"),
     ({"question": "Who?", "top_k": 100000}, "top_k 100000 is out of range"),
     ({"question": "Who?", "top_k": "many"}, "top_k"),
+    ({"question": "Who?", "top_k": "5"}, "top_k: Input should be a valid integer"),
+    ({"question": "Who?", "top_k": True}, "top_k: Input should be a valid integer"),
+    ({"question": "Who?", "top_k": 5.5}, "top_k"),
+    ({"question": "Who?", "as_of": "2024-02-20T99:99"}, "as_of '2024-02-20T99:99' is not a date (use YYYY-MM-DD)"),
+    ({"question": "Who?", "as_of": "2024-W08-2"}, "is not a date"),
+    ({"question": "Who?", "as_of": "20240220"}, "is not a date"),
+    ({"question": "Who?", "as_of": "2024/02/20"}, "is not a date"),
     ({"as_of": "2024-01-01"}, "question"),
     ({"question": "Who?", "colour": "red"}, "colour"),
 ])

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep
 from app.api.schemas import AnswerPublic, AnswerRequest, PassagePublic
-from indexer.dates import parse_day
+from indexer.dates import parse_iso_day
 
 router = APIRouter(prefix="/v1", tags=["answers"])
 
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1", tags=["answers"])
                                              "to try again)"}})
 def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGateDep) -> AnswerPublic:
     """Answer a question from the news published on or before `as_of`, citing the passages."""
-    as_of = parse_day(body.as_of, what="as_of") if body.as_of is not None else None
+    as_of = parse_iso_day(body.as_of, what="as_of") if body.as_of is not None else None
     service.validate(body.question, body.top_k)  # a bad request is told so at once, not after its turn
     with gate.admit():
         result = service.answer(body.question, as_of, body.top_k)
