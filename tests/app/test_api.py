@@ -281,3 +281,30 @@ def test_the_json_api_keeps_json_errors_while_the_pages_show_html(client):
     assert client.get("/v1/nothing").json() == {"detail": "Not Found"}
     page = client.get("/dashboard/nothing")
     assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+
+
+def test_a_duplicate_evaluation_request_gets_409_and_one_run(client, wait_job):
+    """Three requests for the same quarter while the first runs: one run, two clear 409s."""
+    import threading
+
+    from sqlalchemy import func, select
+
+    from app.db.tables import EvalRun, Job
+
+    headers = {"X-Admin-Token": "test-admin-token"}
+    service = client.app.state.answers
+    release, original = threading.Event(), service.answer
+    service.answer = lambda *a, **k: (release.wait(30), original(*a, **k))[1]
+    try:
+        first = client.post("/admin/evaluations", json={"quarter": "2024Q1"}, headers=headers)
+        again = [client.post("/admin/evaluations", json={"quarter": "2024Q1"}, headers=headers) for _ in range(2)]
+    finally:
+        release.set()
+    assert first.status_code == 202, first.text
+    assert [r.status_code for r in again] == [409, 409]
+    assert all("an evaluation of 2024Q1 is already running" in r.json()["detail"] for r in again)
+    assert wait_job(client, first.json()["job_id"])["state"] == "succeeded"
+    with client.app.state.db.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(EvalRun)) == 1
+        assert s.scalar(select(func.count()).select_from(Job).where(Job.kind == "evaluation")) == 1
+    service.answer = original
