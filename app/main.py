@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi_offline import FastAPIOffline
 
 from app.api import protection
+from app.api.request_ids import RequestIds, current_request_id
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
@@ -140,10 +141,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _http_error(request: Request, exc: StarletteHTTPException):
         if wants_page(request):
             return error_page(request, exc.status_code, str(exc.detail))
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse({"detail": exc.detail, "request_id": current_request_id()}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,
                        admin_failure_limit=settings.admin_failure_limit)
+    app.add_middleware(RequestIds)  # outermost: every response, a 413 or 429 too, carries X-Request-ID
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError):
@@ -152,11 +155,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             response = error_page(request, exc.status_code, str(exc))
             response.headers.update(headers or {})
             return response
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
+        return JSONResponse({"detail": str(exc), "request_id": current_request_id()}, status_code=exc.status_code,
+                            headers=headers)
 
     @app.exception_handler(InvalidDateError)
     async def _date_error(_: Request, exc: InvalidDateError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        return JSONResponse({"detail": str(exc), "request_id": current_request_id()}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -172,7 +176,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else:
                 parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
-        return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": errors},
-                            status_code=422)
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": errors,
+                             "request_id": current_request_id()}, status_code=422)
 
     return app

@@ -18,6 +18,8 @@ import time
 
 from fastapi import FastAPI
 
+from app.api.request_ids import current_request_id
+
 UNLIMITED_PATHS = ("/healthz", "/readyz", "/metrics")
 
 
@@ -64,7 +66,7 @@ class BodyLimit:
     async def _refuse(self, send, length: int | None) -> None:
         size = f"{length} bytes" if length is not None else f"over {self.max_bytes} bytes"
         body = json.dumps({"detail": f"the request body is {size}; the limit is {self.max_bytes} bytes "
-                                     "(SQA_MAX_BODY_BYTES)"}).encode()
+                                     "(SQA_MAX_BODY_BYTES)", "request_id": current_request_id()}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
@@ -115,7 +117,8 @@ class RateLimit:
         reset, _ = self.limiter.get_window_stats(self.item, "requests", address)
         retry = max(1, math.ceil(reset - time.time()))
         body = json.dumps({"detail": f"too many requests from this client: the limit is {self.text} "
-                                     f"(SQA_RATE_LIMIT); try again in {retry} s"}).encode()
+                                     f"(SQA_RATE_LIMIT); try again in {retry} s",
+                           "request_id": current_request_id()}).encode()
         await send({"type": "http.response.start", "status": 429,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"retry-after", str(retry).encode())]})

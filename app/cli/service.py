@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from typing import Optional
 
 import typer
@@ -17,10 +16,12 @@ cli.add_typer(jobs_cli, name="jobs")
 @guard
 def worker() -> None:
     """Run the scheduler process: monthly ingest and quarterly evaluation (never inside the web server)."""
+    from app.api.request_ids import configure_logging
     from app.bootstrap import run_worker
 
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_worker(settings())
+    s = settings()
+    configure_logging("INFO", s.log_format)
+    run_worker(s)
 
 
 @cli.command("schedule")
@@ -88,15 +89,26 @@ def quiet_model_loading() -> None:
 
 @cli.command("serve")
 def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
-          log_level: str = typer.Option("info")) -> None:
-    """Run the HTTP API under uvicorn (one process: the models load once)."""
+          log_level: str = typer.Option("info"),
+          log_format: Optional[str] = typer.Option(None, help="text or json (default SQA_LOG_FORMAT): one JSON object "
+                                                              "a line with the request id")) -> None:
+    """Run the HTTP API under uvicorn (one process: the models load once).
+
+    Example: `sqa serve --host 0.0.0.0 --port 8000 --log-format json`
+    """
     import uvicorn
 
     from app.main import create_app
 
     s = settings()
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(s), host=host, port=port, log_level=log_level)
+    from app.api.request_ids import configure_logging
+
+    try:
+        configure_logging(log_level, log_format or s.log_format)
+    except ValueError as exc:
+        fail(str(exc))
+    # the access lines come from app.access (with the request id and the duration), not uvicorn's
+    uvicorn.run(create_app(s), host=host, port=port, log_level=log_level, log_config=None, access_log=False)
 
 
 @jobs_cli.command("list")

@@ -129,6 +129,8 @@ class Settings(BaseSettings):
     max_top_k: int = Field(default=50, ge=1, le=1000)
     reader_passages: int = Field(default=0, ge=0, le=100)  # 0: the reader's own number
     max_question_chars: int = Field(default=1000, ge=10)
+    # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
+    log_format: Literal["text", "json"] = "text"
     # Answers computed at once per process, more waiting their turn, and how long one may wait before
     # a 503 with Retry-After (app/services/admission.py): a generative reader uses every core anyway.
     answer_concurrency: int = Field(default=2, ge=1, le=256)
