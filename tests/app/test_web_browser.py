@@ -187,15 +187,15 @@ def _start(browser, form: str, value: str) -> None:
     browser.find_element(By.CSS_SELECTOR, f"#form-{form} button").click()
     question = wait_for(browser, lambda d: d.find_element(By.ID, "confirm-question")).text
     assert value in question
-    browser.find_element(By.ID, "confirm").click()
+    wait_for(browser, lambda d: d.find_element(By.ID, "confirm")).click()
     wait_for(browser, lambda d: d.find_elements(By.ID, "notice"))
 
 
 def _job_row_state(browser, job_id: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    rows = browser.find_elements(By.ID, f"job-{job_id}")
-    return rows[0].get_attribute("data-state") if rows else ""
+    """Read in one script call: the page's poll replaces the table, so an element found in one call may
+    be gone (stale) by the next."""
+    return browser.execute_script(
+        "const row = document.getElementById(arguments[0]); return row ? row.dataset.state : ''", f"job-{job_id}")
 
 
 def test_dashboard_login_ingest_and_watch_it_finish(server, browser):
@@ -218,7 +218,7 @@ def test_dashboard_login_ingest_and_watch_it_finish(server, browser):
     # The jobs table refreshes itself (no reload) until the job has finished.
     wait_for(browser, lambda d: _job_row_state(d, job_id) == "succeeded", timeout=120)
     assert browser.execute_script("return window.performance.timeOrigin") == page_id
-    progress = browser.find_element(By.CSS_SELECTOR, f"#job-{job_id} progress").get_attribute("value")
+    progress = browser.execute_script("return document.querySelector(arguments[0]).value", f"#job-{job_id} progress")
     assert float(progress) == 1.0
     browser.refresh()
     months = [r.text.split()[0] for r in browser.find_elements(By.CSS_SELECTOR, "#months tbody tr")]
@@ -228,9 +228,11 @@ def test_dashboard_login_ingest_and_watch_it_finish(server, browser):
     # A bad month is refused next to its field, and nothing starts.
     browser.set_window_size(1280, 1000)
     field = browser.find_element(By.ID, "ingest-value")
+    field.clear()
     field.send_keys("2024-13")
     browser.find_element(By.CSS_SELECTOR, "#form-ingest button").click()
-    browser.find_element(By.ID, "confirm").click()
+    # the click starts a navigation; the confirmation page is there once its button is
+    wait_for(browser, lambda d: d.find_element(By.ID, "confirm")).click()
     assert "2024-13" in wait_for(browser, lambda d: d.find_element(By.ID, "ingest-error")).text
 
 
