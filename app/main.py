@@ -140,7 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         if wants_page(request):
-            return error_page(request, exc.status_code, str(exc.detail))
+            return error_page(request, exc.status_code, str(exc.detail), getattr(exc, "headers", None))
         return JSONResponse({"detail": exc.detail, "request_id": current_request_id()}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
@@ -152,9 +152,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _service_error(request: Request, exc: ServiceError):
         headers = getattr(exc, "headers", None)  # OverloadedError: Retry-After
         if wants_page(request):
-            response = error_page(request, exc.status_code, str(exc))
-            response.headers.update(headers or {})
-            return response
+            return error_page(request, exc.status_code, str(exc), headers)
         return JSONResponse({"detail": str(exc), "request_id": current_request_id()}, status_code=exc.status_code,
                             headers=headers)
 

@@ -227,7 +227,7 @@ def describe_encoder(spec: str, *, encoders_dir: Path | None = None) -> tuple[st
         return (PACKAGED_MINILM, dim) if dim else None
     if spec == "hash" or spec.startswith("hash:") or _HASH_NAME.match(spec):
         try:
-            enc = load_encoder(spec) if not _HASH_NAME.match(spec) else HashEncoder(int(spec.split("-")[1]))
+            enc = _recorded_encoder(spec, None, "cpu") or load_encoder(spec)  # a recorded name, or a setting
         except ValueError:
             return None
         return enc.name, enc.dim  # the fake is numpy only: building it loads nothing

@@ -10,7 +10,6 @@ import io
 import re
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Callable
 from urllib.parse import quote, urlencode
 
@@ -114,8 +113,10 @@ def _check_csrf(settings, cookie: str, token: str) -> None:
 
 # ---- what the dashboard shows ---------------------------------------------------------------------
 
-def _jobs(session, limit: int = 15) -> list[Job]:
-    return list(session.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+def _jobs(session, limit: int = 15) -> dict:
+    """The jobs table's context: the newest jobs, and whether one still runs (the poll's pace)."""
+    jobs = list(session.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+    return {"jobs": jobs, "active_states": ACTIVE_STATES, "any_active": any(j.state in ACTIVE_STATES for j in jobs)}
 
 
 def _overview(request: Request, session, settings) -> dict:
@@ -129,8 +130,8 @@ def _overview(request: Request, session, settings) -> dict:
                  "months": [{"key": e.key, "count": e.count, "first": e.min_day, "last": e.max_day,
                              "encoder": e.encoder or snap.manifest.encoder} for e in snap.manifest.shards]}
     return {
+        **_jobs(session),
         "index": index,
-        "jobs": _jobs(session),
         "readers": list_versions(session),
         "serving_reader": request.app.state.answers.reader_state.describe(),
         "encoders": admin.list_encoders(request, settings),
@@ -143,8 +144,7 @@ def _render(request: Request, cookie: str, settings, session, *, errors: dict | 
             values: dict | None = None, notice: str | None = None, status: int = 200) -> HTMLResponse:
     context = _overview(request, session, settings)
     context.update(csrf=web_session.csrf_token(settings.admin_token, cookie), errors=errors or {},
-                   values=values or {}, notice=notice, active_states=ACTIVE_STATES,
-                   any_active=any(j.state in ACTIVE_STATES for j in context["jobs"]))
+                   values=values or {}, notice=notice)
     return templates.TemplateResponse(request, "dashboard.html", context, status_code=status)
 
 
@@ -165,9 +165,7 @@ def dashboard(request: Request, cookie: SessionCookie, settings: SettingsDep, se
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs_fragment(request: Request, cookie: SessionCookie, session: SessionDep) -> HTMLResponse:
     """The jobs table alone: the page's script polls it for live progress."""
-    jobs = _jobs(session)
-    return templates.TemplateResponse(request, "_jobs.html", {
-        "jobs": jobs, "active_states": ACTIVE_STATES, "any_active": any(j.state in ACTIVE_STATES for j in jobs)})
+    return templates.TemplateResponse(request, "_jobs.html", _jobs(session))
 
 
 # ---- actions: a confirmation page, then the admin API's own route function ------------------------
@@ -196,16 +194,16 @@ ACTIONS: dict[str, Action] = {
 }
 
 
+REFUSALS = (ValidationError, ServiceError, InvalidDateError, HTTPException)  # what an action may be refused with
+
+
 def _error_text(exc: Exception) -> tuple[str, int]:
+    """A refusal's message and status, as the JSON API would answer it."""
     if isinstance(exc, ValidationError):
         return "; ".join(e["msg"] for e in exc.errors()), 422
-    if isinstance(exc, ServiceError):
-        return str(exc), exc.status_code
-    if isinstance(exc, InvalidDateError):
-        return str(exc), 422
     if isinstance(exc, HTTPException):
         return str(exc.detail), exc.status_code
-    raise exc
+    return str(exc), getattr(exc, "status_code", 422)  # ServiceError, or InvalidDateError (422)
 
 
 @router.post("/actions/{name}", response_class=HTMLResponse)
@@ -227,7 +225,7 @@ def act(name: str, request: Request, cookie: SessionCookie, settings: SettingsDe
             "csrf": web_session.csrf_token(settings.admin_token, cookie)})
     try:
         result = action.run(value, request, session, jobs, settings)
-    except (ValidationError, ServiceError, InvalidDateError, HTTPException) as exc:
+    except REFUSALS as exc:
         message, status = _error_text(exc)
         return _render(request, cookie, settings, session, errors={name: message}, values={name: value},
                        status=status)
@@ -241,8 +239,12 @@ def act(name: str, request: Request, cookie: SessionCookie, settings: SettingsDe
 # ---- evaluations --------------------------------------------------------------------------------
 
 def _runs(session, limit: int = 50) -> list[dict]:
-    """Runs, newest first, with their mean scores over every answered row and per subset."""
-    runs = list(session.scalars(select(EvalRun).order_by(EvalRun.id.desc()).limit(limit)))
+    """The newest runs, newest first, with their scores (`_scored`)."""
+    return _scored(session, list(session.scalars(select(EvalRun).order_by(EvalRun.id.desc()).limit(limit))))
+
+
+def _scored(session, runs: list[EvalRun]) -> list[dict]:
+    """Each run with its mean scores over every answered row and per subset (one grouped query)."""
     ids = [r.id for r in runs]
     scores: dict[int, dict] = {i: {} for i in ids}
     if ids:
@@ -299,26 +301,16 @@ def trend_plot(cookie: SessionCookie, session: SessionDep) -> Response:
     return Response(buf.getvalue(), media_type="image/png", headers={"Cache-Control": "no-store"})
 
 
-def _report_folder(session, run_id: int) -> tuple[EvalRun, Path]:
-    run = session.get(EvalRun, run_id)
-    if run is None:
-        raise NotFoundError(f"no evaluation run with id {run_id}")
-    folder = Path(run.report_dir) if run.report_dir else None
-    if folder is None or not (folder / "report.html").is_file():
-        raise NotFoundError(f"evaluation run {run_id} has no report yet (state: {run.state})")
-    return run, folder
-
-
 @router.get("/evaluations/{run_id}", response_class=HTMLResponse)
 def evaluation_page(run_id: RowId, request: Request, cookie: SessionCookie, session: SessionDep) -> HTMLResponse:
     """One run's report (written by evaluation/report.py) inside the dashboard, its plots linked here."""
     from markupsafe import Markup
 
-    run, folder = _report_folder(session, run_id)
+    run, folder = evaluations.report_folder(session, run_id)
     html = (folder / "report.html").read_text(encoding="utf-8")
     body = html.split("<body>", 1)[-1].rsplit("</body>", 1)[0]
     body = re.sub(r'src="([\w.-]+\.png)"', lambda m: f'src="/dashboard/evaluations/{run_id}/files/{m.group(1)}"', body)
-    score = next((r for r in _runs(session, 500) if r["run"].id == run_id), None)
+    score = _scored(session, [run])[0]
     # The report is this project's own output, every value in it escaped when it was written.
     return templates.TemplateResponse(request, "evaluation.html", {"run": run, "score": score, "body": Markup(body)})
 
@@ -327,7 +319,7 @@ def evaluation_page(run_id: RowId, request: Request, cookie: SessionCookie, sess
 def evaluation_file(run_id: RowId, name: str, cookie: SessionCookie, session: SessionDep) -> Response:
     if not re.fullmatch(r"[\w.-]+\.png", name) or name.startswith("."):
         raise NotFoundError(f"no plot {name!r}")
-    _, folder = _report_folder(session, run_id)
+    _, folder = evaluations.report_folder(session, run_id)
     path = folder / name
     if not path.is_file():
         raise NotFoundError(f"evaluation run {run_id} has no plot {name!r}")

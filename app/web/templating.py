@@ -15,8 +15,9 @@ def static_files() -> StaticFiles:
     return StaticFiles(directory=str(HERE / "static"))
 
 
-def error_page(request, status: int, message: str):
-    """An error as a page (the JSON API answers the same errors as JSON)."""
+def error_page(request, status: int, message: str, headers: dict[str, str] | None = None):
+    """An error as a page (the JSON API answers the same errors as JSON), with the error's headers
+    (Retry-After)."""
     titles = {401: "Log in first", 403: "Not allowed", 404: "Not found", 409: "Busy", 422: "Check the input",
               429: "Too many requests", 503: "Not ready"}
     from app.api.request_ids import current_request_id
@@ -24,7 +25,7 @@ def error_page(request, status: int, message: str):
     back = "/dashboard" if request.url.path.startswith("/dashboard") else "/"
     return templates.TemplateResponse(request, "error.html", {
         "status": status, "title": titles.get(status, "Something went wrong"), "message": message, "back": back,
-        "request_id": current_request_id()}, status_code=status)
+        "request_id": current_request_id()}, status_code=status, headers=headers)
 
 
 def wants_page(request) -> bool:

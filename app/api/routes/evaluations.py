@@ -54,13 +54,18 @@ def get_evaluation(run_id: RowId, session: SessionDep) -> dict:
     return {**_public(run, n), "summary": run.summary}
 
 
-@router.get("/{run_id}/report", response_class=HTMLResponse)
-def get_report(run_id: RowId, session: SessionDep) -> HTMLResponse:
-    """The run's HTML report, with its plots inlined (the admin header cannot follow <img> links)."""
+def report_folder(session, run_id: int) -> tuple[EvalRun, Path]:
+    """The run and the folder of its written report (404 for an unknown run or a report not written yet)."""
     run = _run(session, run_id)
     if not run.report_dir or not (Path(run.report_dir) / "report.html").exists():
         raise NotFoundError(f"evaluation run {run_id} has no report yet (state: {run.state})")
-    folder = Path(run.report_dir)
+    return run, Path(run.report_dir)
+
+
+@router.get("/{run_id}/report", response_class=HTMLResponse)
+def get_report(run_id: RowId, session: SessionDep) -> HTMLResponse:
+    """The run's HTML report, with its plots inlined (the admin header cannot follow <img> links)."""
+    _, folder = report_folder(session, run_id)
     html = (folder / "report.html").read_text()
 
     def inline(match: re.Match) -> str:
