@@ -18,7 +18,7 @@ cli.add_typer(index_cli, name="index")
 
 # ---- db --------------------------------------------------------------------------------------------
 
-@db_cli.command("upgrade")
+@db_cli.command("upgrade", epilog="Example: sqa db upgrade")
 @guard
 def db_upgrade() -> None:
     """Apply the database migrations (also done automatically on start)."""
@@ -57,7 +57,7 @@ def _store(articles, questions, report) -> None:
                    + " ".join(f"sqa ingest --month {m}" for m in stale))
 
 
-@import_cli.command("realtimeqa")
+@import_cli.command("realtimeqa", epilog="Example: sqa import realtimeqa ../shared/data/realtimeqa --since 2023-01-01")
 @guard
 def import_realtimeqa(path: Path = typer.Argument(..., help="RealTimeQA repository root or its past/ folder"),
                       since: Optional[str] = typer.Option(None, help="YYYY-MM-DD: skip questions and articles before"),
@@ -71,7 +71,7 @@ def import_realtimeqa(path: Path = typer.Argument(..., help="RealTimeQA reposito
     _store(articles, questions, report)
 
 
-@import_cli.command("streamingqa")
+@import_cli.command("streamingqa", epilog="Example: sqa import streamingqa streaming_qa_valid.jsonl.gz --articles wmt_articles.jsonl.gz")
 @guard
 def import_streamingqa(questions_path: Path = typer.Argument(..., metavar="QUESTIONS.jsonl[.gz]"),
                        articles: Optional[Path] = typer.Option(None, "--articles", help="ARTICLES.jsonl[.gz]"),
@@ -87,7 +87,7 @@ def import_streamingqa(questions_path: Path = typer.Argument(..., metavar="QUEST
     _store(arts, questions, report)
 
 
-@import_cli.command("articles")
+@import_cli.command("articles", epilog="Example: sqa import articles news-2024-02.jsonl --source wire")
 @guard
 def import_articles(path: Path, since: Optional[str] = typer.Option(None), until: Optional[str] = typer.Option(None),
                     source: str = typer.Option("jsonl", help="name stored with each article")) -> None:
@@ -161,7 +161,7 @@ def run_auto_train(ctx, until, cfg) -> None:
     typer.echo(f"training after ingest: {describe(done)}")
 
 
-@cli.command("ingest")
+@cli.command("ingest", epilog="Example: sqa ingest --through 2023-06 --from 2022-06 --no-train")
 @guard
 def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest this month"),
            through: Optional[str] = typer.Option(None, help="YYYY-MM: ingest every month not yet ingested up to this one"),
@@ -193,7 +193,7 @@ def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest 
                 train=train, train_minutes=train_minutes)
 
 
-@index_cli.command("rebuild")
+@index_cli.command("rebuild", epilog="Example: sqa index rebuild")
 @guard
 def index_rebuild() -> None:
     """Re-encode every shard of the newest snapshot from the database (after corruption or an encoder change)."""
@@ -202,7 +202,7 @@ def index_rebuild() -> None:
     _run_ingest(IngestParams(rebuild=True))
 
 
-@index_cli.command("reencode")
+@index_cli.command("reencode", epilog="Example: sqa index reencode --encoder minilm")
 @guard
 def index_reencode(encoder: str = typer.Option(..., help="the encoder to switch to: a trained version "
                                                "(`sqa encoders list`), minilm, or a folder")) -> None:
@@ -234,7 +234,7 @@ def reencode_index(spec: str) -> None:
                    "server and the ingests use the new encoder")
 
 
-@index_cli.command("status")
+@index_cli.command("status", epilog="Example: sqa index status")
 @guard
 def index_status() -> None:
     """Show the newest snapshot and check its files against the database."""
@@ -258,7 +258,7 @@ def index_status() -> None:
         db.close()
 
 
-@index_cli.command("bm25")
+@index_cli.command("bm25", epilog="Example: sqa index bm25")
 @guard
 def index_bm25() -> None:
     """Build the BM25 files of shards ingested before BM25 existed (SQA_RETRIEVER=bm25|hybrid needs them)."""

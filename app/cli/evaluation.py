@@ -36,7 +36,7 @@ def _print_run(run_id: int) -> None:
                            f"AS {a.get('score')} (p={a.get('p_value')}, n={a.get('n_pairs')})")
 
 
-@cli.command("evaluate")
+@cli.command("evaluate", epilog="Example: sqa evaluate --quarter 2023Q2 --max-questions 200")
 @guard
 def evaluate(quarter: str = typer.Option(..., help="YYYYQn: the question quarter, answered with the serving index"),
              max_questions: Optional[int] = typer.Option(None, help="questions the reader answers (default "
@@ -55,7 +55,7 @@ def evaluate(quarter: str = typer.Option(..., help="YYYYQn: the question quarter
     _print_run(run_job("evaluation", {"quarter": quarter, "max_questions": cfg_max}, work, result_key="eval_run"))
 
 
-@cli.command("replay")
+@cli.command("replay", epilog="Example: sqa replay --from 2023-01 --to 2023-06")
 @guard
 def replay(from_: str = typer.Option(..., "--from", help="YYYY-MM: the first month of the stream"),
            to: str = typer.Option(..., "--to", help="YYYY-MM: the last month"),
@@ -90,7 +90,7 @@ def _print_estimate(result: dict) -> None:
                    f"{r['diff_from_temporal']:+7.2f}")
 
 
-@cli.command("estimate")
+@cli.command("estimate", epilog="Example: sqa estimate --pool 2022Q3..2023Q1 --new 2023Q2 --split random,temporal")
 @guard
 def estimate(pool: str = typer.Option(..., help="question quarters to estimate from: 2022Q3,2022Q4 or 2022Q3..2023Q1"),
              split: str = typer.Option("all", help="random | length | adversarial | temporal | all (comma-separated)"),
@@ -140,7 +140,7 @@ def _print_transport(version: str, t: dict) -> None:
     typer.echo(f"  mean |error|: regression {num(t['mean_abs_error'])}, no-change forecast {num(t['naive_mean_abs_error'])}")
 
 
-@cli.command("transport")
+@cli.command("transport", epilog="Example: sqa transport")
 @guard
 def transport(version: Optional[str] = typer.Option(None, help="the version to report (\"<reader> @ <encoder>\"; "
                                                     "default: every evaluated version)"),
@@ -173,7 +173,7 @@ def transport(version: Optional[str] = typer.Option(None, help="the version to r
         typer.echo(f"written to {out}")
 
 
-@cli.command("report")
+@cli.command("report", epilog="Example: sqa report 3 --out reports/2023Q2")
 @guard
 def report(run_id: int, out: Path = typer.Option(..., "--out", help="folder for report.html, PNGs, summary.json")) -> None:
     """Write an evaluation run's HTML report, plots and JSON summary (recomputed from stored results)."""
@@ -213,7 +213,7 @@ def _print_drift(rows: list[dict]) -> None:
                    f"{values}")
 
 
-@cli.command("drift")
+@cli.command("drift", epilog="Example: sqa drift --from 2023-01 --to 2023-06")
 @guard
 def drift(month: Optional[str] = typer.Option(None, help="YYYY-MM: this month only"),
           from_: Optional[str] = typer.Option(None, "--from", help="YYYY-MM: the first month (default: the "

@@ -12,7 +12,7 @@ jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs.")
 cli.add_typer(jobs_cli, name="jobs")
 
 
-@cli.command("worker")
+@cli.command("worker", epilog="Example: sqa worker")
 @guard
 def worker() -> None:
     """Run the scheduler process: monthly ingest and quarterly evaluation (never inside the web server)."""
@@ -24,7 +24,7 @@ def worker() -> None:
     run_worker(s)
 
 
-@cli.command("schedule")
+@cli.command("schedule", epilog="Example: sqa schedule --run monthly-ingest --period 2024-02")
 @guard
 def schedule(run: Optional[str] = typer.Option(None, help="run this scheduled job now (monthly-ingest, "
                                                "quarterly-evaluation)"),
@@ -46,7 +46,7 @@ def schedule(run: Optional[str] = typer.Option(None, help="run this scheduled jo
 
 # ---- ask, serve, jobs ------------------------------------------------------------------------------
 
-@cli.command("ask")
+@cli.command("ask", epilog="Example: sqa ask 'Who won the Super Bowl?' --as-of 2023-02-14 --top-k 5")
 @guard
 def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-DD (default: today)"),
         top_k: Optional[int] = typer.Option(None), as_json: bool = typer.Option(False, "--json")) -> None:
@@ -87,15 +87,12 @@ def quiet_model_loading() -> None:
     hf_logging.set_verbosity_error()
 
 
-@cli.command("serve")
+@cli.command("serve", epilog="Example: sqa serve --host 0.0.0.0 --port 8000 --log-format json")
 def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
           log_level: str = typer.Option("info"),
           log_format: Optional[str] = typer.Option(None, help="text or json (default SQA_LOG_FORMAT): one JSON object "
                                                               "a line with the request id")) -> None:
-    """Run the HTTP API under uvicorn (one process: the models load once).
-
-    Example: `sqa serve --host 0.0.0.0 --port 8000 --log-format json`
-    """
+    """Run the HTTP API under uvicorn (one process: the models load once)."""
     import uvicorn
 
     from app.main import create_app
@@ -111,7 +108,7 @@ def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
     uvicorn.run(create_app(s), host=host, port=port, log_level=log_level, log_config=None, access_log=False)
 
 
-@jobs_cli.command("list")
+@jobs_cli.command("list", epilog="Example: sqa jobs list --kind ingest --state failed --limit 5")
 @guard
 def jobs_list(limit: int = typer.Option(20, min=1, max=1000, help="the newest this many"),
               kind: Optional[str] = typer.Option(None, help="only this kind (ingest, auto-train, finetune, ...)"),
@@ -147,7 +144,7 @@ def jobs_list(limit: int = typer.Option(20, min=1, max=1000, help="the newest th
 ENDED_STATES = ("succeeded", "failed", "interrupted", "skipped")
 
 
-@jobs_cli.command("show")
+@jobs_cli.command("show", epilog="Example: sqa jobs show 7 --follow")
 @guard
 def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa jobs list`)"),
               follow: bool = typer.Option(False, "--follow", "-f",
@@ -156,8 +153,8 @@ def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa 
               every: float = typer.Option(1.0, min=0.05, max=60, help="--follow: seconds between looks")) -> None:
     """Show one job as JSON, or follow a running one.
 
-    Example: `sqa jobs show 7` prints the row; `sqa jobs show 7 --follow` prints a line each time its
-    progress or message changes (a job run by the server, the worker or another shell), then the row.
+    `sqa jobs show 7` prints the row; with --follow it prints a line each time its progress or message
+    changes (a job run by the server, the worker or another shell), then the row.
     """
     import time
 

@@ -34,7 +34,7 @@ def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | N
                          backbone="seq2seq" if base else "minilm", base=base or "", seed=seed)
 
 
-@train_cli.command("reader")
+@train_cli.command("reader", epilog="Example: sqa train reader --kind gemma --until 2023-04-01 --max-minutes 30")
 @guard
 def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
                  kind: str = typer.Option("ranker", help="ranker | gemma | extractive | fid (ranker: an entity "
@@ -62,7 +62,7 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
     typer.echo(f"reader version {version} trained; `sqa models list` shows it")
 
 
-@train_cli.command("retriever")
+@train_cli.command("retriever", epilog="Example: sqa train retriever --until 2023-04-01")
 @guard
 def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
                     towers: str = typer.Option("shared", help="shared (one encoder for questions and passages) | "
@@ -112,7 +112,7 @@ encoders_cli = typer.Typer(no_args_is_help=True, help="Retriever encoder version
 cli.add_typer(encoders_cli, name="encoders")
 
 
-@encoders_cli.command("list")
+@encoders_cli.command("list", epilog="Example: sqa encoders list")
 @guard
 def encoders_list() -> None:
     """Trained encoder versions with their validation figures; * marks the one the index uses."""
@@ -131,7 +131,7 @@ def encoders_list() -> None:
         typer.echo("(no index yet)")
 
 
-@train_cli.command("auto")
+@train_cli.command("auto", epilog="Example: sqa train auto --until 2023-04-01 --max-minutes 30")
 @guard
 def train_auto(until: str = typer.Option(..., help="YYYY-MM-DD, a month's first day: learn what is dated before it"),
                max_minutes: Optional[float] = typer.Option(None, min=0.1, help="the reader's budget (default "
@@ -151,7 +151,7 @@ def train_auto(until: str = typer.Option(..., help="YYYY-MM-DD, a month's first 
         run_auto_train(ctx, cut, cfg)
 
 
-@train_cli.command("reranker")
+@train_cli.command("reranker", epilog="Example: sqa train reranker --until 2023-04-01 --max-minutes 25")
 @guard
 def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day "
                                               "(the month before it is held back for validation)"),
@@ -186,7 +186,7 @@ rerankers_cli = typer.Typer(no_args_is_help=True, help="Re-ranker versions (`sqa
 cli.add_typer(rerankers_cli, name="rerankers")
 
 
-@rerankers_cli.command("list")
+@rerankers_cli.command("list", epilog="Example: sqa rerankers list")
 @guard
 def rerankers_list() -> None:
     """Re-ranker versions with their validation figures; * marks the serving one."""
@@ -201,7 +201,7 @@ def rerankers_list() -> None:
         typer.echo("no re-ranker versions yet: `sqa train reranker --until YYYY-MM-DD`")
 
 
-@rerankers_cli.command("activate")
+@rerankers_cli.command("activate", epilog="Example: sqa rerankers activate none")
 @guard
 def rerankers_activate(version: str = typer.Argument(..., help="a version, or none to stop re-ranking")) -> None:
     """Serve this re-ranker version (servers follow within seconds)."""
@@ -211,7 +211,7 @@ def rerankers_activate(version: str = typer.Argument(..., help="a version, or no
     typer.echo(f"re-ranker {version} serving" if version != "none" else "no re-ranker serving")
 
 
-@cli.command("finetune")
+@cli.command("finetune", epilog="Example: sqa finetune --month 2023-03 --max-minutes 20")
 @guard
 def finetune(month: str = typer.Option(..., help="YYYY-MM: fine-tune the active reader on this month's news"),
              max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none)")) -> None:
@@ -233,7 +233,7 @@ models_cli = typer.Typer(no_args_is_help=True, help="Trained reader versions (th
 cli.add_typer(models_cli, name="models")
 
 
-@models_cli.command("list")
+@models_cli.command("list", epilog="Example: sqa models list")
 @guard
 def models_list() -> None:
     """Every trained reader version, newest first; * marks the active one."""
@@ -255,7 +255,7 @@ def models_list() -> None:
         db.close()
 
 
-@models_cli.command("activate")
+@models_cli.command("activate", epilog="Example: sqa models activate gemma-2023-04-01-c3e2b4")
 @guard
 def models_activate(version: str) -> None:
     """Make a ready version the active one (servers with SQA_READER=auto switch to it)."""
@@ -273,7 +273,7 @@ def models_activate(version: str) -> None:
                f"SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s)")
 
 
-@cli.command("selflabel")
+@cli.command("selflabel", epilog="Example: sqa selflabel --month 2023-03")
 @guard
 def selflabel(month: Optional[str] = typer.Option(None, help="YYYY-MM: articles published in this month"),
               until: Optional[str] = typer.Option(None, help="YYYY-MM-DD: articles published before this day"),
