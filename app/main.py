@@ -29,6 +29,7 @@ from indexer.dates import InvalidDateError
 from indexer.errors import IndexIntegrityError
 
 log = logging.getLogger("app")
+FASTAPI_BODY_ERROR = "There was an error parsing the body"  # fastapi.routing's 400 for an unreadable body
 PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
             "frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
 
@@ -141,7 +142,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _http_error(request: Request, exc: StarletteHTTPException):
         if wants_page(request):
             return error_page(request, exc.status_code, str(exc.detail), getattr(exc, "headers", None))
-        return JSONResponse({"detail": exc.detail, "request_id": current_request_id()}, status_code=exc.status_code,
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 400 and detail == FASTAPI_BODY_ERROR:  # say what a caller should fix
+            detail = "the request body could not be read: send UTF-8 JSON with Content-Type: application/json"
+        return JSONResponse({"detail": detail, "request_id": current_request_id()}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,

@@ -319,6 +319,13 @@ class JobRunner:
                                                 f"a {kind} job is already running; poll GET /admin/jobs"),
                           create=create)
 
+    def wait_all(self, timeout: float | None = None) -> None:
+        """Wait for every slot's background thread (tests, shutdown)."""
+        with self._slots_guard:
+            slots = list(self._slots)
+        for slot in slots:
+            self.wait(slot, timeout)
+
     def wait(self, slot: str, timeout: float | None = None) -> None:
         """Wait for the slot's background thread (tests, shutdown)."""
         thread = self._slot(slot).thread

@@ -136,3 +136,52 @@ class MonthDriftPublic(BaseModel):
     measures: dict[str, float] = Field(description="unseen_words, unseen_words_tokens, [unseen_entities, "
                                                    "unseen_entities_tokens,] cosine, kl.")
     computed_at: dt.datetime
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+
+class ErrorItem(BaseModel):
+    loc: list[str | int] = Field(description="Where the problem is: body, query or path, then the field.")
+    msg: str
+    type: str
+
+
+class ErrorPublic(BaseModel):
+    """Every error the JSON API answers with (app/main.py's handlers, the body and rate limits)."""
+    detail: str = Field(description="What is wrong, in a sentence a caller can act on.")
+    request_id: str | None = Field(default=None, description="This request's id (also the X-Request-ID header); "
+                                                              "the server's log lines carry it.")
+    errors: list[ErrorItem] | None = Field(default=None, description="422 on a malformed request: one item a problem.")
+
+
+ERROR_DESCRIPTIONS = {
+    400: "The request cannot be carried out as asked, or its body could not be read (not UTF-8 JSON).",
+    401: "Missing or wrong X-Admin-Token.",
+    403: "Admin routes are disabled (no SQA_ADMIN_TOKEN on the server).",
+    404: "No such row (job, evaluation run, reader version) or nothing loaded yet.",
+    409: "A conflicting job is running, or the server's settings forbid it; try again when it ends.",
+    413: "The request body is over SQA_MAX_BODY_BYTES.",
+    422: "The request is malformed: `detail` says what is wrong, `errors` lists each problem.",
+    429: "Too many requests from this client (SQA_RATE_LIMIT), or too many failed admin logins "
+         "(SQA_ADMIN_FAILURE_LIMIT); Retry-After says when to try again.",
+    503: "Not ready (no index yet) or too busy (Retry-After says when to try again).",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error codes, each with the ErrorPublic body."""
+    return {code: {"model": ErrorPublic, "description": ERROR_DESCRIPTIONS[code]} for code in codes}
+
+
+def json_error_responses(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """The same error responses for a route whose success is not JSON (an HTML report): FastAPI
+    would document its errors with the route's media type; they are JSON like everywhere else."""
+    ref = {"$ref": "#/components/schemas/ErrorPublic"}
+    return {code: {"description": r["description"], "content": {"application/json": {"schema": ref}}}
+            for code, r in responses.items()}
+
+
+# Every JSON API route: a body that cannot be read or is too large, a malformed request, too many requests.
+API_ERRORS = error_responses(400, 413, 422, 429)
+# Every admin route besides: authentication, lookups, conflicts, a store not ready.
+ADMIN_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503)

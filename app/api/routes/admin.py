@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlalchemy import select
 
 from app.api.deps import AdminDep, JobsDep, RowId, SessionDep, SettingsDep
-from app.api.schemas import (EncoderVersionPublic, FinetuneRequest, IngestRequest, ReencodeRequest, JobPublic, JobStarted, MonthDriftPublic,
+from app.api.schemas import (ADMIN_ERRORS, EncoderVersionPublic, FinetuneRequest, IngestRequest, ReencodeRequest, JobPublic, JobStarted, MonthDriftPublic,
                              ReaderActivatedPublic, ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic,
                              SnapshotPublic)
 from app.db.tables import Job
@@ -19,7 +19,7 @@ from workers.drift import REFERENCES, drift_rows
 from workers.ingest import STAGE_WEIGHTS, IngestParams, check_month_request, ingest_lock, ingest_work
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
 
 def _public(job: Job) -> JobPublic:

@@ -5,14 +5,14 @@ from dataclasses import asdict
 from fastapi import APIRouter
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep
-from app.api.schemas import AnswerPublic, AnswerRequest, PassagePublic
+from app.api.schemas import API_ERRORS, AnswerPublic, AnswerRequest, ErrorPublic, PassagePublic
 from indexer.dates import parse_iso_day
 
-router = APIRouter(prefix="/v1", tags=["answers"])
+router = APIRouter(prefix="/v1", tags=["answers"], responses=API_ERRORS)
 
 
 @router.post("/answers", response_model=AnswerPublic,
-             responses={503: {"description": "No index yet, or too many questions at once (Retry-After says when "
+             responses={503: {"model": ErrorPublic, "description": "No index yet, or too many questions at once (Retry-After says when "
                                              "to try again)"}})
 def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGateDep) -> AnswerPublic:
     """Answer a question from the news published on or before `as_of`, citing the passages."""

@@ -12,13 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
 from app.api.deps import AdminDep, JobsDep, RowId, SessionDep
+from app.api.schemas import ADMIN_ERRORS, json_error_responses
 from app.db.tables import EvalResult, EvalRun
 from app.services.errors import InvalidInputError, NotFoundError
 from evaluation.temporal import quarter_bounds
 from workers.evaluate import evaluate_current
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/admin/evaluations", tags=["admin"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin/evaluations", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
 
 class EvaluationRequest(BaseModel):
@@ -62,7 +63,7 @@ def report_folder(session, run_id: int) -> tuple[EvalRun, Path]:
     return run, Path(run.report_dir)
 
 
-@router.get("/{run_id}/report", response_class=HTMLResponse)
+@router.get("/{run_id}/report", response_class=HTMLResponse, responses=json_error_responses(ADMIN_ERRORS))
 def get_report(run_id: RowId, session: SessionDep) -> HTMLResponse:
     """The run's HTML report, with its plots inlined (the admin header cannot follow <img> links)."""
     _, folder = report_folder(session, run_id)

@@ -2,17 +2,29 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 router = APIRouter(tags=["health"])
 
 
+class ReadyPublic(BaseModel):
+    ready: bool
+    reason: str | None = Field(default=None, description="Why not ready (503 only).")
+    snapshot: str | None = None
+    vectors: int | None = None
+    newest_day: str | None = None
+    reader: str | None = None
+    encoder: str | None = None
+
+
 @router.get("/healthz")
-def healthz() -> dict:
+def healthz() -> dict[str, str]:
     """The process is up."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=ReadyPublic,
+            responses={503: {"model": ReadyPublic, "description": "Models still loading, or no index snapshot yet."}})
 def readyz(request: Request) -> JSONResponse:
     """Ready only when the models and an index snapshot are loaded."""
     state = request.app.state

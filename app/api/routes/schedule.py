@@ -13,12 +13,13 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from app.api.deps import AdminDep, JobsDep, SessionDep
+from app.api.schemas import ADMIN_ERRORS
 from app.db.tables import Job
 from workers.scheduled import normalize_period
 from workers.scheduler import job_function, job_specs, scheduled_jobs, trigger_now
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/admin/schedule", tags=["admin"], dependencies=[AdminDep])
+router = APIRouter(prefix="/admin/schedule", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
 
 # Response bodies of these routes only (kept here rather than in app/api/schemas.py).
