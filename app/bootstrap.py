@@ -124,7 +124,7 @@ FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained versio
 def load_builtin_reader(settings: Settings, name: str) -> Reader:
     """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
     return load_reader(name, device=resolve_device(settings), max_passages=settings.reader_passages or 3,
-                       cache_dir=settings.models_dir / "base")
+                       cache_dir=settings.models_dir / "base", context_words=settings.reader_context_words)
 
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:

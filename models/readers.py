@@ -46,9 +46,11 @@ class FirstEntityReader:
         return ReaderAnswer(text="", raw="")
 
 
-def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None) -> Reader:
+def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None,
+                context_words: int = 0) -> Reader:
     """Build a reader from a setting: "gemma", "smollm2" or "first-entity". `cache_dir` is where
-    "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m); the others ignore it."""
+    "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m) and `context_words` its
+    sentence selection budget (0: none); the others ignore them."""
     if spec == "first-entity":
         return FirstEntityReader()
     if spec == "smollm2":
@@ -58,5 +60,6 @@ def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_
     if spec == "gemma":
         from models.gemma import GemmaReader
 
-        return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages)
+        return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages,
+                                context_words=context_words)
     raise ValueError(f"reader {spec!r} is unknown (use 'gemma', 'smollm2' or 'first-entity')")

@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     top_k: int = Field(default=5, ge=1, le=100)
     max_top_k: int = Field(default=50, ge=1, le=1000)
     reader_passages: int = Field(default=0, ge=0, le=100)  # 0: the reader's own number
+    # The packaged Gemma's context: 0 reads the first 100 words of each of its passages; N reads the
+    # sentences of its passages that bear on the question, N words in all (models/context.py).
+    reader_context_words: int = Field(default=0, ge=0, le=2000)
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"
