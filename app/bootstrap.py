@@ -325,16 +325,18 @@ def scheduled_monthly_ingest(month: str | None = None) -> dict:
     """The monthly ingest as the scheduler runs it: the context from the settings, then the job."""
     from workers.scheduled import monthly_ingest
 
-    with open_context(get_settings()) as ctx:
-        return monthly_ingest(ctx, month)
+    settings = get_settings()
+    with open_context(settings) as ctx:  # every worker runs it; one does, the others wait and skip
+        return monthly_ingest(ctx, month, wait_s=settings.misfire_grace_s)
 
 
 def scheduled_quarterly_evaluation(quarter: str | None = None) -> dict:
     """The quarterly evaluation as the scheduler runs it."""
     from workers.scheduled import quarterly_evaluation
 
-    with open_context(get_settings()) as ctx:
-        return quarterly_evaluation(ctx, quarter)
+    settings = get_settings()
+    with open_context(settings) as ctx:
+        return quarterly_evaluation(ctx, quarter, wait_s=settings.misfire_grace_s)
 
 
 # ---- the scheduler process (`sqa worker`) --------------------------------------------------------------
@@ -368,6 +370,10 @@ def run_worker(settings: Settings) -> None:
     from workers.scheduler import run_worker as run_scheduler
 
     db = open_database(settings)  # migrations first: the jobs table exists before any run
+    if db.engine.dialect.name == "sqlite":
+        log.warning("SQLite: the workers of this SQA_HOME take turns through file locks under %s, on this "
+                    "machine only; workers on several machines need PostgreSQL (SQA_DATABASE_URL), whose advisory "
+                    "locks let each scheduled run execute once among them", settings.work_dir / "jobs")
     try:
         runner = JobRunner(db.sessions, settings.work_dir / "jobs")
         n = runner.recover(job_locks(settings, runner))

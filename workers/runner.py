@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.base import utcnow
 from app.db.tables import Job
 from app.services.errors import ConflictError
-from workers.locks import JobLock
+from workers.locks import AdvisoryLock, JobLock
 from workers.progress import JobProgress
 
 log = logging.getLogger(__name__)
@@ -130,10 +130,14 @@ class JobRunner:
 
     # ---- locks -------------------------------------------------------------------------------------
 
-    def lock(self, name: str) -> JobLock:
-        """The named lock: one holder per SQA_HOME at a time, released if its process dies."""
-        return JobLock(self.locks_dir / f"{name}.lock",
-                       f"a {name} job is already running; poll GET /admin/jobs and try again when it ends")
+    def lock(self, name: str) -> JobLock | AdvisoryLock:
+        """The named lock, released if its holder dies: on PostgreSQL one holder per database (an
+        advisory lock: workers on several machines), else one per SQA_HOME (a file lock)."""
+        busy = f"a {name} job is already running; poll GET /admin/jobs and try again when it ends"
+        bind = self.sessions.kw.get("bind")
+        if bind is not None and bind.dialect.name == "postgresql":
+            return AdvisoryLock(bind, name, busy)
+        return JobLock(self.locks_dir / f"{name}.lock", busy)
 
     # ---- rows --------------------------------------------------------------------------------------
 
@@ -244,11 +248,15 @@ class JobRunner:
         """Create the row and run it here and now (the CLI's way, and the tests')."""
         return self.run(self.create(kind, params), work, **options)
 
-    def run_period(self, kind: str, period: str, work: Work[str], *, lock: JobLock,
-                   done: Callable[[Session], tuple[str, dict] | None] | None = None) -> dict:
+    def run_period(self, kind: str, period: str, work: Work[str], *, lock: JobLock | AdvisoryLock,
+                   done: Callable[[Session], tuple[str, dict] | None] | None = None, wait_s: float = 0.0) -> dict:
         """A scheduled job's run for one period, once: a period a succeeded job (or `done`) already
-        covers is recorded as skipped. Returns the job as a dict (`job_dict`)."""
-        with lock.hold():
+        covers is recorded as skipped. Returns the job as a dict (`job_dict`).
+
+        With several workers, all run it at its time: the first holds `lock`, the others wait for it
+        up to `wait_s` seconds, then find the period done and record a skip. If the holder died
+        (its lock is released with it), the next one marks its row interrupted and runs the period."""
+        with lock.hold(wait_s):
             self.interrupt_stale([kind])
             with self.sessions() as session:
                 done_by = next((job_id for job_id, params in session.execute(

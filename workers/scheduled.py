@@ -217,17 +217,19 @@ def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
     return message
 
 
-def monthly_ingest(ctx: JobContext, month: str | None = None) -> dict:
+def monthly_ingest(ctx: JobContext, month: str | None = None, *, wait_s: float = 0.0) -> dict:
     """Import the news of a month from SQA_NEWS_SOURCE, index it, then apply SQA_FINETUNE_POLICY.
 
     Args:
         month: 'YYYY-MM'; default the month just ended (UTC).
+        wait_s: how long to wait for another worker running it (then: skipped as done, or run if
+            that worker died); 0 refuses at once (409), as "run now" does.
     Returns:
         The job as a dict; `skipped` is true when the month had already succeeded.
     """
     period = normalize_period(MONTHLY_INGEST, month) if month else previous_month(today_utc())
     return ctx.runner.run_period(MONTHLY_INGEST, period, lambda run: _ingest_month(ctx, run, period),
-                                 lock=ctx.runner.lock(MONTHLY_INGEST))
+                                 lock=ctx.runner.lock(MONTHLY_INGEST), wait_s=wait_s)
 
 
 # ---- the quarterly evaluation ----------------------------------------------------------------------
@@ -259,18 +261,19 @@ def _evaluate_quarter(ctx: JobContext, run: JobHandle, quarter: str) -> str:
     return f"evaluated {quarter} (eval run {eval_run_id})"
 
 
-def quarterly_evaluation(ctx: JobContext, quarter: str | None = None) -> dict:
+def quarterly_evaluation(ctx: JobContext, quarter: str | None = None, *, wait_s: float = 0.0) -> dict:
     """Evaluate a quarter's questions (workers.evaluate.run_quarterly_evaluation).
 
     Args:
         quarter: 'YYYYQN'; default the quarter just ended (UTC).
+        wait_s: as for `monthly_ingest`.
     Returns:
         The job as a dict; `skipped` is true when the quarter was already evaluated.
     """
     period = normalize_period(QUARTERLY_EVALUATION, quarter) if quarter else previous_quarter(today_utc())
     return ctx.runner.run_period(QUARTERLY_EVALUATION, period, lambda run: _evaluate_quarter(ctx, run, period),
                                  lock=ctx.runner.lock(QUARTERLY_EVALUATION),
-                                 done=lambda session: _quarter_evaluated(session, period))
+                                 done=lambda session: _quarter_evaluated(session, period), wait_s=wait_s)
 
 
 JOBS: dict[str, Callable[..., dict]] = {MONTHLY_INGEST: monthly_ingest, QUARTERLY_EVALUATION: quarterly_evaluation}
