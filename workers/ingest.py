@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.queries import article_months, earliest_question_day
 from app.db.tables import Article, IndexSnapshot, Job, Passage
-from app.services.errors import InvalidInputError, NoArticlesError
+from app.services.errors import ConflictError, InvalidInputError, NoArticlesError
 from app.services.index_state import latest_snapshot_row
 from indexer.chunking import chunk_texts
 from indexer.dates import EPOCH, day_number, month_end, month_key, month_start, next_month, parse_month
@@ -385,7 +385,10 @@ def ingest(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, p
         params = IngestParams.parse(params)
     with sf() as session:
         plans_for(session, params, cfg, encoder)
+    lock = ingest_lock(cfg.index_dir)
+    if lock.held():  # refused before a job row exists, as the API refuses (the lock still decides below)
+        raise ConflictError(lock.busy)
     runner = runner or JobRunner(sf, cfg.work_dir / "jobs", bar=bar)
     job_id = runner.create("ingest", params.to_json())
-    runner.run(job_id, ingest_work(sf, encoder, cfg, params), lock=ingest_lock(cfg.index_dir), weights=STAGE_WEIGHTS)
+    runner.run(job_id, ingest_work(sf, encoder, cfg, params), lock=lock, weights=STAGE_WEIGHTS)
     return runner.get(job_id)

@@ -1,0 +1,93 @@
+"""Concurrency at the API: one ingest at a time whoever asks, and answers that never fail while
+the index swaps snapshots under them."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.bootstrap import build_encoder, ingest_config, open_database
+from app.db.tables import Job
+from app.main import create_app
+from app.services.errors import ConflictError
+from tests.conftest import load_sample
+from workers.ingest import ingest
+
+ADMIN = {"X-Admin-Token": "test-admin-token"}
+
+
+@pytest.fixture
+def slow_client(make_settings, database_url):
+    """The sample through 2024-03, served with a hash encoder slowed down (an ingest takes seconds)."""
+    settings = make_settings(database_url=database_url, encoder="hash:delay_ms=40", encode_batch_size=2)
+    load_sample(settings)
+    with TestClient(create_app(settings)) as client:
+        yield client, settings
+        client.app.state.jobs.runner.wait_all(timeout=120)
+
+
+def _ingest_jobs(settings) -> int:
+    db = open_database(settings, migrate=False)
+    try:
+        with db.sessions() as s:
+            return s.scalar(select(func.count()).select_from(Job).where(Job.kind == "ingest"))
+    finally:
+        db.close()
+
+
+def test_two_ingests_of_a_month_at_once_one_runs_the_other_is_told_409(slow_client, wait_job):
+    client, settings = slow_client
+    before = _ingest_jobs(settings)
+    first = client.post("/admin/ingest", json={"month": "2024-03"}, headers=ADMIN)
+    second = client.post("/admin/ingest", json={"month": "2024-03"}, headers=ADMIN)
+    assert first.status_code == 202, first.text
+    assert second.status_code == 409, second.text
+    assert "an ingest is already running" in second.json()["detail"]
+    # another process (the CLI) is refused by the index's lock while the server's ingest runs
+    db = open_database(settings, migrate=False)
+    try:
+        with pytest.raises(ConflictError, match="another ingest is running"):
+            ingest(db.sessions, build_encoder(settings), ingest_config(settings), {"month": "2024-03"})
+    finally:
+        db.close()
+    assert wait_job(client, first.json()["job_id"], timeout=120)["state"] == "succeeded"
+    assert _ingest_jobs(settings) == before + 1  # one job row: the refused ones made none
+
+
+def test_answers_from_eight_clients_never_fail_while_snapshots_swap(slow_client, wait_job):
+    client, _ = slow_client
+    stop = threading.Event()
+    outcomes: list[tuple[int, int]] = []  # (status, passages)
+    lock = threading.Lock()
+
+    def ask(i: int) -> None:
+        while not stop.is_set():
+            r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?",
+                                                 "as_of": "2024-03-31", "top_k": 1 + i % 10})
+            with lock:
+                outcomes.append((r.status_code, len(r.json().get("passages", [])) if r.status_code == 200 else 0))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    snapshots = {client.get("/readyz").json()["snapshot"]}
+    try:
+        for month in ("2024-01", "2024-02", "2024-03"):  # three re-ingests: three swaps under load
+            r = client.post("/admin/ingest", json={"month": month}, headers=ADMIN)
+            assert r.status_code == 202, r.text
+            assert wait_job(client, r.json()["job_id"], timeout=120)["state"] == "succeeded"
+            deadline = time.monotonic() + 10
+            while client.get("/readyz").json()["snapshot"] in snapshots and time.monotonic() < deadline:
+                time.sleep(0.05)
+            snapshots.add(client.get("/readyz").json()["snapshot"])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert len(snapshots) == 4  # served the first and each of the three new ones
+    statuses = sorted({s for s, _ in outcomes})
+    assert statuses == [200], f"non-200 answers during the swaps: {statuses}"
+    assert len(outcomes) >= 24 and all(n >= 1 for _, n in outcomes)
