@@ -149,6 +149,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                             headers=getattr(exc, "headers", None))
 
     protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,
+                       storage_uri=settings.limits_storage,
                        admin_failure_limit=settings.admin_failure_limit)
     app.add_middleware(RequestIds)  # outermost: every response, a 413 or 429 too, carries X-Request-ID
 

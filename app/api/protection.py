@@ -3,12 +3,16 @@ brake on admin token guessing, and the Prometheus metrics that show it.
 
 - `BodyLimit` (pure ASGI): a body longer than SQA_MAX_BODY_BYTES is refused with 413 before it is
   parsed: at once when Content-Length says so, else as soon as the streamed bytes pass the limit.
-- Rate limits (`limits`, a moving window in memory, per process): SQA_RATE_LIMIT per client address
+- Rate limits (`limits`, a moving window): SQA_RATE_LIMIT per client address
   on every path but the health checks and the metrics; over it, 429 with Retry-After. (slowapi does
   not see the routes of FastAPI's included routers in this version, hence the small middleware.)
 - Admin token guessing: SQA_ADMIN_FAILURE_LIMIT wrong or missing tokens per client address, then
   429 for the rest of the window, even with the right token (`AdminGuard`).
 - `/metrics` (prometheus-fastapi-instrumentator): request counts and latencies by route and status.
+
+The counts live in SQA_LIMITS_STORAGE (a `limits` storage URI): `memory://`, each process its own,
+or `redis://host:6379` (with the `redis` package), shared by every API replica, so that a client
+behind the proxy meets one limit however its requests are spread.
 """
 from __future__ import annotations
 
@@ -76,13 +80,12 @@ class BodyLimit:
 class AdminGuard:
     """Counts failed admin authentications per client address in a moving window (`limits`)."""
 
-    def __init__(self, limit: str) -> None:
+    def __init__(self, limit: str, storage=None) -> None:
         from limits import parse
-        from limits.storage import MemoryStorage
         from limits.strategies import MovingWindowRateLimiter
 
         self.item = parse(limit)
-        self.limiter = MovingWindowRateLimiter(MemoryStorage())
+        self.limiter = MovingWindowRateLimiter(storage if storage is not None else limits_storage())
 
     def blocked_for(self, address: str) -> float | None:
         """Seconds until this address may try again, or None when it may now."""
@@ -98,14 +101,13 @@ class AdminGuard:
 class RateLimit:
     """ASGI middleware: at most `limit` requests per client address in a moving window."""
 
-    def __init__(self, app, limit: str) -> None:
+    def __init__(self, app, limit: str, storage=None) -> None:
         from limits import parse
-        from limits.storage import MemoryStorage
         from limits.strategies import MovingWindowRateLimiter
 
         self.app, self.text = app, limit
         self.item = parse(limit)
-        self.limiter = MovingWindowRateLimiter(MemoryStorage())
+        self.limiter = MovingWindowRateLimiter(storage if storage is not None else limits_storage())
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") in UNLIMITED_PATHS:
@@ -125,15 +127,29 @@ class RateLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def install(app: FastAPI, *, max_body_bytes: int, rate_limit: str, admin_failure_limit: str) -> None:
+def limits_storage(uri: str = "memory://"):
+    """The `limits` storage a URI names (memory://, redis://...); ValueError says what is wrong."""
+    from limits.errors import ConfigurationError
+    from limits.storage import storage_from_string
+
+    try:
+        return storage_from_string(uri)
+    except (ConfigurationError, ValueError) as exc:  # an unknown scheme, or its client library missing
+        raise ValueError(f"SQA_LIMITS_STORAGE={uri!r}: {exc}") from None
+
+
+def install(app: FastAPI, *, max_body_bytes: int, rate_limit: str, admin_failure_limit: str,
+            storage_uri: str = "memory://") -> None:
     """Add the body limit, the rate limit, the admin guard (app.state.admin_guard) and /metrics
-    (its own registry per app, so that several apps in one process keep their counts apart)."""
+    (its own registry per app, so that several apps in one process keep their counts apart); the
+    limits count in `storage_uri` (shared by the replicas when it is Redis)."""
     from prometheus_client import CollectorRegistry
     from prometheus_fastapi_instrumentator import Instrumentator
 
-    app.state.admin_guard = AdminGuard(admin_failure_limit)
+    storage = limits_storage(storage_uri)
+    app.state.admin_guard = AdminGuard(admin_failure_limit, storage)
     Instrumentator(excluded_handlers=["/metrics"], registry=CollectorRegistry()).instrument(app).expose(
         app, include_in_schema=False)
     if rate_limit:
-        app.add_middleware(RateLimit, limit=rate_limit)
+        app.add_middleware(RateLimit, limit=rate_limit, storage=storage)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # outermost: before anything reads the body

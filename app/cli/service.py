@@ -91,7 +91,10 @@ def quiet_model_loading() -> None:
 def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
           log_level: str = typer.Option("info"),
           log_format: Optional[str] = typer.Option(None, help="text or json (default SQA_LOG_FORMAT): one JSON object "
-                                                              "a line with the request id")) -> None:
+                                                              "a line with the request id"),
+          forwarded_allow_ips: Optional[str] = typer.Option(
+              None, help="behind a reverse proxy: the proxy addresses whose X-Forwarded-For is trusted (comma-"
+                         "separated, or *), so that rate limits count each real client (default 127.0.0.1)")) -> None:
     """Run the HTTP API under uvicorn (one process: the models load once)."""
     import uvicorn
 
@@ -105,7 +108,8 @@ def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
     except ValueError as exc:
         fail(str(exc))
     # the access lines come from app.access (with the request id and the duration), not uvicorn's
-    uvicorn.run(create_app(s), host=host, port=port, log_level=log_level, log_config=None, access_log=False)
+    uvicorn.run(create_app(s), host=host, port=port, log_level=log_level, log_config=None, access_log=False,
+                proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)
 
 
 @jobs_cli.command("list", epilog="Example: sqa jobs list --kind ingest --state failed --limit 5")

@@ -145,6 +145,9 @@ class Settings(BaseSettings):
     rate_limit: str = "600/minute"
     # Failed admin logins per client address before it is locked out (429) for the rest of the window.
     admin_failure_limit: str = "10/minute"
+    # Where those counts live (a `limits` storage URI): memory:// (each process its own) or
+    # redis://HOST:6379 (needs the redis package: pip install .[scale]), shared by API replicas.
+    limits_storage: str = "memory://"
     encode_batch_size: int = Field(default=64, ge=1)
     # Passages per embedding checkpoint: an interrupted ingest resumes from the last one.
     checkpoint_every: int = Field(default=256, ge=1)
