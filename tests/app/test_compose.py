@@ -22,9 +22,26 @@ def test_one_migration_runs_before_the_api_and_the_worker():
     for name in ("api", "worker"):
         s = services[name]
         assert s["environment"]["SQA_MIGRATE"] == "0", name
-        assert s["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}, name
+        assert s["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}, name
         assert s["build"] == "." and s["image"] == "streaming-qa:latest", name  # the worker builds too
     assert services["migrate"]["depends_on"] == {"db": {"condition": "service_healthy"}}
+
+
+def test_api_replicas_behind_the_proxy_share_redis_and_two_workers_run_the_schedule():
+    services = compose()["services"]
+    api, proxy, worker = services["api"], services["proxy"], services["worker"]
+    assert api["deploy"]["replicas"] == "${SQA_API_REPLICAS:-2}" and "ports" not in api  # only via the proxy
+    assert api["environment"]["SQA_LIMITS_STORAGE"].startswith("redis://redis:")
+    assert api["depends_on"]["redis"] == {"condition": "service_healthy"}
+    assert "--forwarded-allow-ips" in api["command"]
+    assert proxy["ports"] == ["8000:8000"] and proxy["depends_on"] == {"api": {"condition": "service_healthy"}}
+    assert worker["deploy"]["replicas"] == "${SQA_WORKER_REPLICAS:-2}"
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    assert "server api:8000 resolve" in conf and "resolver 127.0.0.11" in conf
+    # only answers are retried on another replica; an admin POST is never sent twice
+    answers = conf.split("location /v1/answers", 1)[1].split("}", 1)[0]
+    rest = conf.split("location / {", 1)[1].split("}", 1)[0]
+    assert "non_idempotent" in answers and "non_idempotent" not in rest
 
 
 def test_no_secret_is_a_value_in_the_file_and_the_worker_is_not_http_checked():
