@@ -43,7 +43,7 @@ lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install uv
 	echo "torch==2.13.0+cpu" > $(VENV)/torch-cpu.txt
-	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --extra scale --generate-hashes --python-version 3.11 \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --extra scale --extra ray --generate-hashes --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --overrides $(VENV)/torch-cpu.txt --no-emit-package torch \
 		$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url $(TORCH_INDEX) --index-strategy unsafe-best-match) \
 		--custom-compile-command "make lock" -o requirements.lock

@@ -195,7 +195,8 @@ def plan_through(session: Session, manifest: Manifest, through: str, start: str 
 
 # ---- one shard -------------------------------------------------------------------------------------
 
-def _save_atomic(path: Path, arr: np.ndarray) -> None:
+def save_checkpoint(path: Path, arr: np.ndarray) -> None:
+    """Write a block of embeddings atomically (a crash leaves the old file or none, never half of one)."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     with open(tmp, "wb") as fh:
         np.save(fh, arr)
@@ -204,29 +205,68 @@ def _save_atomic(path: Path, arr: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_blocks(texts: list[str], work: Path, cfg: IngestConfig) -> list[tuple[Path, list[str]]]:
+    """(checkpoint file, texts) of each block of `cfg.checkpoint_every` passages, in order."""
+    return [(work / f"emb-{b:06d}.npy", texts[start:start + cfg.checkpoint_every])
+            for b, start in enumerate(range(0, len(texts), cfg.checkpoint_every))]
+
+
+def load_checkpoint(path: Path, n: int, dim: int) -> np.ndarray | None:
+    """A block's saved embeddings, or None when it is missing or not (n, dim)."""
+    if not path.exists():
+        return None
+    arr = np.load(path)
+    return arr if arr.shape == (n, dim) else None
+
+
 def encode_with_checkpoints(encoder: TextEncoder, texts: list[str], work: Path, cfg: IngestConfig,
                             progress: Progress) -> np.ndarray:
     """(n, dim) float32 embeddings; finished blocks are saved so an interrupted run resumes."""
     work.mkdir(parents=True, exist_ok=True)
     progress.stage("encode", len(texts))
     blocks = []
-    for b, start in enumerate(range(0, len(texts), cfg.checkpoint_every)):
-        part = texts[start:start + cfg.checkpoint_every]
-        path = work / f"emb-{b:06d}.npy"
-        if path.exists():
-            arr = np.load(path)
-            if arr.shape == (len(part), encoder.dim):
-                blocks.append(arr)
-                progress.advance(len(part))
-                continue
+    for path, part in checkpoint_blocks(texts, work, cfg):
+        arr = load_checkpoint(path, len(part), encoder.dim)
+        if arr is not None:
+            blocks.append(arr)
+            progress.advance(len(part))
+            continue
         # One call per block: sentence-transformers sorts by length within a call, which pads less.
         arr = encoder.encode_passages(part, batch_size=cfg.batch_size).astype(np.float32, copy=False)
         progress.advance(len(part))
-        _save_atomic(path, arr)
+        save_checkpoint(path, arr)
         blocks.append(arr)
     if not blocks:
         return np.zeros((0, encoder.dim), dtype=np.float32)
     return np.ascontiguousarray(np.concatenate(blocks))
+
+
+def shard_rows(sf: sessionmaker[Session], plan: ShardPlan, progress: Progress | None = None
+               ) -> tuple[list, list[tuple[int, int, str, dt.date]]]:
+    """The plan's articles and their passages as (article id, ordinal, text, published) rows, in the
+    order the shard indexes them; NoArticlesError when it has none."""
+    with sf() as session:
+        arts = session.execute(
+            select(Article.id, Article.text, Article.published)
+            .where(Article.published.between(plan.first, plan.last))
+            .order_by(Article.published, Article.id)).all()
+    if not arts:
+        raise NoArticlesError(f"no articles published in {plan.key}: import them first (`sqa import ...`)")
+    if progress is not None:
+        progress.stage("chunk", len(arts))
+    chunks = chunk_texts([(a.text, a.published) for a in arts])
+    if progress is not None:
+        progress.advance(len(arts))
+    return arts, [(a.id, i, text, a.published) for a, passages in zip(arts, chunks) for i, text in enumerate(passages)]
+
+
+def checkpoint_dir(cfg: IngestConfig, encoder: TextEncoder, plan: ShardPlan, rows) -> Path:
+    """Where the plan's embedding checkpoints go: named by the encoder and the exact passages, so a
+    checkpoint is only ever reused for the same passages encoded by the same encoder."""
+    digest = hashlib.sha256(encoder.name.encode())
+    for art_id, ordinal, text, _ in rows:
+        digest.update(f"\x00{art_id}\x00{ordinal}\x00{text}".encode())
+    return cfg.work_dir / f"ingest-{plan.key}-{digest.hexdigest()[:16]}"
 
 
 def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPlan, cfg: IngestConfig,
@@ -240,25 +280,12 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
     job_id = job.job_id if job is not None else None
     t0 = time.perf_counter()
     with sf() as session:
-        arts = session.execute(
-            select(Article.id, Article.text, Article.published)
-            .where(Article.published.between(plan.first, plan.last))
-            .order_by(Article.published, Article.id)).all()
         base_manifest(session, cfg.index_dir, encoder, fresh=fresh)  # fail fast on an encoder mismatch
-    if not arts:
-        raise NoArticlesError(f"no articles published in {plan.key}: import them first (`sqa import ...`)")
-
-    progress.stage("chunk", len(arts))
-    chunks = chunk_texts([(a.text, a.published) for a in arts])
-    progress.advance(len(arts))
-    rows = [(a.id, i, text, a.published) for a, passages in zip(arts, chunks) for i, text in enumerate(passages)]
+    arts, rows = shard_rows(sf, plan, progress)
     texts = [r[2] for r in rows]
     t1 = time.perf_counter()
 
-    digest = hashlib.sha256(encoder.name.encode())
-    for art_id, ordinal, text, _ in rows:
-        digest.update(f"\x00{art_id}\x00{ordinal}\x00{text}".encode())
-    work = cfg.work_dir / f"ingest-{plan.key}-{digest.hexdigest()[:16]}"
+    work = checkpoint_dir(cfg, encoder, plan, rows)
     vectors = encode_with_checkpoints(encoder, texts, work, cfg, progress)  # (n, dim)
     t2 = time.perf_counter()
 

@@ -105,7 +105,28 @@ def import_articles(path: Path, since: Optional[str] = typer.Option(None), until
 
 # ---- ingest ----------------------------------------------------------------------------------------
 
-def _run_ingest(params, *, train: bool = False, train_minutes: float | None = None) -> None:
+def _fill_on_ray(ctx, encoder, params, address: str | None, actors: int) -> None:
+    """Encode the planned months' passages on Ray into the ingest's checkpoints (workers/backfill_ray.py),
+    under the index's ingest lock; the ingest that follows finds them encoded."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        fail("--executor ray needs Ray: pip install '.[ray]'")
+    from tqdm import tqdm
+
+    from workers.backfill_ray import fill_checkpoints
+    from workers.ingest import ingest_lock
+
+    with ingest_lock(ctx.ingest.index_dir).hold(), tqdm(desc="encode on ray", unit="passage",
+                                                        disable=None) as bar:
+        done = fill_checkpoints(ctx.sessions, encoder, ctx.ingest, params, address=address, actors=actors,
+                                advance=bar.update)
+    typer.echo(f"ray: {done['encoded']} of {done['passages']} planned passages encoded now "
+               f"({done['blocks']} blocks on {done['actors']} actors; the rest were already checkpointed)", err=True)
+
+
+def _run_ingest(params, *, train: bool = False, train_minutes: float | None = None, executor: str = "local",
+                address: str | None = None, actors: int = 0) -> None:
     """Run an ingest job (`workers.ingest.IngestParams`) here, print what each shard got, then train
     the reader on what is dated before the last ingested month (workers/auto_train.py) unless told not to."""
     import dataclasses
@@ -119,7 +140,10 @@ def _run_ingest(params, *, train: bool = False, train_minutes: float | None = No
 
     with context() as ctx:
         typer.echo(f"ingest: {json.dumps(params.to_json())}", err=True)
-        job = run_ingest(ctx.sessions, ctx.load_encoder(), ctx.ingest, params, runner=ctx.runner)
+        encoder = ctx.load_encoder()
+        if executor == "ray":
+            _fill_on_ray(ctx, encoder, params, address, actors)
+        job = run_ingest(ctx.sessions, encoder, ctx.ingest, params, runner=ctx.runner)
         typer.echo(f"ingest job {job.id} {job.state}", err=True)
         counts = job.counts or {}
         for key in counts.get("planned", []):
@@ -173,7 +197,13 @@ def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest 
                                       "before the last ingested month, and activate it if it answers better on the "
                                       "month before (default: SQA_AUTO_TRAIN)"),
            train_minutes: Optional[float] = typer.Option(None, min=0.1, help="that training's budget in minutes "
-                                                         "(default: SQA_AUTO_TRAIN_MINUTES, 30)")) -> None:
+                                                         "(default: SQA_AUTO_TRAIN_MINUTES, 30)"),
+           executor: str = typer.Option("local", help="local, or ray: encode every planned month in parallel on a "
+                                                      "Ray cluster first (pip install '.[ray]'), then index as local does"),
+           address: Optional[str] = typer.Option(None, help="--executor ray: the cluster (ray://HOST:10001, auto); "
+                                                            "default: a local one on this machine's cores"),
+           actors: int = typer.Option(0, min=0, help="--executor ray: encoder actors (0: one per GPU, else per CPU)")
+           ) -> None:
     """Chunk, encode and index articles; each month becomes a shard and a new snapshot.
 
     Then, unless --no-train, the reader is trained on the stored questions and news dated before the
@@ -187,10 +217,14 @@ def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest 
         fail("give exactly one of --month, --through or --history-before")
     if from_ and not through:
         fail("--from goes with --through")
+    if executor not in ("local", "ray"):
+        fail(f"--executor must be local or ray, not {executor!r}")
+    if executor == "local" and (address or actors):
+        fail("--address and --actors go with --executor ray")
     _run_ingest(IngestParams(month=month_option(month, "--month"), through=month_option(through, "--through"),
                              start=month_option(from_, "--from"),
                              history_before=month_option(history_before, "--history-before")),
-                train=train, train_minutes=train_minutes)
+                train=train, train_minutes=train_minutes, executor=executor, address=address, actors=actors)
 
 
 @index_cli.command("rebuild", epilog="Example: sqa index rebuild")
