@@ -124,7 +124,8 @@ FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained versio
 def load_builtin_reader(settings: Settings, name: str) -> Reader:
     """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
     return load_reader(name, device=resolve_device(settings), max_passages=settings.reader_passages or 3,
-                       cache_dir=settings.models_dir / "base", context_words=settings.reader_context_words)
+                       cache_dir=settings.models_dir / "base", context_words=settings.reader_context_words,
+                       answer_beams=settings.reader_answer_beams)
 
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
@@ -135,7 +136,8 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
         kind = read_reader_info(folder).get("kind")
         if kind != expect:
             raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
-    return load_trained_reader(folder, device=resolve_device(settings), max_passages=settings.reader_passages or None)
+    return load_trained_reader(folder, device=resolve_device(settings), max_passages=settings.reader_passages or None,
+                               answer_beams=settings.reader_answer_beams)
 
 
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -58,6 +59,19 @@ def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage
     lines.append(f"Question (asked on {format_long(as_of)}): {' '.join(question.split())}")
     lines.append("Short answer:")
     return "\n".join(lines)
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def grounded(answer: str, text: str) -> bool:
+    """Whether `answer`'s words occur in `text` as one run (case and punctuation aside)."""
+    a, t = _tokens(answer), _tokens(text)
+    if not a:
+        return False
+    n = len(a)
+    return any(t[i:i + n] == a for i in range(len(t) - n + 1) if t[i] == a[0])
 
 
 def reader_context(question: str, passages: Sequence[ReaderPassage], *, n_passages: int, max_passage_words: int,
@@ -191,9 +205,10 @@ class GemmaReader:
     """
 
     def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
-                 max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0) -> None:
+                 max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0,
+                 answer_beams: int = 1) -> None:
         for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
-                           ("max_new_tokens", max_new_tokens)):
+                           ("max_new_tokens", max_new_tokens), ("answer_beams", answer_beams)):
             if value < 1:
                 raise ValueError(f"{arg} must be at least 1, got {value}")
         if context_words < 0:
@@ -206,6 +221,9 @@ class GemmaReader:
         self.max_passage_words = max_passage_words
         self.max_new_tokens = max_new_tokens
         self.context_words = context_words  # 0: the first max_passage_words of each; else sentence selection
+        # 1: greedy. N: beam search keeps N answers and the best one found in the passages read wins
+        # (an answer the passages do not hold is kept only when no beam is grounded).
+        self.answer_beams = answer_beams
         self._lock = threading.Lock()  # one generation at a time: no thread oversubscription
 
     @classmethod
@@ -228,14 +246,23 @@ class GemmaReader:
         check_passages(as_of, passages)
         if not passages:
             return ReaderAnswer(text="", raw="")  # a base model would make something up
-        prompt = build_prompt(question, as_of, self.context(question, passages), None)
+        read = self.context(question, passages)
+        prompt = build_prompt(question, as_of, read, None)
         enc = self.tokenizer(prompt, return_tensors="pt")  # starts with <bos>
         pad = self.tokenizer.pad_token_id  # Gemma's is 0: test for None, not truth
         input_ids = enc["input_ids"].to(self.device)  # (1, L)
+        beams = {} if self.answer_beams == 1 else {"num_beams": self.answer_beams,
+                                                   "num_return_sequences": self.answer_beams}
         with self._lock, torch.inference_mode():
             out = self.model.generate(input_ids, attention_mask=enc["attention_mask"].to(self.device),
                                       max_new_tokens=self.max_new_tokens, do_sample=False,
                                       stopping_criteria=_first_line_stop(self.tokenizer, input_ids.shape[1]),
-                                      pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id)
-        raw = self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)
-        return ReaderAnswer(text=shorten_answer(raw, question=question), raw=raw)
+                                      pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id, **beams)
+        raws = self.tokenizer.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)  # best first
+        answers = [shorten_answer(raw, question=question) for raw in raws]
+        if len(raws) > 1:
+            text = " ".join(p.text for p in read)
+            for raw, answer in zip(raws, answers):
+                if answer and grounded(answer, text):
+                    return ReaderAnswer(text=answer, raw=raw)
+        return ReaderAnswer(text=answers[0], raw=raws[0])

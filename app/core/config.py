@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     # The packaged Gemma's context: 0 reads the first 100 words of each of its passages; N reads the
     # sentences of its passages that bear on the question, N words in all (models/context.py).
     reader_context_words: int = Field(default=0, ge=0, le=2000)
+    # Gemma readers (packaged or trained): 1 decodes greedily; N keeps N beams and answers with the
+    # best one the passages read contain (models.gemma.grounded), else the best beam.
+    reader_answer_beams: int = Field(default=1, ge=1, le=16)
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"

@@ -73,6 +73,31 @@ class FakeTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return self.generated if len(ids) else ""
 
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [self.decode(row) for row in rows]
+
+
+class BeamTokenizer(FakeTokenizer):
+    """Decodes the i-th generated row as the i-th of `beams` (best first)."""
+
+    def __init__(self, beams: list[str]) -> None:
+        super().__init__()
+        self.beams = beams
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return self.beams[:len(rows)]
+
+
+class BeamModel:
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, []
+
+    def generate(self, input_ids, **kwargs):
+        import torch
+
+        self.calls.append(kwargs)
+        return torch.cat([input_ids.repeat(self.n, 1), torch.zeros(self.n, 2, dtype=torch.long)], dim=1)
+
 
 class FakeModel:
     def __init__(self) -> None:
@@ -107,6 +132,27 @@ def test_gemma_reader_reads_n_passages_greedily_and_shortens_the_answer():
     (call,) = model.calls
     assert call["do_sample"] is False and call["max_new_tokens"] == 16
     assert len(call["stopping_criteria"]) == 1  # the newline stop
+
+
+def test_with_beams_the_best_answer_the_passages_hold_wins():
+    model = BeamModel(3)
+    tokenizer = BeamTokenizer([" Boston Celtics\n", " Denver Nuggets\n", " Nuggets\n"])  # the best beam is not read
+    answer = GemmaReader(model, tokenizer, n_passages=1, answer_beams=3).generate(NBA_Q, AS_OF, [NBA])
+    assert answer.text == "Denver Nuggets"
+    (call,) = model.calls
+    assert call["num_beams"] == 3 and call["num_return_sequences"] == 3 and call["do_sample"] is False
+
+
+def test_with_beams_and_no_grounded_answer_the_best_beam_stays():
+    tokenizer = BeamTokenizer([" Boston Celtics\n", " Lakers\n"])
+    answer = GemmaReader(BeamModel(2), tokenizer, n_passages=1, answer_beams=2).generate(NBA_Q, AS_OF, [NBA])
+    assert answer.text == "Boston Celtics"
+
+
+def test_grounded_matches_whole_words_in_order_case_and_punctuation_aside():
+    assert gemma.grounded("denver nuggets", "The Denver Nuggets, champions.")
+    assert not gemma.grounded("Nuggets Denver", "The Denver Nuggets")
+    assert not gemma.grounded("Den", "The Denver Nuggets") and not gemma.grounded("", "text")
 
 
 def test_gemma_reader_rejects_sizes_below_one():
