@@ -134,7 +134,7 @@ class JobRunner:
         """The named lock, released if its holder dies: on PostgreSQL one holder per database (an
         advisory lock: workers on several machines), else one per SQA_HOME (a file lock)."""
         busy = f"a {name} job is already running; poll GET /admin/jobs and try again when it ends"
-        bind = self.sessions.kw.get("bind")
+        bind = getattr(self.sessions, "kw", {}).get("bind")
         if bind is not None and bind.dialect.name == "postgresql":
             return AdvisoryLock(bind, name, busy)
         return JobLock(self.locks_dir / f"{name}.lock", busy)

@@ -24,7 +24,6 @@ from app.db.tables import Job
 from app.main import create_app
 from app.bootstrap import open_database, scheduler_config
 from workers import scheduled as jobs
-from workers.runner import JobRunner
 from workers.scheduler import WorkerScheduler, trigger_now
 from workers.scheduler import build_scheduler as build_from_config
 from workers.scheduler import scheduled_jobs as scheduled_from_config
@@ -265,5 +264,5 @@ def test_schedule_run_now_rejects_unknown_ids_bad_periods_and_a_second_run(sched
     assert "monthly-ingest" in resp.json()["detail"] and "quarterly-evaluation" in resp.json()["detail"]
     assert client.post("/admin/schedule/quarterly-evaluation/run", params={"period": "2023Q5"},
                        headers=ADMIN).status_code == 422
-    with JobRunner(None, settings.work_dir / "jobs").lock("monthly-ingest").hold():  # as if another process ran it
+    with client.app.state.jobs.runner.lock("monthly-ingest").hold():  # as if another process ran it
         assert client.post("/admin/schedule/monthly-ingest/run", headers=ADMIN).status_code == 409
