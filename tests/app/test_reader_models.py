@@ -47,7 +47,8 @@ def loads(monkeypatch) -> list[str]:
     The fallback of SQA_READER=auto becomes first-entity. Returns the folders loaded, in order."""
     loaded: list[str] = []
 
-    def load_trained_reader(path: Path, *, device: str = "cpu", max_passages: int | None = None):
+    def load_trained_reader(path: Path, *, device: str = "cpu", max_passages: int | None = None,
+                            answer_beams: int = 1):
         loaded.append(path.name)
         if (path / "BROKEN").exists():
             raise RuntimeError(f"corrupt weights in {path}")
