@@ -34,37 +34,18 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.db.scratch import scratch_database  # noqa: E402
 from app.server_process import free_port, served  # noqa: E402
 from bench.bench_answers import SAMPLE, pct  # noqa: E402
 
 MONTH = "2024-03"
 QUESTIONS = [("Who is the mayor of Port Calder?", "2024-03-31"), ("Who coaches the Harbor Hawks?", "2024-02-20"),
              ("What did the council approve?", "2024-03-15"), ("Who won the regatta?", "2024-01-30")]
-
-
-@contextlib.contextmanager
-def throwaway_database(admin_url: str):
-    from sqlalchemy import create_engine, make_url, text
-
-    base = make_url(admin_url)
-    name = f"sqa_scale_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n "
-                              "AND pid <> pg_backend_pid()"), {"n": name})
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
 
 
 def build_home(home: Path, db_url: str) -> None:
@@ -238,7 +219,7 @@ def main() -> int:
     if shutil.which("nginx") is None:
         print("nginx is not on the PATH (Debian: apt-get install nginx)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="sqa-scale-") as tmp, throwaway_database(args.postgres) as db_url:
+    with tempfile.TemporaryDirectory(prefix="sqa-scale-") as tmp, scratch_database(args.postgres, "sqa_scale") as db_url:
         tmp = Path(tmp)
         home = tmp / "home"
         build_home(home, db_url)

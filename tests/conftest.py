@@ -4,14 +4,12 @@ model: tests that load one are marked `integration` and load it themselves)."""
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from app.core.config import Settings
+from app.db.scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
@@ -35,20 +33,8 @@ def fixtures_dir() -> Path:
 
 def _postgres_database():
     """Create a throw-away database on the PostgreSQL server; yields its URL, drops it after."""
-    base = make_url(POSTGRES_URL)
-    name = f"sqa_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n AND pid <> pg_backend_pid()"),
-                {"n": name})
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+    with scratch_database(POSTGRES_URL) as url:
+        yield url
 
 
 DB_PARAMS = [pytest.param("sqlite", id="sqlite"),
