@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_fuzz.py [--examples 10000]
 
-It runs tests/app/test_api_fuzz.py (the same checks `make test` runs with 25 examples an operation:
+It runs tests/app/test_api_fuzz.py (the same checks `make test` runs with 20 examples an operation:
 no server error, a documented status code and content type, a body that matches the documented
 schema, every error a JSON `detail` with the request id) with enough examples per operation to make
 at least --examples requests, over the shipped sample (hash encoder, first-entity reader), admin

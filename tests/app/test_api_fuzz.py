@@ -17,7 +17,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                          status_code_conformance)
 
-EXAMPLES = int(os.environ.get("SQA_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("SQA_FUZZ_EXAMPLES", "20"))
 COUNT_FILE = os.environ.get("SQA_FUZZ_COUNT_FILE")  # the benchmark counts the calls made
 SEED = int(os.environ.get("SQA_FUZZ_SEED", "0"))  # 0: the same examples every run (make test)
 TOKEN = "fuzz-admin-token"
