@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from indexer.atomic import write_atomic
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ivf import FLAT, ShardSpec
 from indexer.shards import check_key
+from indexer.storage import LocalStore, as_store
 
 __all__ = ["FileRef", "ShardEntry", "Manifest", "new_snapshot_id", "write_manifest", "read_manifest",
            "sha256_hex", "SHARDS_DIR", "SNAPSHOTS_DIR"]
@@ -248,28 +248,36 @@ def sha256_hex(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_manifest(index_dir: Path, manifest: Manifest) -> tuple[Path, str]:
-    """Write index_dir/snapshots/<snapshot_id>.json atomically; returns (path, sha256 of the file).
+def write_manifest(index_dir, manifest: Manifest) -> tuple[str, str]:
+    """Write snapshots/<snapshot_id>.json of the index root `index_dir` (a folder or an
+    `indexer.storage` store) atomically; returns its name ("snapshots/<id>.json", what a snapshot
+    row records as `manifest_file`) and the sha256 of the file.
 
     Writing the same manifest again is a no-op; a different manifest under an existing
     snapshot id raises FileExistsError (manifests are immutable, make a new one).
     """
-    directory = Path(index_dir) / SNAPSHOTS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / manifest.file_name
+    store = as_store(index_dir)
+    name = f"{SNAPSHOTS_DIR}/{manifest.file_name}"
     data = manifest.to_json().encode("utf-8")
-    if path.exists():
-        if path.read_bytes() == data:
-            return path, sha256_hex(data)
-        raise FileExistsError(f"snapshot {manifest.snapshot_id} already exists at {path} with other contents")
-    write_atomic(path, data)
-    return path, sha256_hex(data)
+    if store.exists(name):
+        if store.read(name) == data:
+            return name, sha256_hex(data)
+        raise FileExistsError(f"snapshot {manifest.snapshot_id} already exists at {store.locate(name)} with other contents")
+    store.write(name, data)
+    return name, sha256_hex(data)
 
 
-def read_manifest(path: Path, *, expected_sha256: str | None = None) -> Manifest:
-    """Read a manifest file, optionally checking it is the one the database recorded."""
+def read_manifest(where, name: str | None = None, *, expected_sha256: str | None = None) -> Manifest:
+    """Read a manifest, optionally checking it is the one the database recorded: `name` (a
+    snapshot row's `manifest_file`) in the index root `where` (a folder or a store), or, without
+    `name`, the manifest file at the path `where`."""
+    if name is None:
+        store, name = LocalStore(Path(where).parent), Path(where).name
+    else:
+        store = as_store(where)
+    path = store.locate(name)
     try:
-        data = Path(path).read_bytes()
+        data = store.read(name)
     except OSError as exc:
         raise IndexIntegrityError(f"index manifest {path} cannot be read ({exc.strerror}); {REBUILD_HINT}") from None
     if expected_sha256 is not None and sha256_hex(data) != expected_sha256:

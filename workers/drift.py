@@ -44,6 +44,7 @@ from indexer.chunking import passage_body
 from indexer.dates import month_end, parse_month
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
 from indexer.manifest import Manifest, ShardEntry, read_manifest
+from indexer.storage import IndexStore, as_store
 from indexer.shards import key_span
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def serving_manifest(session: Session, index_dir: Path) -> Manifest:
     row = latest_snapshot_row(session)
     if row is None:
         raise InvalidInputError("no index snapshot yet: ingest some months first (`sqa ingest --through YYYY-MM`)")
-    return read_manifest(index_dir / row.manifest_file, expected_sha256=row.manifest_sha256)
+    return read_manifest(index_dir, row.manifest_file, expected_sha256=row.manifest_sha256)
 
 
 def ingested_months(manifest: Manifest) -> list[str]:
@@ -76,11 +77,12 @@ def ingested_months(manifest: Manifest) -> list[str]:
     return sorted(e.key for e in manifest.shards if key_span(e.key)[0] is not None)
 
 
-def read_shard_vectors(index_dir: Path, entry: ShardEntry) -> np.ndarray:
+def read_shard_vectors(index_dir: Path | IndexStore, entry: ShardEntry) -> np.ndarray:
     """(count, dim) float32 vectors of a flat shard file, checked against its manifest entry."""
-    path = Path(index_dir) / entry.file
+    store = as_store(index_dir)
+    path = store.locate(entry.file)
     try:
-        data = path.read_bytes()
+        data = store.read(entry.file)
     except OSError as exc:
         raise IndexIntegrityError(f"shard {entry.key}: cannot read {path} ({exc.strerror}); {REBUILD_HINT}") from None
     if hashlib.sha256(data).hexdigest() != entry.sha256:

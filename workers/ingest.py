@@ -35,6 +35,7 @@ from indexer.lexical import Bm25Shard
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard
 from indexer.snapshot import garbage_files, write_shard
+from indexer.storage import as_store
 from models.encoders import TextEncoder
 from workers.drift import DriftConfig, drift_after_ingest
 from workers.locks import JobLock
@@ -136,7 +137,7 @@ def base_manifest(session: Session, index_dir: Path, encoder: TextEncoder, *, fr
     row = None if fresh else latest_snapshot_row(session)
     if row is None:
         return Manifest.new(encoder=encoder.name, dim=encoder.dim)
-    manifest = read_manifest(index_dir / row.manifest_file, expected_sha256=row.manifest_sha256)
+    manifest = read_manifest(index_dir, row.manifest_file, expected_sha256=row.manifest_sha256)
     if manifest.encoder != encoder.name or manifest.dim != encoder.dim:
         raise IndexIntegrityError(
             f"the index was built with encoder {manifest.encoder} ({manifest.dim} dims) but the configured "
@@ -306,8 +307,8 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
         build = entry.build
         session.execute(update(Passage).where(Passage.build_id == tmp_build).values(build_id=build))
         manifest = base.with_shard(entry, drop=overlapping_keys(base, plan))
-        path, sha = write_manifest(cfg.index_dir, manifest)
-        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=str(path.relative_to(cfg.index_dir)),
+        name, sha = write_manifest(cfg.index_dir, manifest)
+        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=name,
                                   manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
                                   total=manifest.total, shard_keys=[e.key for e in manifest.shards], job_id=job_id))
         t3 = time.perf_counter()
@@ -353,15 +354,16 @@ def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
         manifests = []
         for row in rows:
             try:
-                manifests.append(read_manifest(cfg.index_dir / row.manifest_file))
+                manifests.append(read_manifest(cfg.index_dir, row.manifest_file))
             except IndexIntegrityError:
                 log.warning("snapshot %s: manifest unreadable, skipped by garbage collection", row.snapshot_id)
         if not manifests:
             return
         keep = {e.build for m in manifests for e in m.shards}
         session.execute(delete(Passage).where(Passage.build_id.not_in(keep)))
-    for path in garbage_files(cfg.index_dir, manifests):
-        path.unlink(missing_ok=True)
+    store = as_store(cfg.index_dir)
+    for name in garbage_files(store, manifests):
+        store.delete(name)
 
 
 # ---- the job ---------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def build_missing_lexical(sf: sessionmaker[Session], index_dir: Path) -> dict:
             row = latest_snapshot_row(session)
             if row is None:
                 raise InvalidInputError("no index snapshot yet: run `sqa ingest --through YYYY-MM` first")
-            manifest = read_manifest(index_dir / row.manifest_file, expected_sha256=row.manifest_sha256)
+            manifest = read_manifest(index_dir, row.manifest_file, expected_sha256=row.manifest_sha256)
         missing = [e for e in manifest.shards if e.bm25 is None]
         if not missing:
             return {"snapshot": manifest.snapshot_id, "built": [], "passages": 0}
@@ -57,9 +57,9 @@ def build_missing_lexical(sf: sessionmaker[Session], index_dir: Path) -> dict:
             passages += len(rows)
             log.info("BM25 index of shard %s: %d passages", entry.key, len(rows))
         new = Manifest.new(manifest.encoder, manifest.dim, [done.get(e.key, e) for e in manifest.shards])
-        path, sha = write_manifest(index_dir, new)
+        name, sha = write_manifest(index_dir, new)
         with sf() as session, session.begin():
-            session.add(IndexSnapshot(snapshot_id=new.snapshot_id, manifest_file=str(path.relative_to(index_dir)),
+            session.add(IndexSnapshot(snapshot_id=new.snapshot_id, manifest_file=name,
                                       manifest_sha256=sha, encoder=new.encoder, dim=new.dim, total=new.total,
                                       shard_keys=[e.key for e in new.shards]))
     return {"snapshot": new.snapshot_id, "built": list(done), "passages": passages}

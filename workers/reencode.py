@@ -40,7 +40,7 @@ def serving_manifest(session: Session, cfg: IngestConfig) -> Manifest:
     row = latest_snapshot_row(session)
     if row is None:
         raise InvalidInputError("nothing to re-encode: no index snapshot exists yet (run `sqa ingest` first)")
-    return read_manifest(cfg.index_dir / row.manifest_file, expected_sha256=row.manifest_sha256)
+    return read_manifest(cfg.index_dir, row.manifest_file, expected_sha256=row.manifest_sha256)
 
 
 def shard_rows(session: Session, entry) -> tuple[np.ndarray, list[str]]:
@@ -84,8 +84,8 @@ def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job: JobHandle) -> No
         if serving_manifest(session, cfg).snapshot_id != old.snapshot_id:  # cannot happen under the lock
             raise InvalidInputError("the index changed while it was being re-encoded; run the job again")
         manifest = Manifest.new(encoder.name, encoder.dim, entries)
-        path, sha = write_manifest(cfg.index_dir, manifest)
-        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=str(path.relative_to(cfg.index_dir)),
+        name, sha = write_manifest(cfg.index_dir, manifest)
+        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=name,
                                   manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
                                   total=manifest.total, shard_keys=[e.key for e in manifest.shards],
                                   job_id=job.job_id))

@@ -56,7 +56,7 @@ def record_quarter_states(sf: sessionmaker[Session], index_dir, quarters: list[s
         serving = latest_snapshot_row(session)
         if serving is None:
             raise RuntimeError("nothing is indexed: the replay ingests first, so this is a bug")
-        manifest = read_manifest(index_dir / serving.manifest_file, expected_sha256=serving.manifest_sha256)
+        manifest = read_manifest(index_dir, serving.manifest_file, expected_sha256=serving.manifest_sha256)
         for q in quarters:
             _, end = quarter_bounds(q)
             shards = tuple(e for e in manifest.shards if e.span[1] <= end)
@@ -66,14 +66,14 @@ def record_quarter_states(sf: sessionmaker[Session], index_dir, quarters: list[s
             files = sorted(e.file for e in shards)
             for row in session.scalars(select(IndexSnapshot).where(IndexSnapshot.kind == "quarter",
                                                                    IndexSnapshot.label == q)):
-                old = read_manifest(index_dir / row.manifest_file, expected_sha256=row.manifest_sha256)
+                old = read_manifest(index_dir, row.manifest_file, expected_sha256=row.manifest_sha256)
                 if sorted(e.file for e in old.shards) == files:
                     out[q] = row.id
                     break
             else:
                 state = Manifest.new(encoder=manifest.encoder, dim=manifest.dim, shards=shards)
-                path, sha = write_manifest(index_dir, state)
-                row = IndexSnapshot(snapshot_id=state.snapshot_id, manifest_file=str(path.relative_to(index_dir)),
+                name, sha = write_manifest(index_dir, state)
+                row = IndexSnapshot(snapshot_id=state.snapshot_id, manifest_file=name,
                                     manifest_sha256=sha, encoder=state.encoder, dim=state.dim, total=state.total,
                                     shard_keys=[e.key for e in state.shards], kind="quarter", label=q)
                 session.add(row)

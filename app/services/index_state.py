@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db.tables import IndexSnapshot
 from indexer.lexical import LexicalIndex
 from indexer.manifest import Manifest, read_manifest
+from indexer.storage import IndexStore, as_store
 from indexer.shards import ShardedIndex
 from indexer.snapshot import IndexIntegrityError, LexicalMissingError, ShardCache
 from models.encoders import TextEncoder
@@ -50,7 +51,7 @@ def latest_snapshot_row(session: Session) -> IndexSnapshot | None:
                            .order_by(IndexSnapshot.id.desc()).limit(1)).first()
 
 
-def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *, encoder: str,
+def open_snapshot_row(row: IndexSnapshot, index_dir: Path | IndexStore, cache: ShardCache, *, encoder: str,
                       dim: int, lexical: bool = False,
                       resolver: Callable[[str], TextEncoder] | None = None) -> LoadedSnapshot:
     """Check the manifest file against the database row, then open and verify its shards.
@@ -60,11 +61,11 @@ def open_snapshot_row(row: IndexSnapshot, index_dir: Path, cache: ShardCache, *,
     any encoder version is accepted and the snapshot carries its own query encoder; without it the
     snapshot must have been built with `encoder`.
     """
-    path = index_dir / row.manifest_file
-    if not path.exists():
-        raise IndexIntegrityError(
-            f"snapshot {row.snapshot_id}: manifest {path} recorded in the database is missing; {REBUILD_HINT}")
-    manifest = read_manifest(path, expected_sha256=row.manifest_sha256)
+    store = as_store(index_dir)
+    if not store.exists(row.manifest_file):
+        raise IndexIntegrityError(f"snapshot {row.snapshot_id}: manifest {store.locate(row.manifest_file)} recorded "
+                                  f"in the database is missing; {REBUILD_HINT}")
+    manifest = read_manifest(store, row.manifest_file, expected_sha256=row.manifest_sha256)
     if manifest.snapshot_id != row.snapshot_id or manifest.total != row.total:
         raise IndexIntegrityError(
             f"snapshot {row.snapshot_id}: manifest says {manifest.snapshot_id} with {manifest.total} vectors, "

@@ -63,8 +63,8 @@ def test_ivf_shard_roundtrip_keeps_spec_and_results(tmp_path, corpus, kind):
     spec = ivf_spec(kind, len(ids), DIM)
     shard = MonthShard.build("history-2023-01", vectors, ids, spec=spec)
     entry = write_shard(tmp_path, shard)
-    path, _ = write_manifest(tmp_path, Manifest.new("enc", DIM).with_shard(entry))
-    reread = read_manifest(path)
+    name, _ = write_manifest(tmp_path, Manifest.new("enc", DIM).with_shard(entry))
+    reread = read_manifest(tmp_path, name)
     assert reread.shards[0].index == spec and spec.kind == kind and spec.nlist > 1
     loaded = ShardCache().open_snapshot(tmp_path, reread, expected_encoder="enc", expected_dim=DIM).shards[0]
     assert loaded.spec == spec and loaded.ntotal == len(ids)

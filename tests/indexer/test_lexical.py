@@ -105,8 +105,8 @@ def _snapshot(tmp_path, with_bm25: bool):
         shard = MonthShard.build(f"2024-{month:02d}", vectors, ids)
         entries.append(write_shard(tmp_path, shard, Bm25Shard.build(shard.key, texts, ids) if with_bm25 else None))
     manifest = Manifest.new("hash-16", 16, entries)
-    path, _ = write_manifest(tmp_path, manifest)
-    return read_manifest(path)
+    name, _ = write_manifest(tmp_path, manifest)
+    return read_manifest(tmp_path, name)
 
 
 def test_bm25_files_sit_beside_their_shards_in_the_manifest(tmp_path):
@@ -122,7 +122,7 @@ def test_bm25_files_sit_beside_their_shards_in_the_manifest(tmp_path):
     old = time.time() - 7200
     for p in (tmp_path / "shards").iterdir():
         os.utime(p, (old, old))
-    assert garbage_files(tmp_path, [manifest]) == [stray]
+    assert garbage_files(tmp_path, [manifest]) == [str(stray.relative_to(tmp_path))]
 
 
 def test_open_lexical_names_the_shards_without_bm25(tmp_path):

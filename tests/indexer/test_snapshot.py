@@ -41,8 +41,8 @@ def shards():
 def written(tmp_path, shards):
     """(index_dir, manifest written to disk, manifest path)."""
     manifest = Manifest.new(ENCODER, DIM, [write_shard(tmp_path, s) for s in shards])
-    path, _ = write_manifest(tmp_path, manifest)
-    return tmp_path, manifest, path
+    name, _ = write_manifest(tmp_path, manifest)
+    return tmp_path, manifest, tmp_path / name
 
 
 def temp_files(directory):
@@ -69,8 +69,9 @@ def test_write_manifest_is_atomic_and_roundtrips(written):
     assert path == index_dir / "snapshots" / f"{manifest.snapshot_id}.json"
     assert temp_files(index_dir) == []
     assert read_manifest(path) == manifest
-    again_path, sha = write_manifest(index_dir, manifest)  # idempotent
-    assert again_path == path
+    again_name, sha = write_manifest(index_dir, manifest)  # idempotent
+    assert index_dir / again_name == path
+    assert read_manifest(index_dir, again_name) == manifest
     assert read_manifest(path, expected_sha256=sha) == manifest
     with pytest.raises(FileExistsError, match=manifest.snapshot_id):
         write_manifest(index_dir, dataclasses.replace(manifest, encoder="other"))
@@ -221,15 +222,15 @@ def test_garbage_files_finds_unreferenced_files_only(tmp_path, written, shards):
     index_dir, old, old_path = written
     replacement = write_shard(index_dir, month_shard("2023-02", D(2023, 2, 1), D(2023, 2, 27), 6, 8))
     new = old.with_shard(replacement)
-    new_path, _ = write_manifest(index_dir, new)
+    new_path = index_dir / write_manifest(index_dir, new)[0]
     stray_tmp = index_dir / "shards" / ".2023-03.deadbeef.faiss.0badc0de.tmp"
     stray_tmp.write_bytes(b"half written")
     unrelated = index_dir / "shards" / "README.txt"
     unrelated.write_text("not ours")
 
-    assert garbage_files(index_dir, [old, new], min_age_s=0) == [stray_tmp]
+    assert garbage_files(index_dir, [old, new], min_age_s=0) == [str(stray_tmp.relative_to(index_dir))]
     expected = sorted([index_dir / old.shards[2].file, old_path, stray_tmp])
-    assert garbage_files(index_dir, [new], min_age_s=0) == expected
+    assert [index_dir / n for n in garbage_files(index_dir, [new], min_age_s=0)] == expected
     assert garbage_files(index_dir, [new]) == []  # everything is younger than the default grace period
     for p in expected:
         p.unlink()

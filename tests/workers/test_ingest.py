@@ -53,7 +53,7 @@ def test_ingest_through_builds_one_shard_per_month(settings):
     db = open_database(settings, migrate=False)
     with db.sessions() as s:
         row = latest_snapshot_row(s)
-        manifest_keys = [e.key for e in read_manifest(settings.index_dir / row.manifest_file).shards]
+        manifest_keys = [e.key for e in read_manifest(settings.index_dir, row.manifest_file).shards]
         n_snapshots = s.scalar(select(func.count()).select_from(IndexSnapshot))
     db.close()
     assert manifest_keys == ["2024-01", "2024-02", "2024-03"]

@@ -20,7 +20,7 @@ def _serving(settings):
     try:
         with db.sessions() as session:
             row = latest_snapshot_row(session)
-            return row, read_manifest(settings.index_dir / row.manifest_file)
+            return row, read_manifest(settings.index_dir, row.manifest_file)
     finally:
         db.close()
 
