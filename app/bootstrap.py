@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 
 def open_database(settings: Settings, *, migrate: bool = True) -> Database:
-    """The settings' database (SQLite under SQA_HOME by default), migrated to the newest schema."""
+    """The settings' database (SQLite under SQA_HOME by default), migrated to the newest schema
+    (app.cli.common has the same for the commands that need nothing else)."""
     settings.ensure_dirs()
     return _open_url(settings.db_url, migrate=migrate)
 

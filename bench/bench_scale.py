@@ -206,6 +206,40 @@ def month_check(db_url: str, home: Path) -> dict:
         db.close()
 
 
+WRK_SCRIPT = """
+-- bench_scale's questions, one at random per request (top_k 1..10), as the Python clients send them
+local questions = {QUESTIONS}
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  local q = questions[math.random(#questions)]
+  local body = string.format('{"question": "%s", "as_of": "%s", "top_k": %d}', q[1], q[2], math.random(1, 10))
+  return wrk.format(nil, "/v1/answers", nil, body)
+end
+done = function(summary, latency, requests)
+  io.write(string.format("WRK %d %d %d %d %.3f %.3f\\n", summary.requests, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.duration, latency:percentile(50) / 1000, latency:percentile(95) / 1000))
+end
+"""
+
+
+def load_wrk(base: str, clients: int, seconds: float, workdir: Path) -> dict:
+    """The same load from wrk (C, two threads, `clients` connections): a load generator that leaves
+    the cores to the servers, where the Python clients take about one of the two."""
+    script = workdir / "answers.lua"
+    table = ", ".join(f'{{"{q}", "{d}"}}' for q, d in QUESTIONS)
+    script.write_text(WRK_SCRIPT.replace("{QUESTIONS}", "{" + table + "}"))
+    out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{int(seconds)}s", "--timeout", "120s", "-s", str(script),
+                          base], capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("WRK "))
+    requests, non2xx, socket_errors, duration_us, p50, p95 = line.split()[1:]
+    answered = int(requests) - int(non2xx) - int(socket_errors)
+    return {"requests": int(requests), "answered": answered, "per_s": answered / (int(duration_us) / 1e6),
+            "refused_503": "(counted as errors by wrk)", "errors": int(non2xx) + int(socket_errors), "error_examples": [],
+            "p50_ms": float(p50), "p95_ms": float(p95)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--postgres", default=os.environ.get("SQA_TEST_POSTGRES_URL",
@@ -214,6 +248,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--phase-seconds", type=float, default=30.0)
     ap.add_argument("--fault-seconds", type=float, default=60.0)
+    ap.add_argument("--load", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
+                    help="the throughput phase's load generator: wrk (Debian: apt-get install wrk; the default "
+                         "where it is on the PATH) or Python threads (httpx), which share the cores with the servers")
     ap.add_argument("--encode-delay-ms", type=int, default=400, help="the workers' slowed encoder (per batch of 2)")
     args = ap.parse_args()
     if shutil.which("nginx") is None:
@@ -236,7 +273,8 @@ def main() -> int:
             for n in range(1, args.replicas + 1):
                 with nginx(ports[:n], tmp / f"nginx-{n}") as base:
                     load(base, args.clients, 3)  # warm-up, not counted
-                    figures = load(base, args.clients, args.phase_seconds)
+                    figures = (load_wrk(base, args.clients, args.phase_seconds, tmp) if args.load == "wrk"
+                               else load(base, args.clients, args.phase_seconds))
                 phases.append((n, figures))
                 print(f"  {n} replica(s): {figures['per_s']:7.1f} answers/s  p50 {figures['p50_ms']:6.0f} ms  "
                       f"p95 {figures['p95_ms']:6.0f} ms  errors {figures['errors']}  503 {figures['refused_503']}",
@@ -292,7 +330,7 @@ def main() -> int:
 
     one = phases[0][1]["per_s"] or float("nan")
     print(f"\nthroughput ({args.clients} clients, {args.phase_seconds:g} s each, hash encoder, first-entity reader, "
-          f"{os.cpu_count()} cores; load generator and nginx on the same cores):")
+          f"{os.cpu_count()} cores; load from {args.load}, which shares the cores with nginx and the replicas):")
     for n, f in phases:
         print(f"  {n} replica(s): {f['per_s']:7.1f} answers/s ({f['per_s'] / one:4.2f}x one)  p50 {f['p50_ms']:5.0f} ms  "
               f"p95 {f['p95_ms']:5.0f} ms  errors {f['errors']}  refused 503 {f['refused_503']}")

@@ -34,6 +34,15 @@ def settings() -> Settings:
         raise
 
 
+def open_database(s: Settings, *, migrate: bool = True):
+    """The settings' database, migrated: app.bootstrap's `open_database` without importing the
+    services and workers that the table commands (jobs, models, index status) never use."""
+    from app.db.engine import open_database as open_url
+
+    s.ensure_dirs()
+    return open_url(s.db_url, migrate=migrate)
+
+
 def day_option(value: str | None, what: str) -> dt.date | None:
     from indexer.dates import InvalidDateError, parse_day
 

@@ -33,7 +33,7 @@ def db_upgrade() -> None:
 # ---- import ----------------------------------------------------------------------------------------
 
 def _store(articles, questions, report) -> None:
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
     from workers.imports import store_records
 
     db = open_database(settings())
@@ -272,7 +272,7 @@ def reencode_index(spec: str) -> None:
 @guard
 def index_status() -> None:
     """Show the newest snapshot and check its files against the database."""
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
     from app.services.index_state import IndexState
 
     s = settings()
@@ -296,7 +296,7 @@ def index_status() -> None:
 @guard
 def index_bm25() -> None:
     """Build the BM25 files of shards ingested before BM25 existed (SQA_RETRIEVER=bm25|hybrid needs them)."""
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
     from workers.lexical import build_missing_lexical
 
     s = settings()

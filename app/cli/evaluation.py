@@ -12,7 +12,7 @@ from app.cli.common import cli, fail, guard, num, run_job, settings
 
 def _print_run(run_id: int) -> None:
     from app.db.tables import EvalRun
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
 
     db = open_database(settings(), migrate=False)
     try:

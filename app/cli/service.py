@@ -121,7 +121,7 @@ def jobs_list(limit: int = typer.Option(20, min=1, max=1000, help="the newest th
     """The newest jobs, one line each: id, kind, state, progress, started, duration, message."""
     from sqlalchemy import select
 
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
     from app.db.tables import Job
 
     db = open_database(settings())
@@ -163,7 +163,7 @@ def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa 
     import time
 
     from app.db.tables import Job
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
 
     db = open_database(settings())
     try:

@@ -237,7 +237,7 @@ cli.add_typer(models_cli, name="models")
 @guard
 def models_list() -> None:
     """Every trained reader version, newest first; * marks the active one."""
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
     from app.services.reader_registry import list_versions
 
     db = open_database(settings())
@@ -259,7 +259,7 @@ def models_list() -> None:
 @guard
 def models_activate(version: str) -> None:
     """Make a ready version the active one (servers with SQA_READER=auto switch to it)."""
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
     from app.services.reader_registry import activate_version
 
     s = settings()
@@ -281,7 +281,7 @@ def selflabel(month: Optional[str] = typer.Option(None, help="YYYY-MM: articles 
               seed: int = typer.Option(0, help="the same seed prints the same questions"),
               max_articles: int = typer.Option(200, help="generate from this many random articles")) -> None:
     """Print self-labeled questions generated from random stored articles, and why others were rejected."""
-    from app.bootstrap import open_database
+    from app.cli.common import open_database
     from models.selflabel import RULES
     from workers.selflabel_sample import sample_from_database
 
