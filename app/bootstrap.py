@@ -60,9 +60,11 @@ def build_encoder(settings: Settings) -> TextEncoder:
     if settings.encoder == AUTO_ENCODER:
         name = index_encoder_name(settings)
         if name is not None:
-            return resolve_encoder(name, encoders_dir=settings.encoders_dir, device=resolve_device(settings))
-        return load_encoder("minilm", device=resolve_device(settings))
-    return load_encoder(settings.encoder, device=resolve_device(settings), encoders_dir=settings.encoders_dir)
+            return resolve_encoder(name, encoders_dir=settings.encoders_dir, device=resolve_device(settings),
+                                   backend=settings.encoder_backend)
+        return load_encoder("minilm", device=resolve_device(settings), backend=settings.encoder_backend)
+    return load_encoder(settings.encoder, device=resolve_device(settings), encoders_dir=settings.encoders_dir,
+                        backend=settings.encoder_backend)
 
 
 AUTO_ENCODER = "auto"
@@ -108,7 +110,8 @@ class EncoderResolver:
     def __call__(self, name: str) -> TextEncoder:
         if name not in self._cache:
             self._cache[name] = resolve_encoder(name, encoders_dir=self._settings.encoders_dir,
-                                                device=resolve_device(self._settings))
+                                                device=resolve_device(self._settings),
+                                                backend=self._settings.encoder_backend)
         return self._cache[name]
 
 

@@ -76,6 +76,23 @@ class SentenceTransformerEncoder:
         return self.encode(texts, batch_size=batch_size)
 
 
+BACKENDS = ("torch", "onnx", "onnx-int8")
+
+
+def make_tower(folder: Path | str, *, name: str, device: str = "cpu", backend: str = "torch"):
+    """A sentence-transformers tower on `backend`: torch, or ONNX Runtime float / int8
+    (`models.onnx_encoder`, CPU only: on a GPU the tower stays on torch)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"encoder backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "torch" or str(device).startswith("cuda"):
+        return SentenceTransformerEncoder(folder, name=name, device=device)
+    from models.onnx_encoder import OnnxTower
+
+    if not Path(folder).is_dir():
+        raise ValueError(f"encoder folder {folder} does not exist")
+    return OnnxTower(folder, name=name, quantize=backend == "onnx-int8")
+
+
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -124,17 +141,18 @@ class DualEncoder:
         (1, 384)
     """
 
-    def __init__(self, folder: Path | str, *, device: str = "cpu") -> None:
+    def __init__(self, folder: Path | str, *, device: str = "cpu", backend: str = "torch") -> None:
         folder = Path(folder)
         info = read_encoder_info(folder)
         towers = info.get("towers")
         if towers not in TOWERS:
             raise ValueError(f"{folder / ENCODER_INFO}: towers {towers!r} must be one of {TOWERS}")
         if towers == "shared":
-            self.query = self.passage = SentenceTransformerEncoder(folder / "shared", name=info["version"], device=device)
+            self.query = self.passage = make_tower(folder / "shared", name=info["version"], device=device,
+                                                   backend=backend)
         else:
-            self.query = SentenceTransformerEncoder(folder / "query", name=info["version"], device=device)
-            self.passage = SentenceTransformerEncoder(folder / "passage", name=info["version"], device=device)
+            self.query = make_tower(folder / "query", name=info["version"], device=device, backend=backend)
+            self.passage = make_tower(folder / "passage", name=info["version"], device=device, backend=backend)
         if self.query.dim != self.passage.dim:
             raise ValueError(f"{folder}: query tower has {self.query.dim} dims, passage tower {self.passage.dim}")
         self.name, self.dim = info["version"], self.query.dim
@@ -175,22 +193,24 @@ def list_encoder_versions(encoders_dir: Path) -> list[dict]:
 _HASH_NAME = re.compile(r"^hash-(\d+)$")
 
 
-def _recorded_encoder(name: str, encoders_dir: Path | None, device: str) -> TextEncoder | None:
+def _recorded_encoder(name: str, encoders_dir: Path | None, device: str, backend: str = "torch") -> TextEncoder | None:
     """The encoder of a name an index records for a hash fake ("hash-384") or a trained version
     (a folder under `encoders_dir`); None for any other name."""
     if m := _HASH_NAME.match(name):
         return HashEncoder(int(m.group(1)))
     if encoders_dir is not None and "/" not in name and (Path(encoders_dir) / name / ENCODER_INFO).exists():
-        return DualEncoder(Path(encoders_dir) / name, device=device)
+        return DualEncoder(Path(encoders_dir) / name, device=device, backend=backend)
     return None
 
 
-def resolve_encoder(name: str, *, encoders_dir: Path | None, device: str = "cpu") -> TextEncoder:
+def resolve_encoder(name: str, *, encoders_dir: Path | None, device: str = "cpu", backend: str = "torch"
+                    ) -> TextEncoder:
     """The encoder an index records by `name`: the packaged MiniLM, a hash fake, or a trained
-    version folder under `encoders_dir`. ValueError saying what is missing otherwise."""
+    version folder under `encoders_dir`, its model run on `backend` (torch, onnx, onnx-int8).
+    ValueError saying what is missing otherwise."""
     if name == PACKAGED_MINILM:
-        return SentenceTransformerEncoder.packaged(device=device)
-    if (encoder := _recorded_encoder(name, encoders_dir, device)) is not None:
+        return make_tower(packaged_minilm_path(), name=PACKAGED_MINILM, device=device, backend=backend)
+    if (encoder := _recorded_encoder(name, encoders_dir, device, backend)) is not None:
         return encoder
     raise ValueError(f"the index was encoded with {name!r}, which is neither the packaged {PACKAGED_MINILM} "
                      f"nor a trained version under {encoders_dir} (`sqa encoders list`)")
@@ -242,23 +262,24 @@ def describe_encoder(spec: str, *, encoders_dir: Path | None = None) -> tuple[st
     return None
 
 
-def load_encoder(spec: str, *, device: str = "cpu", encoders_dir: Path | None = None) -> TextEncoder:
+def load_encoder(spec: str, *, device: str = "cpu", encoders_dir: Path | None = None, backend: str = "torch"
+                 ) -> TextEncoder:
     """Build an encoder from a setting: "minilm", "hash", "hash:delay_ms=5", a trained version's
     name (a folder under `encoders_dir`), or a local folder (a trained version or any
-    sentence-transformers model)."""
+    sentence-transformers model); models run on `backend` (torch, onnx, onnx-int8)."""
     if spec == "minilm":
-        return SentenceTransformerEncoder.packaged(device=device)
+        return make_tower(packaged_minilm_path(), name=PACKAGED_MINILM, device=device, backend=backend)
     if spec == "hash" or spec.startswith("hash:"):
         opts = dict(part.split("=", 1) for part in spec.split(":", 1)[1].split(",")) if ":" in spec else {}
         unknown = set(opts) - {"dim", "delay_ms"}
         if unknown:
             raise ValueError(f"unknown hash encoder option(s) {sorted(unknown)} in {spec!r}")
         return HashEncoder(int(opts.get("dim", 384)), delay_ms=float(opts.get("delay_ms", 0)))
-    if (encoder := _recorded_encoder(spec, encoders_dir, device)) is not None:
+    if (encoder := _recorded_encoder(spec, encoders_dir, device, backend)) is not None:
         return encoder
     path = Path(spec).expanduser()
     if (path / ENCODER_INFO).exists():
-        return DualEncoder(path, device=device)
+        return DualEncoder(path, device=device, backend=backend)
     if path.is_dir():
-        return SentenceTransformerEncoder(path, device=device)
+        return make_tower(path, name=path.name, device=device, backend=backend)
     raise ValueError(f"encoder {spec!r} is neither 'minilm', 'hash', a trained version nor an existing model folder")

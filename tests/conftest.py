@@ -75,6 +75,18 @@ def sqlite_settings(make_settings) -> Settings:
     return make_settings()
 
 
+@pytest.fixture
+def production_settings(make_settings):
+    """Settings on PostgreSQL when SQA_TEST_POSTGRES_URL is set (the production database), else
+    SQLite: for the slow tests (a minute or more) that run once, on the database that matters
+    most; what they store is covered on both by faster tests."""
+    if not POSTGRES_URL:
+        yield make_settings()
+        return
+    with scratch_database(POSTGRES_URL) as url:
+        yield make_settings(database_url=url)
+
+
 def load_sample(settings: Settings, through: str = "2024-03", since=None, until=None):
     """Import the shipped sample and ingest it through `through`; returns the last ingest job."""
     from app.bootstrap import build_encoder, ingest_config, open_database
@@ -96,6 +108,13 @@ def loaded_settings(settings) -> Settings:
     """Settings whose home holds the sample news, ingested through 2024-03 (three month shards)."""
     load_sample(settings)
     return settings
+
+
+@pytest.fixture
+def loaded_production_settings(production_settings) -> Settings:
+    """`production_settings` with the sample news ingested through 2024-03 (the slow tests' one run)."""
+    load_sample(production_settings)
+    return production_settings
 
 
 @pytest.fixture

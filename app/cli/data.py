@@ -252,7 +252,7 @@ def reencode_index(spec: str) -> None:
 
     s = settings()
     try:
-        enc = load_encoder(spec, device=s.device, encoders_dir=s.encoders_dir)
+        enc = load_encoder(spec, device=s.device, encoders_dir=s.encoders_dir, backend=s.encoder_backend)
     except (ValueError, RuntimeError) as exc:
         fail(str(exc))
     with context() as ctx:

@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     # cuda or cuda:N. Resolved when a model loads (app.bootstrap.resolve_device), never at import.
     device: str = "auto"
     torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
+    # What runs the encoder's model on the CPU: torch, or ONNX Runtime with float or int8 weights
+    # (models/onnx_encoder.py; exported once into ~/.cache/sqa/onnx). On a GPU it is always torch.
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
 
     top_k: int = Field(default=5, ge=1, le=100)
     max_top_k: int = Field(default=50, ge=1, le=1000)

@@ -87,9 +87,9 @@ def test_cli_ingest_says_what_it_did_about_training(sqa, monkeypatch):
 
 
 @pytest.mark.integration  # the real Gemma
-def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_settings, gemma_cache):
+def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_production_settings, gemma_cache):
     torch.set_num_threads(1)
-    settings = loaded_settings.model_copy(update={"reader": "auto"})
+    settings = loaded_production_settings.model_copy(update={"reader": "auto"})
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     (settings.models_dir / "base").symlink_to(gemma_cache)
     until = dt.date(2024, 3, 1)

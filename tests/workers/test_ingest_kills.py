@@ -63,23 +63,8 @@ def month_index(settings) -> dict[tuple[str, int], tuple[str, np.ndarray]]:
         db.close()
 
 
-@pytest.fixture
-def kill_settings(make_settings):
-    """PostgreSQL when SQA_TEST_POSTGRES_URL is set (the production database), else SQLite: one run
-    of ten kills takes a minute, so it runs once, on the one that matters most here. The single-kill
-    test in test_ingest.py covers both."""
-    from app.db.scratch import scratch_database
-    from tests.conftest import POSTGRES_URL
-
-    if not POSTGRES_URL:
-        yield make_settings()
-        return
-    with scratch_database(POSTGRES_URL) as url:
-        yield make_settings(database_url=url)
-
-
-def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(kill_settings, make_settings, tmp_path):
-    settings = kill_settings
+def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(production_settings, make_settings, tmp_path):
+    settings = production_settings
     # The reference: the same month ingested once, uninterrupted, in a home of its own (timed).
     reference_settings = make_settings(home=tmp_path / "reference")
     load_sample(reference_settings, through="2024-02")

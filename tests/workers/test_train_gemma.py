@@ -30,14 +30,14 @@ def test_cli_train_reader_gemma_refuses_a_base(sqa, tmp_path):
 
 
 @pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
-def test_train_and_finetune_a_gemma_version(loaded_settings, new_job, gemma_cache):
+def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job, gemma_cache):
     torch.set_num_threads(1)
-    loaded_settings.models_dir.mkdir(parents=True, exist_ok=True)
-    (loaded_settings.models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
+    loaded_production_settings.models_dir.mkdir(parents=True, exist_ok=True)
+    (loaded_production_settings.models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
     # One epoch, not a time budget: how many steps a budget allows depends on the machine.
     spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=2, max_self_articles=6, patience=100)
-    version = run_train_job(*new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=spec, activate=True)
-    folder = loaded_settings.models_dir / version
+    version = run_train_job(*new_job(loaded_production_settings, "train"), until=dt.date(2024, 3, 1), spec=spec, activate=True)
+    folder = loaded_production_settings.models_dir / version
     assert version.startswith("gemma-2024-03-01-")
     assert sorted(p.name for p in folder.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE, INFO_FILE])
     info = read_reader_info(folder)
@@ -54,8 +54,8 @@ def test_train_and_finetune_a_gemma_version(loaded_settings, new_job, gemma_cach
     answer = reader.generate("Who coaches the Harriers?", day, [p]).text
     assert answer and "\n" not in answer and len(answer.split()) <= 8
 
-    second = run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03", max_minutes=0.2)
-    db = open_database(loaded_settings)
+    second = run_finetune_job(*new_job(loaded_production_settings, "finetune"), month="2024-03", max_minutes=0.2)
+    db = open_database(loaded_production_settings)
     try:
         with db.sessions() as session:
             rows = {r.version: r for r in list_versions(session)}
@@ -63,4 +63,4 @@ def test_train_and_finetune_a_gemma_version(loaded_settings, new_job, gemma_cach
             assert active_version(session).version == second
     finally:
         db.close()
-    assert read_reader_info(loaded_settings.models_dir / second)["spec"]["lr"] == pytest.approx(1e-4)
+    assert read_reader_info(loaded_production_settings.models_dir / second)["spec"]["lr"] == pytest.approx(1e-4)

@@ -77,7 +77,8 @@ def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep,
                                 f"(known: {', '.join(known) or 'none yet: sqa train retriever'})")
     serving_manifest(session, cfg)  # 422 when there is nothing to re-encode
     try:
-        encoder = load_encoder(body.encoder, device=settings.device, encoders_dir=settings.encoders_dir)
+        encoder = load_encoder(body.encoder, device=settings.device, encoders_dir=settings.encoders_dir,
+                               backend=settings.encoder_backend)
     except (ValueError, RuntimeError) as exc:
         raise InvalidInputError(str(exc)) from None
     job_id = jobs.runner.submit("reencode", {"encoder": encoder.name}, reencode_work(jobs.sessions, encoder, cfg),
