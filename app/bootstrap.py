@@ -188,7 +188,7 @@ def drift_config(settings: Settings) -> DriftConfig:
     """SQA_DRIFT_FEATURES and SQA_DRIFT_ON_INGEST; profiles under SQA_HOME/drift/profiles."""
     return DriftConfig(profiles_dir=settings.drift_dir / "profiles",
                        features=parse_features(settings.drift_features), on_ingest=settings.drift_on_ingest,
-                       batch_size=settings.encode_batch_size)
+                       batch_size=settings.encode_batch_size or 64)  # texts per spaCy batch
 
 
 def transport_config(settings: Settings) -> TransportConfig:

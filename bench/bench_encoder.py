@@ -6,7 +6,7 @@
 On the same passages, in one run: the RealTimeQA articles published in [since, until], cut into
 passages by the ingest's own chunker (`indexer.chunking.chunk_texts`), encoded by the packaged
 MiniLM on each backend (`SQA_ENCODER_BACKEND`) the way an ingest calls it (`encode_passages`,
-batches of 64). For each backend it prints:
+batches of the encoder's own size: 8 on a CPU; `--batch-size` to set one). For each backend it prints:
 
 - passages/s end to end (tokenising, batching by length, the model, pooling);
 - the ceiling: the same model on batches tokenised beforehand (only the forward passes timed),
@@ -116,7 +116,7 @@ def main() -> int:
     ap.add_argument("--until", type=dt.date.fromisoformat, default=dt.date(2023, 6, 30))
     ap.add_argument("--max-passages", type=int, default=0, help="0: every passage of the window")
     ap.add_argument("--backends", default="torch,onnx,onnx-int8")
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=0, help="0: the encoder's own choice (8 on a CPU)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not args.data.is_dir():
@@ -124,6 +124,7 @@ def main() -> int:
         return 2
 
     from models.encoders import load_encoder
+    from models.onnx_encoder import CPU_BATCH
 
     texts, days, questions = passages_of(args.data, args.since, args.until, args.max_passages)
     questions = [q for q in questions if q.answers]
@@ -137,8 +138,8 @@ def main() -> int:
         t0 = time.perf_counter()
         vectors = encoder.encode_passages(texts, batch_size=args.batch_size)
         seconds = time.perf_counter() - t0
-        ceiling = (torch_ceiling(encoder, texts, args.batch_size) if backend == "torch"
-                   else onnx_ceiling(encoder, texts, args.batch_size))
+        batch = args.batch_size or CPU_BATCH
+        ceiling = (torch_ceiling(encoder, texts, batch) if backend == "torch" else onnx_ceiling(encoder, texts, batch))
         if reference is None:
             reference = vectors
         cos = (vectors * reference).sum(axis=1)

@@ -1,7 +1,7 @@
 """Ingest throughput (passages/s, end to end) against the encoder alone on the same passages.
 
     .venv/bin/python bench/bench_ingest.py --data ../shared/data/realtimeqa [--since 2023-06-01 --until 2023-06-30]
-        [--max-articles N] [--encoder minilm] [--batch-size 64] [--threads 0] [--json OUT]
+        [--max-articles N] [--encoder minilm] [--backend torch|onnx|onnx-int8] [--batch-size 0] [--threads 0] [--json OUT]
 
 In a temporary SQA_HOME (SQLite) it imports the RealTimeQA articles published in [since, until],
 runs the real ingest job (`workers.ingest.ingest`, the one `sqa ingest` runs) over those months and
@@ -66,11 +66,16 @@ def main() -> int:
     ap.add_argument("--until", default="2023-06-30", help="YYYY-MM-DD, last publication day imported")
     ap.add_argument("--max-articles", type=int, default=0, help="import only the first N articles of the window (0: all)")
     ap.add_argument("--encoder", default="minilm", help="SQA_ENCODER value (default minilm)")
-    ap.add_argument("--batch-size", type=int, default=64, help="encode batch size (SQA_ENCODE_BATCH_SIZE)")
+    ap.add_argument("--batch-size", type=int, default=0, help="encode batch size (SQA_ENCODE_BATCH_SIZE)")
+    ap.add_argument("--backend", default="torch", choices=["torch", "onnx", "onnx-int8"],
+                    help="SQA_ENCODER_BACKEND: what runs the encoder's model (default torch)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (SQA_TORCH_THREADS; 0: torch's default)")
     ap.add_argument("--skip-sliced", action="store_true", help="skip timing the encoder slice by slice")
     ap.add_argument("--json", metavar="OUT", help="also write the figures to this JSON file")
     args = ap.parse_args()
+    from models.onnx_encoder import CPU_BATCH
+
+    batch = args.batch_size or CPU_BATCH  # 0: the encoder's own choice, 8 on a CPU
 
     data = Path(args.data)
     if not data.is_dir():
@@ -91,7 +96,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="sqa-bench-ingest-") as home:
         settings = Settings(home=Path(home), database_url="", encoder=args.encoder,
-                            encode_batch_size=args.batch_size, torch_threads=args.threads)
+                            encode_batch_size=args.batch_size, torch_threads=args.threads,
+                            encoder_backend=args.backend)
         db = open_database(settings)
         try:
             t0 = time.perf_counter()
@@ -107,7 +113,7 @@ def main() -> int:
             t0 = time.perf_counter()
             encoder = build_encoder(settings)
             load_s = time.perf_counter() - t0
-            encoder.encode_passages(["Thursday, June 1, 2023. A warm-up sentence."] * args.batch_size,
+            encoder.encode_passages(["Thursday, June 1, 2023. A warm-up sentence."] * batch,
                                     batch_size=args.batch_size)
 
             cfg = ingest_config(settings)
@@ -138,8 +144,8 @@ def main() -> int:
             sliced_s = None
             if not args.skip_sliced:
                 t0 = time.perf_counter()
-                for s in range(0, len(texts), args.batch_size):
-                    encoder.encode_passages(texts[s:s + args.batch_size], batch_size=args.batch_size)
+                for s in range(0, len(texts), batch):
+                    encoder.encode_passages(texts[s:s + batch], batch_size=args.batch_size)
                 sliced_s = time.perf_counter() - t0
         finally:
             db.close()
@@ -149,7 +155,7 @@ def main() -> int:
     ceiling = rate(ceiling_s)
     figures = {
         "window": [since.isoformat(), until.isoformat()], "shards": keys, "articles": n_articles,
-        "passages": n_passages, "encoder": encoder.name, "dim": int(vectors.shape[1]),
+        "passages": n_passages, "encoder": encoder.name, "backend": args.backend, "dim": int(vectors.shape[1]),
         "batch_size": args.batch_size, "checkpoint_every": cfg.checkpoint_every,
         "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -166,7 +172,7 @@ def main() -> int:
 
     print(f"\nIngest benchmark: RealTimeQA {since}..{until} from {data}")
     print(f"machine: {cores()}; torch threads {figures['torch_threads']}")
-    print(f"encoder: {encoder.name} ({figures['dim']} dims, loaded in {load_s:.1f} s), batch size {args.batch_size}, "
+    print(f"encoder: {encoder.name} on {args.backend} ({figures['dim']} dims, loaded in {load_s:.1f} s), batch size {args.batch_size}, "
           f"checkpoint every {cfg.checkpoint_every} passages")
     print(f"imported {len(articles)} articles in {import_s:.1f} s (skipped records: {report.skipped_total}); "
           f"shards built: {', '.join(keys) or '-'}")

@@ -17,7 +17,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from models.onnx_encoder import CPU_BATCH
+
 PACKAGED_MINILM = "all-MiniLM-L6-v2"
+GPU_BATCH = 128  # passages per batch on a GPU when the caller leaves it to the encoder (CPU_BATCH on a CPU)
 
 
 class TextEncoder(Protocol):
@@ -26,7 +29,7 @@ class TextEncoder(Protocol):
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray: ...
 
-    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray: ...
+    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray: ...  # 0: its own choice
 
 
 def packaged_minilm_path() -> Path:
@@ -64,7 +67,8 @@ class SentenceTransformerEncoder:
     def packaged(cls, device: str = "cpu") -> "SentenceTransformerEncoder":
         return cls(packaged_minilm_path(), name=PACKAGED_MINILM, device=device)
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+    def encode(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
+        batch_size = batch_size or (GPU_BATCH if self.model.device.type == "cuda" else CPU_BATCH)
         out = self.model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
                                 normalize_embeddings=True, show_progress_bar=False)
         return np.ascontiguousarray(out, dtype=np.float32)  # (n, dim)
@@ -72,7 +76,7 @@ class SentenceTransformerEncoder:
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.encode(texts, batch_size=32)
 
-    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
         return self.encode(texts, batch_size=batch_size)
 
 
@@ -122,7 +126,7 @@ class HashEncoder:
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.encode(texts)
 
-    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
         if self.delay_ms:
             time.sleep(self.delay_ms * len(texts) / 1000.0)
         return self.encode(texts)
@@ -160,7 +164,7 @@ class DualEncoder:
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.query.encode(texts, batch_size=32)
 
-    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+    def encode_passages(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
         return self.passage.encode(texts, batch_size=batch_size)
 
 

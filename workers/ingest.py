@@ -52,7 +52,7 @@ STAGE_WEIGHTS = {"chunk": 0.05, "encode": 0.9, "commit": 0.05}
 class IngestConfig:
     index_dir: Path
     work_dir: Path
-    batch_size: int = 64
+    batch_size: int = 0  # passages per encoder batch; 0: the encoder's own choice
     checkpoint_every: int = 256  # passages per embedding checkpoint file
     keep_snapshots: int = 3  # older snapshots lose their files and passage rows
     drift: DriftConfig | None = None  # compute each new month's drift after its commit (None: never)
