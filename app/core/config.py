@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
     # What runs the encoder's model on the CPU: torch, or ONNX Runtime with float or int8 weights
     # (models/onnx_encoder.py; exported once into ~/.cache/sqa/onnx). On a GPU it is always torch.
-    # onnx-int8 by default: 1.56x torch's passages/s on the slice at the same recall@20
+    # onnx-int8 by default: 1.9x torch's passages/s on the slice at the same recall@20
     # (bench/bench_encoder.py: 41.7 against 41.5).
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "onnx-int8"
 

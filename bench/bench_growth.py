@@ -1,0 +1,146 @@
+"""Cost per month as the index grows: ingest per passage, snapshot swap, server memory, search time.
+
+    .venv/bin/python bench/bench_growth.py [--months 10] [--per-month 20000] [--encoder hash] [--questions 40]
+
+In a temporary SQA_HOME (SQLite) it ingests synthetic months one after another, each --per-month
+passages (articles of invented words, about two passages each), with the real ingest job
+(`workers.ingest.ingest`: chunking, encoding, BM25, the shard files, the passages and the
+snapshot). A real server (`sqa serve`, hybrid retriever, first-entity reader) runs on the same
+home from the first month on. After each month it prints:
+
+- the ingest's seconds and milliseconds per passage (the encoder's share is the same per passage
+  whatever the index holds; the hash encoder leaves the rest visible, --encoder minilm adds it);
+- the swap: from the ingest's return until the server's /readyz names the new snapshot (it polls
+  every 0.1 s; it loads the new shard only, the others stay loaded);
+- the server's RSS;
+- retrieval p50 / p95 (the answers' `timings_ms.retrieve`) of --questions dated questions, each
+  asked as of a random day of the months indexed so far (the time filter at work).
+
+The target: per-month ingest and swap cost flat (within 20%) from the first month to the last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WORDS = [f"w{i}" for i in range(20_000)]  # invented words: BM25 and the hash encoder see a real vocabulary
+NAMES = ["Port Calder", "Harbor Hawks", "Mayor Lind", "River Council", "Doyle Bank", "Astra Motors"]
+
+
+def month_articles(month: dt.date, n_passages: int, rng: np.random.Generator):
+    """Articles of `month` that the chunker cuts into about n_passages passages (two each)."""
+    from indexer.records import ArticleRecord
+
+    days = (dt.date(month.year + month.month // 12, month.month % 12 + 1, 1) - month).days
+    out = []
+    for i in range(n_passages // 2):
+        words = rng.integers(0, len(WORDS), size=(12, 14))
+        sentences = [" ".join(WORDS[w] for w in row).capitalize() + f" {NAMES[(i + k) % len(NAMES)]}." for k, row in
+                     enumerate(words)]
+        out.append(ArticleRecord(url=f"https://example.org/{month:%Y-%m}/{i}", title=f"article {i}",
+                                 text=" ".join(sentences), published=month + dt.timedelta(days=int(i % days)),
+                                 source="synthetic"))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--months", type=int, default=10)
+    ap.add_argument("--per-month", type=int, default=20_000, help="passages a month")
+    ap.add_argument("--encoder", default="hash", help="SQA_ENCODER (hash: the pipeline's own cost; minilm: with the model)")
+    ap.add_argument("--questions", type=int, default=40)
+    args = ap.parse_args()
+
+    import httpx
+    import psutil
+
+    from app.bootstrap import build_encoder, ingest_config, open_database
+    from app.core.config import Settings
+    from app.server_process import served
+    from workers.imports import store_records
+    from workers.ingest import ingest
+
+    rng = np.random.default_rng(0)
+    pick = random.Random(0)
+    with tempfile.TemporaryDirectory(prefix="sqa-growth-") as tmp:
+        home = Path(tmp) / "home"
+        settings = Settings(home=home, database_url="", encoder=args.encoder, auto_train=False)
+        db = open_database(settings)
+        encoder, cfg = build_encoder(settings), ingest_config(settings)
+        env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": args.encoder, "SQA_READER": "first-entity",
+               "SQA_SNAPSHOT_POLL_S": "0.1", "SQA_RATE_LIMIT": "", "SQA_AUTO_TRAIN": "false"}
+        load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"{args.months} months x {args.per_month} passages, encoder {encoder.name}; {os.cpu_count()} cores, "
+              f"load {load}\n", flush=True)
+        print(f"{'month':8s} {'passages':>9s} {'total':>9s} {'ingest s':>9s} {'ms/passage':>10s} {'swap s':>7s} "
+              f"{'RSS MB':>7s} {'search p50/p95 ms':>18s}", flush=True)
+        rows, server, stack = [], None, None
+        first = dt.date(2024, 1, 1)
+        try:
+            for m in range(args.months):
+                month = dt.date(first.year + (first.month - 1 + m) // 12, (first.month - 1 + m) % 12 + 1, 1)
+                store_records(db.sessions, month_articles(month, args.per_month, rng), [])
+                t0 = time.perf_counter()
+                job = ingest(db.sessions, encoder, cfg, {"month": f"{month:%Y-%m}"})
+                ingest_s = time.perf_counter() - t0
+                counts = (job.counts or {}).get(f"{month:%Y-%m}", {})
+                if job.state != "succeeded" or not counts.get("snapshot"):
+                    raise RuntimeError(f"ingest of {month:%Y-%m}: {job.state} {job.message} {job.error or ''}")
+                passages = int(counts.get("passages", 0))
+                snapshot = counts.get("snapshot")
+                if server is None:
+                    import contextlib
+
+                    stack = contextlib.ExitStack()
+                    server = stack.enter_context(served(env, Path(tmp) / "server.log"))
+                    swap_s = float("nan")  # the first snapshot is loaded at start
+                else:
+                    t0 = time.perf_counter()
+                    while httpx.get(f"{server.base}/readyz", timeout=30).json().get("snapshot") != snapshot:
+                        if time.perf_counter() - t0 > 600:
+                            raise RuntimeError(f"the server did not swap to {snapshot}")
+                        time.sleep(0.02)
+                    swap_s = time.perf_counter() - t0
+                rss = psutil.Process(server.process.pid).memory_info().rss / 2**20
+                retrieve = []
+                with httpx.Client(base_url=server.base, timeout=120) as http:
+                    for _ in range(args.questions):
+                        day = first + dt.timedelta(days=pick.randrange((month - first).days + 28))
+                        r = http.post("/v1/answers", json={"question": f"What did {pick.choice(NAMES)} say about "
+                                                                       f"{' '.join(pick.sample(WORDS, 3))}?",
+                                                           "as_of": day.isoformat()})
+                        r.raise_for_status()
+                        retrieve.append(r.json()["timings_ms"]["retrieve"])
+                total = sum(r["passages"] for r in rows) + passages
+                row = {"month": f"{month:%Y-%m}", "passages": passages, "total": total, "ingest_s": ingest_s,
+                       "ms_per_passage": 1000 * ingest_s / max(passages, 1), "swap_s": swap_s, "rss_mb": rss,
+                       "p50": statistics.median(retrieve), "p95": float(np.percentile(retrieve, 95))}
+                rows.append(row)
+                print(f"{row['month']:8s} {passages:9d} {total:9d} {ingest_s:9.1f} {row['ms_per_passage']:10.2f} "
+                      f"{swap_s:7.2f} {rss:7.0f} {row['p50']:8.1f} / {row['p95']:6.1f}", flush=True)
+        finally:
+            if stack is not None:
+                stack.close()
+            db.close()
+    if len(rows) >= 3:
+        a, b = rows[1], rows[-1]  # the first month has no swap and pays the one-off imports
+        print(f"\nfrom {a['month']} ({a['total']} passages) to {b['month']} ({b['total']}): ingest per passage "
+              f"{b['ms_per_passage'] / a['ms_per_passage']:.2f}x, swap {b['swap_s'] / a['swap_s']:.2f}x, "
+              f"search p50 {b['p50'] / a['p50']:.2f}x, RSS {b['rss_mb'] / a['rss_mb']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
