@@ -10,8 +10,9 @@ home from the first month on. After each month it prints:
 
 - the ingest's seconds and milliseconds per passage (the encoder's share is the same per passage
   whatever the index holds; the hash encoder leaves the rest visible, --encoder minilm adds it);
-- the swap: from the ingest's return until the server's /readyz names the new snapshot (it polls
-  every 0.1 s; it loads the new shard only, the others stay loaded);
+- the swap: from the snapshot's commit (its row's created_at) until the server's /readyz first
+  names it, watched every 20 ms from a thread while the ingest runs (the server polls the
+  database every 0.1 s and loads the new shard only; the others stay loaded);
 - the server's RSS;
 - retrieval p50 / p95 (the answers' `timings_ms.retrieve`) of --questions dated questions, each
   asked as of a random day of the months indexed so far (the time filter at work).
@@ -55,6 +56,45 @@ def month_articles(month: dt.date, n_passages: int, rng: np.random.Generator):
     return out
 
 
+class SnapshotWatch:
+    """Polls a server's /readyz every 20 ms and notes when it first names each snapshot (UTC)."""
+
+    def __init__(self, base: str):
+        import threading
+
+        self.base, self.seen, self._stop = base, {}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.base, timeout=30) as http:
+            while not self._stop.is_set():
+                try:
+                    snap = http.get("/readyz").json().get("snapshot")
+                except httpx.HTTPError:
+                    snap = None
+                if snap and snap not in self.seen:
+                    self.seen[snap] = dt.datetime.now(dt.timezone.utc)
+                time.sleep(0.02)
+
+    def wait_for(self, snapshot: str, timeout_s: float = 600.0) -> dt.datetime:
+        deadline = time.monotonic() + timeout_s
+        while snapshot not in self.seen:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not swap to {snapshot}")
+            time.sleep(0.02)
+        return self.seen[snapshot]
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--months", type=int, default=10)
@@ -69,6 +109,9 @@ def main() -> int:
     from app.bootstrap import build_encoder, ingest_config, open_database
     from app.core.config import Settings
     from app.server_process import served
+    from sqlalchemy import select
+
+    from app.db.tables import IndexSnapshot
     from workers.imports import store_records
     from workers.ingest import ingest
 
@@ -105,14 +148,13 @@ def main() -> int:
 
                     stack = contextlib.ExitStack()
                     server = stack.enter_context(served(env, Path(tmp) / "server.log"))
+                    watch = stack.enter_context(SnapshotWatch(server.base))
                     swap_s = float("nan")  # the first snapshot is loaded at start
                 else:
-                    t0 = time.perf_counter()
-                    while httpx.get(f"{server.base}/readyz", timeout=30).json().get("snapshot") != snapshot:
-                        if time.perf_counter() - t0 > 600:
-                            raise RuntimeError(f"the server did not swap to {snapshot}")
-                        time.sleep(0.02)
-                    swap_s = time.perf_counter() - t0
+                    with db.sessions() as session:
+                        committed = session.scalars(select(IndexSnapshot.created_at)
+                                                    .where(IndexSnapshot.snapshot_id == snapshot)).one()
+                    swap_s = (watch.wait_for(snapshot) - committed).total_seconds()
                 rss = psutil.Process(server.process.pid).memory_info().rss / 2**20
                 retrieve = []
                 with httpx.Client(base_url=server.base, timeout=120) as http:

@@ -247,12 +247,13 @@ def index_reencode(encoder: str = typer.Option(..., help="the encoder to switch 
 
 def reencode_index(spec: str) -> None:
     """Switch the index to the encoder `spec` names (a trained version, minilm or a folder)."""
+    from app.bootstrap import resolve_device
     from models.encoders import load_encoder
     from workers.reencode import reencode
 
     s = settings()
     try:
-        enc = load_encoder(spec, device=s.device, encoders_dir=s.encoders_dir, backend=s.encoder_backend)
+        enc = load_encoder(spec, device=resolve_device(s), encoders_dir=s.encoders_dir, backend=s.encoder_backend)
     except (ValueError, RuntimeError) as exc:
         fail(str(exc))
     with context() as ctx:

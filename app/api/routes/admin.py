@@ -58,6 +58,7 @@ def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep,
                    settings: SettingsDep) -> JobStarted:
     """Re-encode every shard with another encoder version in the background; the server switches to
     the new snapshot (and its query encoder) at once when the job commits. Needs SQA_ENCODER=auto."""
+    from app.bootstrap import resolve_device
     from models.encoders import load_encoder
     from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS, reencode_work, serving_manifest
 
@@ -77,7 +78,7 @@ def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep,
                                 f"(known: {', '.join(known) or 'none yet: sqa train retriever'})")
     serving_manifest(session, cfg)  # 422 when there is nothing to re-encode
     try:
-        encoder = load_encoder(body.encoder, device=settings.device, encoders_dir=settings.encoders_dir,
+        encoder = load_encoder(body.encoder, device=resolve_device(settings), encoders_dir=settings.encoders_dir,
                                backend=settings.encoder_backend)
     except (ValueError, RuntimeError) as exc:
         raise InvalidInputError(str(exc)) from None
