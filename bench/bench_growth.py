@@ -10,9 +10,11 @@ home from the first month on. After each month it prints:
 
 - the ingest's seconds and milliseconds per passage (the encoder's share is the same per passage
   whatever the index holds; the hash encoder leaves the rest visible, --encoder minilm adds it);
-- the swap: from the snapshot's commit (its row's created_at) until the server's /readyz first
-  names it, watched every 20 ms from a thread while the ingest runs (the server polls the
-  database every 0.1 s and loads the new shard only; the others stay loaded);
+- the swap: from the snapshot row's created_at (set when the ingest's transaction writes it, so
+  the rest of that commit counts too) until the server's /readyz first names it, watched every
+  20 ms from a thread while the ingest runs (the server polls the database every 0.1 s); and the
+  server's own part, the seconds it took to open and verify the snapshot (`load_s` in /readyz:
+  the new shard is read, the others stay loaded);
 - the server's RSS;
 - retrieval p50 / p95 (the answers' `timings_ms.retrieve`) of --questions dated questions, each
   asked as of a random day of the months indexed so far (the time filter at work).
@@ -62,7 +64,7 @@ class SnapshotWatch:
     def __init__(self, base: str):
         import threading
 
-        self.base, self.seen, self._stop = base, {}, threading.Event()
+        self.base, self.seen, self.load_s, self._stop = base, {}, {}, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -71,11 +73,13 @@ class SnapshotWatch:
         with httpx.Client(base_url=self.base, timeout=30) as http:
             while not self._stop.is_set():
                 try:
-                    snap = http.get("/readyz").json().get("snapshot")
-                except httpx.HTTPError:
+                    body = http.get("/readyz").json()
+                    snap = body.get("snapshot")
+                except (httpx.HTTPError, ValueError):
                     snap = None
                 if snap and snap not in self.seen:
                     self.seen[snap] = dt.datetime.now(dt.timezone.utc)
+                    self.load_s[snap] = body.get("load_s")
                 time.sleep(0.02)
 
     def wait_for(self, snapshot: str, timeout_s: float = 600.0) -> dt.datetime:
@@ -127,7 +131,7 @@ def main() -> int:
         load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"{args.months} months x {args.per_month} passages, encoder {encoder.name}; {os.cpu_count()} cores, "
               f"load {load}\n", flush=True)
-        print(f"{'month':8s} {'passages':>9s} {'total':>9s} {'ingest s':>9s} {'ms/passage':>10s} {'swap s':>7s} "
+        print(f"{'month':8s} {'passages':>9s} {'total':>9s} {'ingest s':>9s} {'ms/passage':>10s} {'swap s':>7s} {'load s':>7s} "
               f"{'RSS MB':>7s} {'search p50/p95 ms':>18s}", flush=True)
         rows, server, stack = [], None, None
         first = dt.date(2024, 1, 1)
@@ -149,12 +153,13 @@ def main() -> int:
                     stack = contextlib.ExitStack()
                     server = stack.enter_context(served(env, Path(tmp) / "server.log"))
                     watch = stack.enter_context(SnapshotWatch(server.base))
-                    swap_s = float("nan")  # the first snapshot is loaded at start
+                    swap_s = load_s = float("nan")  # the first snapshot is loaded at start
                 else:
                     with db.sessions() as session:
                         committed = session.scalars(select(IndexSnapshot.created_at)
                                                     .where(IndexSnapshot.snapshot_id == snapshot)).one()
                     swap_s = (watch.wait_for(snapshot) - committed).total_seconds()
+                    load_s = watch.load_s.get(snapshot) or float("nan")  # the server's own open-and-verify time
                 rss = psutil.Process(server.process.pid).memory_info().rss / 2**20
                 retrieve = []
                 with httpx.Client(base_url=server.base, timeout=120) as http:
@@ -167,11 +172,12 @@ def main() -> int:
                         retrieve.append(r.json()["timings_ms"]["retrieve"])
                 total = sum(r["passages"] for r in rows) + passages
                 row = {"month": f"{month:%Y-%m}", "passages": passages, "total": total, "ingest_s": ingest_s,
-                       "ms_per_passage": 1000 * ingest_s / max(passages, 1), "swap_s": swap_s, "rss_mb": rss,
+                       "ms_per_passage": 1000 * ingest_s / max(passages, 1), "swap_s": swap_s, "load_s": load_s,
+                       "rss_mb": rss,
                        "p50": statistics.median(retrieve), "p95": float(np.percentile(retrieve, 95))}
                 rows.append(row)
                 print(f"{row['month']:8s} {passages:9d} {total:9d} {ingest_s:9.1f} {row['ms_per_passage']:10.2f} "
-                      f"{swap_s:7.2f} {rss:7.0f} {row['p50']:8.1f} / {row['p95']:6.1f}", flush=True)
+                      f"{swap_s:7.2f} {load_s:7.2f} {rss:7.0f} {row['p50']:8.1f} / {row['p95']:6.1f}", flush=True)
         finally:
             if stack is not None:
                 stack.close()
@@ -179,7 +185,8 @@ def main() -> int:
     if len(rows) >= 3:
         a, b = rows[1], rows[-1]  # the first month has no swap and pays the one-off imports
         print(f"\nfrom {a['month']} ({a['total']} passages) to {b['month']} ({b['total']}): ingest per passage "
-              f"{b['ms_per_passage'] / a['ms_per_passage']:.2f}x, swap {b['swap_s'] / a['swap_s']:.2f}x, "
+              f"{b['ms_per_passage'] / a['ms_per_passage']:.2f}x, swap {b['swap_s'] / a['swap_s']:.2f}x "
+              f"(the server's load {b['load_s'] / a['load_s']:.2f}x), "
               f"search p50 {b['p50'] / a['p50']:.2f}x, RSS {b['rss_mb'] / a['rss_mb']:.2f}x")
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -39,6 +40,7 @@ class LoadedSnapshot:
     lexical: LexicalIndex | None = None  # the BM25 shards, when opened with lexical=True and all exist
     lexical_error: str | None = None  # why `lexical` is None although it was asked for
     encoder: TextEncoder | None = None  # the query encoder of this snapshot's encoder version (SQA_ENCODER=auto)
+    load_s: float = 0.0  # seconds to open and verify it (shards already loaded for the previous one are reused)
 
     @property
     def newest_day(self) -> dt.date | None:
@@ -61,6 +63,7 @@ def open_snapshot_row(row: IndexSnapshot, index_dir: Path | IndexStore, cache: S
     any encoder version is accepted and the snapshot carries its own query encoder; without it the
     snapshot must have been built with `encoder`.
     """
+    t0 = time.perf_counter()
     store = as_store(index_dir)
     if not store.exists(row.manifest_file):
         raise IndexIntegrityError(f"snapshot {row.snapshot_id}: manifest {store.locate(row.manifest_file)} recorded "
@@ -86,7 +89,7 @@ def open_snapshot_row(row: IndexSnapshot, index_dir: Path | IndexStore, cache: S
             lexical_error = str(exc)
             log.warning("%s", exc)
     return LoadedSnapshot(row.id, row.snapshot_id, manifest, index, dt.datetime.now(dt.timezone.utc),
-                          lexical_index, lexical_error, query_encoder)
+                          lexical_index, lexical_error, query_encoder, load_s=time.perf_counter() - t0)
 
 
 class IndexState:
@@ -128,6 +131,6 @@ class IndexState:
             loaded = self.open(row)
             self._current = loaded  # a single reference assignment: the swap is atomic
             self._cache.retain(self._index_dir, [loaded.manifest])  # drop shards only older snapshots used
-            log.info("serving index snapshot %s (%d vectors, %d shards)", loaded.snapshot_id,
-                     loaded.index.ntotal, len(loaded.manifest.shards))
+            log.info("serving index snapshot %s (%d vectors, %d shards, loaded in %.2f s)", loaded.snapshot_id,
+                     loaded.index.ntotal, len(loaded.manifest.shards), loaded.load_s)
             return True

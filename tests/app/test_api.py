@@ -110,6 +110,7 @@ def test_health_and_ready(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert 0 < ready.json()["load_s"] < 60  # the snapshot's own load time
     assert client.get("/docs").status_code == 200
     assert "/v1/answers" in client.get("/openapi.json").json()["paths"]
 

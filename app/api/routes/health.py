@@ -15,6 +15,8 @@ class ReadyPublic(BaseModel):
     newest_day: str | None = None
     reader: str | None = None
     encoder: str | None = None
+    load_s: float | None = Field(default=None, description="Seconds the serving snapshot took to open and verify "
+                                                            "(only its shards that the previous one lacked are read).")
 
 
 @router.get("/healthz")
@@ -36,4 +38,5 @@ def readyz(request: Request) -> JSONResponse:
         return JSONResponse({"ready": False, "reason": "no index snapshot yet: run `sqa ingest`"}, status_code=503)
     return JSONResponse({"ready": True, "snapshot": snapshot.snapshot_id, "vectors": snapshot.index.ntotal,
                          "newest_day": snapshot.newest_day.isoformat() if snapshot.newest_day else None,
-                         "reader": answers.reader.name, "encoder": snapshot.manifest.encoder})
+                         "reader": answers.reader.name, "encoder": snapshot.manifest.encoder,
+                         "load_s": round(snapshot.load_s, 4)})
