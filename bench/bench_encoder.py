@@ -70,20 +70,7 @@ def torch_ceiling(encoder, texts: list[str], batch_size: int) -> float:
 def onnx_ceiling(tower, texts: list[str], batch_size: int) -> float:
     """passages/s of the ONNX session's runs alone, on feeds built beforehand, spread over the
     tower's threads as its own encoding spreads them."""
-    from models.onnx_encoder import INPUTS
-
-    enc = tower.tokenizer.encode_batch(texts)
-    order = np.argsort([-len(e.ids) for e in enc], kind="stable")
-    feeds = []
-    for s in range(0, len(order), batch_size):
-        rows = order[s:s + batch_size]
-        width = max(len(enc[i].ids) for i in rows)
-        feed = {n: np.zeros((len(rows), width), dtype=np.int64) for n in INPUTS}
-        for r, i in enumerate(rows):
-            n = len(enc[i].ids)
-            feed["input_ids"][r, :n], feed["attention_mask"][r, :n], feed["token_type_ids"][r, :n] = (
-                enc[i].ids, enc[i].attention_mask, enc[i].type_ids)
-        feeds.append(feed)
+    feeds = [feed for _, feed in tower.feeds(texts, batch_size=batch_size)]
     tower.session.run(["hidden"], feeds[0])
     t0 = time.perf_counter()
     list(tower.pool().map(lambda f: tower.session.run(["hidden"], f), feeds))  # as the tower runs them

@@ -178,17 +178,15 @@ class OnnxTower:
     def encode_passages(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
         return self.encode(texts, batch_size=batch_size)
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
+    def feeds(self, texts: Sequence[str], *, batch_size: int = 0) -> list[tuple[np.ndarray, dict]]:
+        """The model's inputs for `texts`: (rows, feed) per batch of `batch_size` (0: CPU_BATCH),
+        longest texts first so that each batch pads to similar lengths, each padded to its longest."""
         batch_size = batch_size or CPU_BATCH
-        texts = list(texts)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if not texts:
-            return out
-        encodings = self.tokenizer.encode_batch(texts)
-        order = np.argsort([-len(e.ids) for e in encodings], kind="stable")  # longest first: similar lengths per batch
-        batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-
-        def run(rows: np.ndarray) -> None:
+        encodings = self.tokenizer.encode_batch(list(texts))
+        order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
+        out = []
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
             width = max(len(encodings[i].ids) for i in rows)
             feed = {name: np.zeros((len(rows), width), dtype=np.int64) for name in INPUTS}
             for r, i in enumerate(rows):
@@ -197,6 +195,18 @@ class OnnxTower:
                 feed["input_ids"][r, :n] = e.ids
                 feed["attention_mask"][r, :n] = e.attention_mask
                 feed["token_type_ids"][r, :n] = e.type_ids
+            out.append((rows, feed))
+        return out
+
+    def encode(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
+        texts = list(texts)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        batches = self.feeds(texts, batch_size=batch_size)
+
+        def run(batch: tuple[np.ndarray, dict]) -> None:
+            rows, feed = batch
             hidden = self.session.run(["hidden"], feed)[0]  # (batch, tokens, dim)
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
@@ -208,8 +218,8 @@ class OnnxTower:
         if self.threads > 1 and len(batches) > 1:
             list(self.pool().map(run, batches))  # runs release the GIL; list() re-raises a failure
         else:
-            for rows in batches:
-                run(rows)
+            for batch in batches:
+                run(batch)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return np.ascontiguousarray(out / np.maximum(norms, 1e-12), dtype=np.float32)
 
