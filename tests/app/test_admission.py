@@ -30,9 +30,10 @@ def _until(predicate, timeout=5.0):
         time.sleep(0.005)
 
 
-def _busy(max_waiting: int, max_wait_s: float):
+def _busy(max_waiting: int, max_wait_s: float, expected_answer_s: float = 1.0):
     """A one-place gate whose place a background thread holds until `release` is set."""
-    gate = AdmissionGate(max_active=1, max_waiting=max_waiting, max_wait_s=max_wait_s)
+    gate = AdmissionGate(max_active=1, max_waiting=max_waiting, max_wait_s=max_wait_s,
+                         expected_answer_s=expected_answer_s)
     release, done = threading.Event(), []
     holder = _hold(gate, release, done)
     _until(lambda: gate.active == 1)
@@ -59,19 +60,40 @@ def test_a_full_waiting_room_refuses_at_once_and_a_freed_slot_admits_the_next():
     assert done == ["ok", "ok"] and gate.active == 0
 
 
-def test_a_wait_longer_than_the_limit_is_refused():
-    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=0.2)
+def test_a_waiter_gives_up_once_it_could_no_longer_be_answered_within_the_limit():
+    # 1 s in all, answers take about 0.4 s: a waiter may wait 0.6 s for the place
+    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=1.0, expected_answer_s=0.4)
     t0 = time.monotonic()
-    with pytest.raises(OverloadedError, match="within 0.2 s"):
+    with pytest.raises(OverloadedError, match=r"no answer slot freed up within 0.6 s.*answered within 1 s"):
         with gate.admit():
             pass
-    assert 0.15 < time.monotonic() - t0 < 3.0
+    assert 0.5 < time.monotonic() - t0 < 5.0  # it did wait its budget, not the whole limit again
     assert gate.waiting == 0
     release.set()
     holder.join(5)
     with gate.admit():  # free again
         assert gate.active == 1
     assert gate.active == 0
+
+
+def test_a_queue_ahead_longer_than_the_limit_is_refused_at_once_and_the_queue_still_served():
+    # 30 s in all, answers take about 12 s: a waiter may wait 18 s (long enough never to run out here)
+    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=30.0, expected_answer_s=12.0)
+    second_release = threading.Event()
+    second = _hold(gate, second_release, done)  # 12 s ahead of it: fits in the 18 s it may wait
+    _until(lambda: gate.waiting == 1)
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError, match=r"2 questions are ahead, about 24.0 s.*answered within 30 s") as refused:
+        with gate.admit():
+            pass
+    assert time.monotonic() - t0 < 5.0  # at once: 24 s of queue cannot fit in 18 s
+    assert int(refused.value.headers["Retry-After"]) >= 1
+    release.set()  # the waiter gets the place
+    _until(lambda: gate.active == 1 and gate.waiting == 0)
+    second_release.set()
+    for thread in (holder, second):
+        thread.join(5)
+    assert done == ["ok", "ok"] and gate.refused == 1
 
 
 def test_the_gate_rejects_nonsense_limits():
