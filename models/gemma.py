@@ -182,28 +182,6 @@ def _load(folder: Path):
     return model.eval(), tokenizer
 
 
-QUANTIZE = ("none", "int8")
-
-
-def quantize_int8(model):
-    """`model`, changed in place, with every linear layer in dynamic int8 (torch's `quantize_dynamic`,
-    per-channel weight scales; activations quantised on the fly), for reading on a CPU. The output
-    head is quantised too, as an untied int8 copy of the embeddings (which stay float for the input
-    lookup): its 262k-word vocabulary is most of the weights read for each generated token.
-
-    On 2 AVX2 cores, a 425-token prompt: prompt reading 940 -> 636 ms, each generated token 122 ->
-    43 ms (README, "Answer latency", with the EM beside it)."""
-    import warnings
-
-    import torch
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    names = {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    with warnings.catch_warnings():  # torch 2.13 announces the quantized dtypes' eventual move (torchao)
-        warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(model, {name: per_channel_dynamic_qconfig for name in names}, inplace=True)
-
-
 def _first_line_stop(tokenizer, prompt_len: int):
     """Stop once the generated text has a newline after some non-blank text: the answer is the first
     line, and a base model would otherwise run on to max_new_tokens (most of the latency)."""
@@ -228,18 +206,14 @@ class GemmaReader:
 
     def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
                  max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0,
-                 answer_beams: int = 1, quantize: str = "none") -> None:
+                 answer_beams: int = 1) -> None:
         for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
                            ("max_new_tokens", max_new_tokens), ("answer_beams", answer_beams)):
             if value < 1:
                 raise ValueError(f"{arg} must be at least 1, got {value}")
         if context_words < 0:
             raise ValueError(f"context_words must be 0 (first words of each passage) or positive, got {context_words}")
-        if quantize not in QUANTIZE:
-            raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
-        # int8 is for the CPU only (torch's dynamic quantisation has no CUDA kernels); a GPU reads in float.
-        self.quantize = quantize if device == "cpu" else "none"
-        self.model = quantize_int8(model) if self.quantize == "int8" else model
+        self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.name = name
@@ -257,7 +231,7 @@ class GemmaReader:
              **kwargs) -> GemmaReader:
         """The packaged model (converted into `cache_dir` on first use), or the transformers folder
         `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens,
-        context_words, answer_beams, quantize."""
+        context_words."""
         model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
         return cls(model.to(device), tokenizer, device=device, **kwargs)
 

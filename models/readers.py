@@ -47,11 +47,10 @@ class FirstEntityReader:
 
 
 def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None,
-                context_words: int = 0, answer_beams: int = 1, quantize: str = "none") -> Reader:
+                context_words: int = 0, answer_beams: int = 1) -> Reader:
     """Build a reader from a setting: "gemma", "smollm2" or "first-entity". `cache_dir` is where
-    "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
-    sentence selection budget (0: none) and `quantize` its CPU weights ("none" or "int8"); the
-    others ignore them."""
+    "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m) and `context_words` its
+    sentence selection budget (0: none); the others ignore them."""
     if spec == "first-entity":
         return FirstEntityReader()
     if spec == "smollm2":
@@ -62,5 +61,5 @@ def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_
         from models.gemma import GemmaReader
 
         return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages,
-                                context_words=context_words, answer_beams=answer_beams, quantize=quantize)
+                                context_words=context_words, answer_beams=answer_beams)
     raise ValueError(f"reader {spec!r} is unknown (use 'gemma', 'smollm2' or 'first-entity')")

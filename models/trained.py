@@ -57,16 +57,15 @@ def load_trained_model(path: Path | str, *, device: str = "cpu"):
 
 
 def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: int | None = None,
-                        answer_beams: int = 1, quantize: str = "none") -> Reader:
+                        answer_beams: int = 1) -> Reader:
     """A `Reader` over a trained folder, named "<kind>:<version>" so answers say what read them
-    (`answer_beams`, `quantize`: a Gemma version's grounded beam search and CPU weights,
-    models.gemma.GemmaReader)."""
+    (`answer_beams`: a Gemma version's grounded beam search, models.gemma.GemmaReader)."""
     info = read_reader_info(path)
     model = load_trained_model(path, device=device)
     name = f"{info['kind']}:{info.get('version') or Path(path).name}"
     if info["kind"] == "gemma":
         return model.into_reader(name=name, n_passages=max_passages,  # LoRA merged: serves at the base's cost
-                                 answer_beams=answer_beams, quantize=quantize)
+                                 answer_beams=answer_beams)
     if info["kind"] == "fid":
         from models.fid import FiDReader
 

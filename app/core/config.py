@@ -139,10 +139,6 @@ class Settings(BaseSettings):
     # Gemma readers (packaged or trained): 1 decodes greedily; N keeps N beams and answers with the
     # best one the passages read contain (models.gemma.grounded), else the best beam.
     reader_answer_beams: int = Field(default=1, ge=1, le=16)
-    # Gemma readers on a CPU: "int8" runs the decoder's linear layers in dynamic int8
-    # (models.gemma.quantize_int8): about 2x faster prompt reading at the same EM (README, "Answer
-    # latency"); "none" keeps float32. A GPU always reads in float.
-    reader_quantize: Literal["none", "int8"] = "int8"
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"

@@ -252,46 +252,6 @@ def test_trainer_scores_validation_before_the_first_step(tmp_path):
     assert (tmp_path / "run" / "best" / WEIGHTS_FILE).exists()
 
 
-def test_an_int8_reader_quantizes_every_linear_layer_keeps_float_embeddings_and_reads_close_to_float():
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-
-    from models.gemma import GemmaReader
-
-    lm = tiny_lm()
-    ids = CharTokenizer()(build_prompt(*ITEMS[0], 100), return_tensors="pt")
-    with torch.inference_mode():
-        f = lm(**ids).logits[0, -1]
-    reader = GemmaReader(lm, CharTokenizer(), max_new_tokens=6, quantize="int8")
-    linears = {n: type(m) for n, m in reader.model.named_modules() if n.endswith("_proj") or n == "lm_head"}
-    assert len(linears) == 3 * 7 + 1 and set(linears.values()) == {DynamicInt8Linear}  # q k v o gate up down, head
-    assert reader.model.model.embed_tokens.weight.dtype == torch.float32  # the input lookup stays float
-    with torch.inference_mode():
-        q = reader.model(**ids).logits[0, -1]
-    assert not torch.equal(q, f)  # quantised for real ...
-    assert torch.nn.functional.cosine_similarity(q, f, dim=0) > 0.99  # ... and reads nearly as float does
-    assert isinstance(reader.generate(*ITEMS[0]).text, str)  # the served decoding runs on the int8 model
-
-
-def test_a_trained_version_serves_in_int8_when_asked(tiny_base):
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-
-    model = tiny(GemmaConfig(max_new_tokens=6, lora_r=4))
-    _train_a_step(model)
-    reader = model.eval().into_reader(name="gemma:v1", quantize="int8")
-    assert reader.quantize == "int8" and isinstance(reader.model.lm_head, DynamicInt8Linear)
-    assert not any("lora_" in n for n, _ in reader.model.named_modules())  # merged, then quantised
-
-
-def test_quantize_is_checked_and_means_nothing_on_a_gpu():
-    from models.gemma import GemmaReader
-
-    with pytest.raises(ValueError, match="quantize must be one of"):
-        GemmaReader(model=None, tokenizer=None, quantize="int4")
-    lm = tiny_lm()
-    assert GemmaReader(lm, CharTokenizer(), device="cuda", quantize="int8").model is lm  # left as it is
-    assert GemmaReader(lm, CharTokenizer(), quantize="none").model is lm
-
-
 # --- the real packaged model --------------------------------------------------------------------------
 
 OTHERS = [passage(dt.date(2023, 6, 12), "Stock markets in Asia rose on Monday as investors awaited the Federal "
