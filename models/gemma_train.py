@@ -319,7 +319,8 @@ class GemmaModel:
                               context_words=cfg.context_words)
 
     # ---- serving ----------------------------------------------------------------------------------
-    def into_reader(self, *, name: str, n_passages: int | None = None, answer_beams: int = 1) -> GemmaReader:
+    def into_reader(self, *, name: str, n_passages: int | None = None, answer_beams: int = 1,
+                    vocabulary: str = "full") -> GemmaReader:
         """A GemmaReader (the served prompt and decoding) over this model. LoRA adapters are merged
         into the base weights first (serving costs what the base costs), so the model is for serving
         only afterwards: do not train it again."""
@@ -328,7 +329,8 @@ class GemmaModel:
         return GemmaReader(lm, self.tokenizer, device=str(self.device), name=name,
                            n_passages=n_passages or self.config.n_passages,
                            max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens,
-                           context_words=self.config.context_words, answer_beams=answer_beams)
+                           context_words=self.config.context_words, answer_beams=answer_beams,
+                           vocabulary=vocabulary)
 
 
 __all__ = ["GemmaConfig", "GemmaModel", "fit_prompt", "LORA_TARGETS", "METHODS"]

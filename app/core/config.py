@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     # Gemma readers (packaged or trained): 1 decodes greedily; N keeps N beams and answers with the
     # best one the passages read contain (models.gemma.grounded), else the best beam.
     reader_answer_beams: int = Field(default=1, ge=1, le=16)
+    # Gemma readers, greedy: "read" writes the answer with the words of the passages read and the
+    # question only (models.gemma.greedy_within: each token then skips the 262k-word output head);
+    # "full" may use any token.
+    reader_vocabulary: Literal["full", "read"] = "full"
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 
 import pytest
+from unittest.mock import patch
 import torch
 
 import models.gemma_train as gemma_train
@@ -35,6 +36,8 @@ class CharTokenizer:
     pad_token_id, eos_token_id, bos_token_id = 0, 1, 2
 
     def __call__(self, text, add_special_tokens=True, return_tensors=None):
+        if isinstance(text, list):  # a batch of texts: models.gemma.answer_vocabulary's call
+            return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
         ids = ([self.bos_token_id] if add_special_tokens else []) + [ord(c) % 256 + 4 for c in text]
         if return_tensors == "pt":  # GemmaReader's call
             return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
@@ -250,6 +253,48 @@ def test_trainer_scores_validation_before_the_first_step(tmp_path):
     assert [h["step"] for h in result.history] == [0, 1, 2]
     assert result.history[1]["s_per_step"] > 0
     assert (tmp_path / "run" / "best" / WEIGHTS_FILE).exists()
+
+
+def test_greedy_within_the_whole_vocabulary_is_the_served_greedy_decoding():
+    from models.gemma import GemmaReader
+
+    full = GemmaReader(tiny_lm(), CharTokenizer(), max_new_tokens=8)
+    within = GemmaReader(full.model, CharTokenizer(), max_new_tokens=8, vocabulary="read")
+    everything = list(range(full.model.config.vocab_size))
+    with patch("models.gemma.answer_vocabulary", lambda tokenizer, texts: everything):
+        for item in ITEMS:
+            assert within.generate(*item) == full.generate(*item)  # same tokens, same stop
+
+
+def test_greedy_within_picks_the_best_allowed_token_and_copies_from_what_was_read():
+    from models.gemma import GemmaReader, answer_vocabulary, greedy_within
+
+    lm, tok = tiny_lm(), CharTokenizer()
+    ids = tok(build_prompt(*ITEMS[0], 100), return_tensors="pt")
+    with torch.inference_mode():
+        logits = lm(**ids).logits[0, -1]
+        best = int(logits.argmax())
+        allowed = [i for i in range(0, 260, 3) if i != best]  # the full head's favourite left out
+        first = greedy_within(lm, tok, ids["input_ids"], ids["attention_mask"], allowed, max_new_tokens=1)
+    assert tok(first, add_special_tokens=False)["input_ids"] == [allowed[int(logits[allowed].argmax())]]
+
+    reader = GemmaReader(lm, tok, max_new_tokens=12, vocabulary="read")
+    question, as_of, passages = ITEMS[1]
+    raw = reader.generate(question, as_of, passages).raw
+    read = " ".join(p.text for p in reader.context(question, passages)) + " " + question
+    assert raw and set(raw) <= set(read) | set(read.lower()) | set(read.upper()) | set("0123456789.,-'\"%$():\n YesNo")
+
+
+def test_answer_vocabulary_holds_the_words_read_in_their_cases_and_nothing_else():
+    from models.gemma import answer_vocabulary
+
+    tok = CharTokenizer()
+    allowed = {chr(i - 4) for i in answer_vocabulary(tok, ["Jokic won.", "MVP"]) if i >= 4}
+    assert set("JokicwnMVPjmvp. \n") <= allowed  # "Jokic", "jokic", "MVP", "mvp", ...
+    assert not set("zqxZQXBKIC") & allowed
+    assert tok.eos_token_id in answer_vocabulary(tok, ["x"])
+    with pytest.raises(ValueError, match="vocabulary must be one of"):
+        __import__("models.gemma", fromlist=["GemmaReader"]).GemmaReader(None, None, vocabulary="copy")
 
 
 # --- the real packaged model --------------------------------------------------------------------------
