@@ -35,6 +35,7 @@ class DataConfig:
     self_per_article: int = 2
     max_val: int = 120  # validation questions (gold, last month before the cut)
     seed: int = 0
+    gold: bool = True  # False: self-labeled questions only, for training and validation
 
 
 @dataclass
@@ -123,10 +124,11 @@ def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date
                    replay: list[TrainExample] | None = None) -> tuple[list[TrainExample], list[TrainExample], DataCounts]:
     """(train, val, counts). Gold questions in [train_from, val_from) train; those in [val_from,
     until) validate; self-labeled questions from articles in [self_from or train_from, until) train.
-    Without a gold question in [val_from, until), the self-labeled ones of its articles validate."""
+    Without a gold question in [val_from, until), the self-labeled ones of its articles validate;
+    with `cfg.gold` False no gold question is used at all (training on the news alone)."""
     counts = DataCounts()
     b = _Builder(session, retriever, snapshot, cfg, counts)
-    golds, left_out = gold_questions(session, train_from, until)
+    golds, left_out = gold_questions(session, train_from, until) if cfg.gold else ([], None)
     counts.left_out = left_out
     val_q = [q for q in golds if q.asked >= val_from]
     random.Random(cfg.seed).shuffle(val_q)

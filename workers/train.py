@@ -52,6 +52,7 @@ class ReaderJobSpec:
     max_minutes: float = 0.0
     max_self_articles: int = 600
     seed: int = 0
+    gold: bool = True  # False: learn from self-labeled questions only (workers.reader_data.DataConfig.gold)
 
     @property
     def learning_rate(self) -> float:
@@ -75,7 +76,7 @@ class ReaderJobSpec:
     def data_config(self, data: DataConfig | None = None) -> DataConfig:
         """The data settings this spec implies (its passages, articles and seed win)."""
         return replace(data or DataConfig(), n_passages=self.n_passages, max_self_articles=self.max_self_articles,
-                       seed=self.seed)
+                       seed=self.seed, gold=self.gold)
 
 
 def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):

@@ -12,26 +12,30 @@ train_cli = typer.Typer(no_args_is_help=True, help="Train models on what is date
 cli.add_typer(train_cli, name="train")
 
 
-def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: Optional[str], seed: int):
+def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: Optional[str], seed: int,
+                 gold: bool = True):
     from workers.train import ReaderJobSpec
 
     if kind not in ("fid", "extractive", "gemma", "ranker"):
         fail(f"--kind {kind!r} is unknown (use fid, extractive, gemma or ranker)")
+    if kind == "ranker" and not gold:
+        fail("--no-gold is for gemma, fid and extractive readers (the ranker validates on gold questions)")
     if kind == "ranker":  # reads the same number of passages in training and serving
         from workers.train_ranker import PASSAGES, SELF_ARTICLES
 
         n = n_passages or PASSAGES
-        return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed)
+        return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed,
+                             gold=gold)
     if kind == "gemma":  # reads the same number of passages in training and serving
         if base:
             fail("--base is for --kind fid only (gemma fine-tunes the packaged Gemma 3 270M)")
         n = n_passages or 3
         return ReaderJobSpec.for_gemma(max_minutes=max_minutes, max_epochs=epochs, n_passages=n, infer_passages=n,
-                                       seed=seed)
+                                       seed=seed, gold=gold)
     if base and not Path(base).is_dir():
         fail(f"--base {base} is not a folder (a local T5/BART checkpoint is expected)")
     return ReaderJobSpec(kind=kind, max_minutes=max_minutes, max_epochs=epochs, n_passages=n_passages or 5,
-                         backbone="seq2seq" if base else "minilm", base=base or "", seed=seed)
+                         backbone="seq2seq" if base else "minilm", base=base or "", seed=seed, gold=gold)
 
 
 @train_cli.command("reader", epilog="Example: sqa train reader --kind gemma --until 2023-04-01 --max-minutes 30")
@@ -48,15 +52,18 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                                                           "question (default 5; ranker: 10 and gemma: 3, also "
                                                           "when serving)"),
                  seed: int = typer.Option(0), activate: bool = typer.Option(
-                     False, "--activate/--no-activate", help="make it the active version when done")
+                     False, "--activate/--no-activate", help="make it the active version when done"),
+                 gold: bool = typer.Option(True, "--gold/--no-gold", help="learn from the imported questions with "
+                                           "answers too (--no-gold: only from questions generated from the news, "
+                                           "validated on the last month's)")
                  ) -> None:
     """Train a reader version; run the same command again to resume an interrupted run."""
     from app.services.reader_registry import READER_TRAINING_LOCK
     from workers.train import run_train_job
 
     cut = day_option(until, "--until")
-    spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed)
-    version = run_job("train", {"until": str(cut), "kind": kind},
+    spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed, gold)
+    version = run_job("train", {"until": str(cut), "kind": kind, **({} if gold else {"gold": False})},
                       lambda ctx, job: run_train_job(ctx, job, until=cut, spec=spec, activate=activate),
                       result_key="version", lock=READER_TRAINING_LOCK)
     typer.echo(f"reader version {version} trained; `sqa models list` shows it")

@@ -25,7 +25,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def _datasets(settings, until: dt.date, val_from: dt.date):
+def _datasets(settings, until: dt.date, val_from: dt.date, *, gold: bool = True):
     from app.bootstrap import build_encoder
     from app.services.retrieval import DenseRetriever
     from app.services.index_state import IndexState
@@ -37,7 +37,8 @@ def _datasets(settings, until: dt.date, val_from: dt.date):
     try:
         with db.sessions() as session:
             return build_datasets(session, DenseRetriever(encoder), state.current(), train_from=dt.date(2024, 1, 1),
-                                  until=until, val_from=val_from, cfg=DataConfig(n_passages=2, max_self_articles=12))
+                                  until=until, val_from=val_from,
+                                  cfg=DataConfig(n_passages=2, max_self_articles=12, gold=gold))
     finally:
         db.close()
 
@@ -57,6 +58,14 @@ def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
         assert all(p.published <= ex.as_of for p in ex.passages), ex.qid
         assert len(ex.passages) <= 2
         assert any(answer_in_text(list(ex.answers), passage_body(p.text, p.published)) for p in ex.passages), ex.qid
+
+
+def test_without_gold_the_data_are_self_labeled_only_and_validate_on_the_last_month(loaded_settings):
+    until, val_from = dt.date(2024, 3, 1), dt.date(2024, 2, 1)
+    train, val, counts = _datasets(loaded_settings, until, val_from, gold=False)
+    assert train and val and counts.gold == 0 and counts.self_labeled == len(train)
+    assert {ex.source for ex in train + val} == {"self"}  # the imported questions are not used at all
+    assert all(ex.as_of >= val_from for ex in val) and all(ex.as_of < until for ex in train + val)
 
 
 def test_train_job_registers_an_active_version_that_answers(loaded_settings, new_job):

@@ -29,6 +29,16 @@ def test_cli_train_reader_gemma_refuses_a_base(sqa, tmp_path):
     assert r.exit_code == 2 and "--base is for --kind fid only" in r.output
 
 
+def test_cli_no_gold_is_refused_for_the_ranker_and_reaches_the_gemma_spec(sqa):
+    from app.cli.training import _reader_spec
+
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", "--no-gold")
+    assert r.exit_code == 2 and "--no-gold is for gemma, fid and extractive readers" in r.output
+    spec = _reader_spec("gemma", 30, 1, None, None, 0, gold=False)
+    assert spec.gold is False and spec.data_config().gold is False
+    assert _reader_spec("gemma", 30, 1, None, None, 0).data_config().gold is True
+
+
 @pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
 def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job, gemma_cache):
     torch.set_num_threads(1)
