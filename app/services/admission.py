@@ -9,8 +9,9 @@ and the ask page) go through one gate per process:
   once with 503 and Retry-After;
 - `max_wait_s` (SQA_ANSWER_WAIT_S) bounds a request's whole time, waiting plus answering: a waiting
   request is refused the same way once it could no longer start and still be answered in time (it
-  waits at most `max_wait_s` less the expected answer time), and at once when the queue ahead of it
-  is already longer than that. Nobody waits a minute behind the others, and nobody is answered
+  waits at most `max_wait_s` less the expected answer time, taken with a margin: the recent mean
+  plus twice the recent mean deviation, as TCP times its retransmissions), and at once when the
+  queue ahead of it is already longer than that. Nobody waits a minute behind the others, and nobody is answered
   after the limit only because the answer itself came on top of a full wait.
 
 The expected answer time and Retry-After (the time the queue ahead is expected to take) come from a
@@ -62,6 +63,8 @@ class AdmissionGate:
         self._active = 0
         self._waiting = 0
         self._mean_s = expected_answer_s  # moving average of an answer's time
+        self._dev_s = expected_answer_s / 4  # moving average of its distance from that mean
+        self._answers = 0  # answers timed so far: the first few count fully (no start from a guess)
         self.refused = 0  # since start, for the logs and tests
 
     @property
@@ -75,9 +78,13 @@ class AdmissionGate:
     def _retry_after(self) -> float:
         return self._mean_s * (self._waiting + self._active) / self.max_active
 
+    def _answer_s(self) -> float:
+        """An answer's time with a margin: the mean plus twice the mean deviation."""
+        return self._mean_s + 2 * self._dev_s
+
     def _wait_budget(self) -> float:
         """How long a request may wait for a place and still be answered within max_wait_s."""
-        return max(0.0, self.max_wait_s - self._mean_s)
+        return max(0.0, self.max_wait_s - self._answer_s())
 
     def _refuse(self, why: str) -> OverloadedError:
         self.refused += 1
@@ -98,7 +105,7 @@ class AdmissionGate:
                 ahead = self._mean_s * (self._waiting + 1) / self.max_active  # until a place frees for us
                 if ahead > budget:
                     raise self._refuse(f"{self._active + self._waiting} questions are ahead, about {ahead:.1f} s, and "
-                                       f"an answer takes about {self._mean_s:.1f} s: it would not be answered within "
+                                       f"an answer takes up to {self._answer_s():.1f} s: it would not be answered within "
                                        f"{self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)")
                 self._waiting += 1
                 try:
@@ -106,8 +113,8 @@ class AdmissionGate:
                 finally:
                     self._waiting -= 1
                 if not started:
-                    raise self._refuse(f"no answer slot freed up within {budget:.1f} s, and an answer takes about "
-                                       f"{self._mean_s:.1f} s: it would not be answered within {self.max_wait_s:g} s "
+                    raise self._refuse(f"no answer slot freed up within {budget:.1f} s, and an answer takes up to "
+                                       f"{self._answer_s():.1f} s: it would not be answered within {self.max_wait_s:g} s "
                                        "(SQA_ANSWER_WAIT_S)")
             self._active += 1
         t0 = time.monotonic()
@@ -117,5 +124,10 @@ class AdmissionGate:
             took = time.monotonic() - t0
             with self._cond:
                 self._active -= 1
-                self._mean_s = 0.8 * self._mean_s + 0.2 * took
+                self._answers += 1
+                if self._answers == 1:  # the guess given at construction is forgotten at once
+                    self._mean_s, self._dev_s = took, took / 4
+                else:  # a running mean over the first few, then moving averages
+                    self._dev_s += max(1 / self._answers, 0.25) * (abs(took - self._mean_s) - self._dev_s)
+                    self._mean_s += max(1 / self._answers, 0.2) * (took - self._mean_s)
                 self._cond.notify()
