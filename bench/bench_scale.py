@@ -262,8 +262,7 @@ def main() -> int:
         build_home(home, db_url)
         env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": db_url, "SQA_ENCODER": "hash",
                "SQA_READER": "first-entity", "SQA_SNAPSHOT_POLL_S": "1", "SQA_RATE_LIMIT": "", "SQA_MIGRATE": "0",
-               "SQA_TORCH_THREADS": "1", "SQA_AUTO_TRAIN": "false", "SQA_ANSWER_QUEUE": "64",
-               "SQA_ANSWER_CONCURRENCY": "2"}
+               "SQA_TORCH_THREADS": "1", "SQA_AUTO_TRAIN": "false", "SQA_ANSWER_QUEUE": "64"}
         ports = [free_port() for _ in range(args.replicas)]
         with contextlib.ExitStack() as stack:
             replicas = [stack.enter_context(served(env, tmp / f"replica-{i}.log", port=p))

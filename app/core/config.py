@@ -146,12 +146,9 @@ class Settings(BaseSettings):
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"
-    # Answers computed at once per process, more waiting their turn, and the most a question should
-    # take in all, waiting plus answering, before a 503 with Retry-After (app/services/admission.py):
-    # a generative reader uses every core anyway.
-    # 1: a Gemma reader generates one answer at a time (a lock), so a second answer let in would only
-    # wait on that lock, where the gate cannot see it; fast readers (ranker, fakes) may want more.
-    answer_concurrency: int = Field(default=1, ge=1, le=256)
+    # Answers computed at once per process, more waiting their turn, and how long one may wait before
+    # a 503 with Retry-After (app/services/admission.py): a generative reader uses every core anyway.
+    answer_concurrency: int = Field(default=2, ge=1, le=256)
     answer_queue: int = Field(default=8, ge=0, le=10_000)
     answer_wait_s: float = Field(default=5.0, ge=0, le=3600)
     # A request body over this many bytes is refused (413) before it is read whole.

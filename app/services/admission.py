@@ -7,15 +7,11 @@ and the ask page) go through one gate per process:
 - up to `max_active` answers run at a time (SQA_ANSWER_CONCURRENCY);
 - up to `max_waiting` more wait their turn (SQA_ANSWER_QUEUE); a request beyond that is refused at
   once with 503 and Retry-After;
-- `max_wait_s` (SQA_ANSWER_WAIT_S) bounds a request's whole time, waiting plus answering: a waiting
-  request is refused the same way once it could no longer start and still be answered in time (it
-  waits at most `max_wait_s` less the expected answer time, taken with a margin: the recent mean
-  plus twice the recent mean deviation, as TCP times its retransmissions), and at once when the
-  queue ahead of it is already longer than that. Nobody waits a minute behind the others, and nobody is answered
-  after the limit only because the answer itself came on top of a full wait.
+- a waiting request that has not started within `max_wait_s` (SQA_ANSWER_WAIT_S) is refused the
+  same way, instead of waiting a minute behind the others.
 
-The expected answer time and Retry-After (the time the queue ahead is expected to take) come from a
-moving average of recent answer times. Background work (evaluation, training) calls the answer service directly and is not
+Retry-After is the time the queue ahead is expected to take, from a moving average of recent
+answer times. Background work (evaluation, training) calls the answer service directly and is not
 gated: it is throttled by its own job slots.
 """
 from __future__ import annotations
@@ -53,7 +49,7 @@ class AdmissionGate:
         1
     """
 
-    def __init__(self, *, max_active: int, max_waiting: int, max_wait_s: float, expected_answer_s: float = 1.0) -> None:
+    def __init__(self, *, max_active: int, max_waiting: int, max_wait_s: float) -> None:
         if max_active < 1:
             raise ValueError(f"max_active {max_active} must be at least 1")
         if max_waiting < 0 or max_wait_s < 0:
@@ -62,9 +58,7 @@ class AdmissionGate:
         self._cond = threading.Condition()
         self._active = 0
         self._waiting = 0
-        self._mean_s = expected_answer_s  # moving average of an answer's time
-        self._dev_s = expected_answer_s / 4  # moving average of its distance from that mean
-        self._answers = 0  # answers timed so far: the first few count fully (no start from a guess)
+        self._mean_s = 1.0  # moving average of an answer's time, for Retry-After
         self.refused = 0  # since start, for the logs and tests
 
     @property
@@ -77,14 +71,6 @@ class AdmissionGate:
 
     def _retry_after(self) -> float:
         return self._mean_s * (self._waiting + self._active) / self.max_active
-
-    def _answer_s(self) -> float:
-        """An answer's time with a margin: the mean plus twice the mean deviation."""
-        return self._mean_s + 2 * self._dev_s
-
-    def _wait_budget(self) -> float:
-        """How long a request may wait for a place and still be answered within max_wait_s."""
-        return max(0.0, self.max_wait_s - self._answer_s())
 
     def _refuse(self, why: str) -> OverloadedError:
         self.refused += 1
@@ -101,21 +87,13 @@ class AdmissionGate:
                 if self._waiting >= self.max_waiting:
                     raise self._refuse(f"{self._active} questions are being answered and {self._waiting} are "
                                        "waiting (SQA_ANSWER_QUEUE)")
-                budget = self._wait_budget()
-                ahead = self._mean_s * (self._waiting + 1) / self.max_active  # until a place frees for us
-                if ahead > budget:
-                    raise self._refuse(f"{self._active + self._waiting} questions are ahead, about {ahead:.1f} s, and "
-                                       f"an answer takes up to {self._answer_s():.1f} s: it would not be answered within "
-                                       f"{self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)")
                 self._waiting += 1
                 try:
-                    started = self._cond.wait_for(lambda: self._active < self.max_active, timeout=budget)
+                    started = self._cond.wait_for(lambda: self._active < self.max_active, timeout=self.max_wait_s)
                 finally:
                     self._waiting -= 1
                 if not started:
-                    raise self._refuse(f"no answer slot freed up within {budget:.1f} s, and an answer takes up to "
-                                       f"{self._answer_s():.1f} s: it would not be answered within {self.max_wait_s:g} s "
-                                       "(SQA_ANSWER_WAIT_S)")
+                    raise self._refuse(f"no answer slot freed up within {self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)")
             self._active += 1
         t0 = time.monotonic()
         try:
@@ -124,10 +102,5 @@ class AdmissionGate:
             took = time.monotonic() - t0
             with self._cond:
                 self._active -= 1
-                self._answers += 1
-                if self._answers == 1:  # the guess given at construction is forgotten at once
-                    self._mean_s, self._dev_s = took, took / 4
-                else:  # a running mean over the first few, then moving averages
-                    self._dev_s += max(1 / self._answers, 0.25) * (abs(took - self._mean_s) - self._dev_s)
-                    self._mean_s += max(1 / self._answers, 0.2) * (took - self._mean_s)
+                self._mean_s = 0.8 * self._mean_s + 0.2 * took
                 self._cond.notify()

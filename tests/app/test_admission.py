@@ -5,7 +5,6 @@ import threading
 import time
 
 import pytest
-from unittest.mock import patch
 
 from app.services.admission import AdmissionGate, OverloadedError
 
@@ -31,10 +30,9 @@ def _until(predicate, timeout=5.0):
         time.sleep(0.005)
 
 
-def _busy(max_waiting: int, max_wait_s: float, expected_answer_s: float = 1.0):
+def _busy(max_waiting: int, max_wait_s: float):
     """A one-place gate whose place a background thread holds until `release` is set."""
-    gate = AdmissionGate(max_active=1, max_waiting=max_waiting, max_wait_s=max_wait_s,
-                         expected_answer_s=expected_answer_s)
+    gate = AdmissionGate(max_active=1, max_waiting=max_waiting, max_wait_s=max_wait_s)
     release, done = threading.Event(), []
     holder = _hold(gate, release, done)
     _until(lambda: gate.active == 1)
@@ -61,55 +59,19 @@ def test_a_full_waiting_room_refuses_at_once_and_a_freed_slot_admits_the_next():
     assert done == ["ok", "ok"] and gate.active == 0
 
 
-def test_a_waiter_gives_up_once_it_could_no_longer_be_answered_within_the_limit():
-    # 1.2 s in all, answers take 0.4 s give or take 0.1 (up to 0.6 s with the margin): a waiter may
-    # wait 0.6 s, and 0.4 s of queue is ahead of it, so it does wait
-    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=1.2, expected_answer_s=0.4)
+def test_a_wait_longer_than_the_limit_is_refused():
+    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=0.2)
     t0 = time.monotonic()
-    with pytest.raises(OverloadedError, match=r"no answer slot freed up within 0.6 s.*up to 0.6 s.*answered within 1.2 s"):
+    with pytest.raises(OverloadedError, match="within 0.2 s"):
         with gate.admit():
             pass
-    assert 0.5 < time.monotonic() - t0 < 5.0  # it did wait its budget, not the whole limit again
+    assert 0.15 < time.monotonic() - t0 < 3.0
     assert gate.waiting == 0
     release.set()
     holder.join(5)
     with gate.admit():  # free again
         assert gate.active == 1
     assert gate.active == 0
-
-
-def test_a_queue_ahead_longer_than_the_limit_is_refused_at_once_and_the_queue_still_served():
-    # 30 s in all, answers take 10 s give or take 2.5 (up to 15 s): a waiter may wait 15 s, long
-    # enough never to run out here
-    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=30.0, expected_answer_s=10.0)
-    second_release = threading.Event()
-    second = _hold(gate, second_release, done)  # 10 s ahead of it: fits in the 15 s it may wait
-    _until(lambda: gate.waiting == 1)
-    t0 = time.monotonic()
-    with pytest.raises(OverloadedError, match=r"2 questions are ahead, about 20.0 s.*answered within 30 s") as refused:
-        with gate.admit():
-            pass
-    assert time.monotonic() - t0 < 5.0  # at once: 20 s of queue cannot fit in 15 s
-    assert int(refused.value.headers["Retry-After"]) >= 1
-    release.set()  # the waiter gets the place
-    _until(lambda: gate.active == 1 and gate.waiting == 0)
-    second_release.set()
-    for thread in (holder, second):
-        thread.join(5)
-    assert done == ["ok", "ok"] and gate.refused == 1
-
-
-def test_the_margin_follows_how_much_answer_times_vary():
-    steady = AdmissionGate(max_active=1, max_waiting=1, max_wait_s=10.0, expected_answer_s=1.0)
-    jumpy = AdmissionGate(max_active=1, max_waiting=1, max_wait_s=10.0, expected_answer_s=1.0)
-    for gate, took in ((steady, [1.0] * 20), (jumpy, [0.2, 1.8] * 10)):
-        for t in took:
-            with patch("app.services.admission.time.monotonic", side_effect=[0.0, t]):
-                with gate.admit():
-                    pass
-    assert abs(steady._mean_s - jumpy._mean_s) < 0.2  # the same mean ...
-    assert steady._answer_s() < 1.05 < 1.6 < jumpy._answer_s()  # ... but the jumpy one keeps a wider margin
-    assert steady._wait_budget() > jumpy._wait_budget()
 
 
 def test_the_gate_rejects_nonsense_limits():

@@ -6,6 +6,7 @@ first-entity reader named after the version folder, and `workers.train` by a fak
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import json
 import re
 import sys
@@ -47,8 +48,10 @@ def loads(monkeypatch) -> list[str]:
     The fallback of SQA_READER=auto becomes first-entity. Returns the folders loaded, in order."""
     loaded: list[str] = []
 
-    def load_trained_reader(path: Path, *, device: str = "cpu", max_passages: int | None = None,
-                            answer_beams: int = 1):
+    real = inspect.signature(models.trained.load_trained_reader).parameters
+
+    def load_trained_reader(path: Path, **options):
+        assert set(options) <= set(real), f"options the real loader does not take: {set(options) - set(real)}"
         loaded.append(path.name)
         if (path / "BROKEN").exists():
             raise RuntimeError(f"corrupt weights in {path}")
