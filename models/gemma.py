@@ -214,6 +214,11 @@ def _eos_ids(tokenizer, model=None) -> set[int]:
     return ids
 
 
+def ends_first_line(text: str) -> bool:
+    """Whether generated `text` holds a newline after some non-blank text: the answer is its first line."""
+    return bool(text.strip()) and "\n" in text.lstrip()
+
+
 def greedy_within(model, tokenizer, input_ids, attention_mask, allowed: Sequence[int], max_new_tokens: int) -> str:
     """Greedy decoding of `model` (a causal LM: decoder plus output head) after the prompt, choosing
     each next token among `allowed` only, until the end of text or the end of the first non-empty
@@ -235,8 +240,7 @@ def greedy_within(model, tokenizer, input_ids, attention_mask, allowed: Sequence
         if token in eos:
             break
         generated.append(token)
-        text = tokenizer.decode(generated, skip_special_tokens=True)
-        if text.strip() and "\n" in text.lstrip():
+        if ends_first_line(tokenizer.decode(generated, skip_special_tokens=True)):
             break
         ids = torch.tensor([[token]], dtype=torch.long, device=input_ids.device)
         mask = torch.cat([mask, mask.new_ones((1, 1))], dim=1)
@@ -252,7 +256,7 @@ def _first_line_stop(tokenizer, prompt_len: int):
     class FirstLineStop(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):  # input_ids: (B, prompt_len + generated)
             texts = tokenizer.batch_decode(input_ids[:, prompt_len:], skip_special_tokens=True)
-            done = [bool(t.strip()) and "\n" in t.lstrip() for t in texts]
+            done = [ends_first_line(t) for t in texts]
             return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     return StoppingCriteriaList([FirstLineStop()])

@@ -24,8 +24,7 @@ def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | N
         from workers.train_ranker import PASSAGES, SELF_ARTICLES
 
         n = n_passages or PASSAGES
-        return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed,
-                             gold=gold)
+        return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed)
     if kind == "gemma":  # reads the same number of passages in training and serving
         if base:
             fail("--base is for --kind fid only (gemma fine-tunes the packaged Gemma 3 270M)")
