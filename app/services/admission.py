@@ -7,15 +7,21 @@ and the ask page) go through one gate per process:
 - up to `max_active` answers run at a time (SQA_ANSWER_CONCURRENCY);
 - up to `max_waiting` more wait their turn (SQA_ANSWER_QUEUE); a request beyond that is refused at
   once with 503 and Retry-After;
-- a waiting request that has not started within `max_wait_s` (SQA_ANSWER_WAIT_S) is refused the
-  same way, instead of waiting a minute behind the others.
+- `max_wait_s` (SQA_ANSWER_WAIT_S) bounds a request's whole time, waiting plus answering: a request
+  waits for a place at most `max_wait_s` less the time an answer takes (a high quantile of the
+  last answers actually timed, never a guess), and is refused the same way when none has freed by
+  then, instead of waiting a minute behind the others or being answered after the limit only
+  because the answer came on top of a full wait.
 
-Retry-After is the time the queue ahead is expected to take, from a moving average of recent
-answer times. Background work (evaluation, training) calls the answer service directly and is not
+Nothing is refused on a forecast: a request is turned away only when the waiting room is full or
+when its own wait ran out. One slow answer (a warm-up, a model loading) does not shrink everyone's
+wait: the quantile ignores a lone outlier. Retry-After is the time the
+queue ahead is expected to take, from a moving average of recent answer times. Background work (evaluation, training) calls the answer service directly and is not
 gated: it is throttled by its own job slots.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import threading
@@ -39,6 +45,11 @@ class OverloadedError(ServiceError):
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
+ANSWERS_KEPT = 20  # the answer times the wait budget is taken from
+ANSWER_QUANTILE = 0.9
+MIN_TIMED = 3  # answers timed before their times count
+
+
 class AdmissionGate:
     """A counting gate with a bounded, time-limited waiting room (thread-safe).
 
@@ -59,6 +70,7 @@ class AdmissionGate:
         self._active = 0
         self._waiting = 0
         self._mean_s = 1.0  # moving average of an answer's time, for Retry-After
+        self._recent: collections.deque[float] = collections.deque(maxlen=ANSWERS_KEPT)  # seconds each
         self.refused = 0  # since start, for the logs and tests
 
     @property
@@ -71,6 +83,28 @@ class AdmissionGate:
 
     def _retry_after(self) -> float:
         return self._mean_s * (self._waiting + self._active) / self.max_active
+
+    def answer_s(self) -> float:
+        """The time an answer takes, for the wait budget: the ANSWER_QUANTILE of the last answers
+        (0 until MIN_TIMED answers were timed: no guess, and a first slow answer, a warm-up, is not
+        taken for the rule). With 3 it is the median, with 20 the 18th: one outlier never sets it.
+
+        Example:
+            >>> gate = AdmissionGate(max_active=1, max_waiting=1, max_wait_s=5)
+            >>> gate.answer_s(), gate.wait_budget_s()
+            (0.0, 5.0)
+        """
+        times = sorted(self._recent)
+        return times[int(ANSWER_QUANTILE * (len(times) - 1))] if len(times) >= MIN_TIMED else 0.0
+
+    def timed(self, seconds: float) -> None:
+        """Count one answer's time (admit() does, under the gate's lock; tests call it directly)."""
+        self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
+        self._recent.append(seconds)
+
+    def wait_budget_s(self) -> float:
+        """How long a request may wait for a place and still be answered within max_wait_s."""
+        return max(0.0, self.max_wait_s - self.answer_s())
 
     def _refuse(self, why: str) -> OverloadedError:
         self.refused += 1
@@ -87,13 +121,16 @@ class AdmissionGate:
                 if self._waiting >= self.max_waiting:
                     raise self._refuse(f"{self._active} questions are being answered and {self._waiting} are "
                                        "waiting (SQA_ANSWER_QUEUE)")
+                budget = self.wait_budget_s()
                 self._waiting += 1
                 try:
-                    started = self._cond.wait_for(lambda: self._active < self.max_active, timeout=self.max_wait_s)
+                    started = self._cond.wait_for(lambda: self._active < self.max_active, timeout=budget)
                 finally:
                     self._waiting -= 1
                 if not started:
-                    raise self._refuse(f"no answer slot freed up within {self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)")
+                    raise self._refuse(f"no answer slot freed up within {budget:.1f} s, and an answer takes about "
+                                       f"{self.answer_s():.1f} s: it would not be answered within "
+                                       f"{self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)")
             self._active += 1
         t0 = time.monotonic()
         try:
@@ -102,5 +139,5 @@ class AdmissionGate:
             took = time.monotonic() - t0
             with self._cond:
                 self._active -= 1
-                self._mean_s = 0.8 * self._mean_s + 0.2 * took
+                self.timed(took)
                 self._cond.notify()

@@ -74,6 +74,44 @@ def test_a_wait_longer_than_the_limit_is_refused():
     assert gate.active == 0
 
 
+def test_a_request_waits_only_as_long_as_leaves_time_to_answer_it_within_the_limit():
+    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=1.0)
+    for took in (0.3, 0.3, 0.3):
+        gate.timed(took)
+    assert gate.answer_s() == 0.3 and gate.wait_budget_s() == pytest.approx(0.7)
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError, match=r"within 0.7 s, and an answer takes about 0.3 s: .* within 1 s"):
+        with gate.admit():
+            pass
+    assert time.monotonic() - t0 >= 0.65  # it did wait its budget before being refused
+    for _ in range(4):
+        gate.timed(3.0)  # answers now take longer than the whole limit: nobody can wait at all
+    assert gate.wait_budget_s() == 0.0
+    with pytest.raises(OverloadedError, match="within 0.0 s"):
+        with gate.admit():
+            pass
+    release.set()
+    holder.join(5)
+    with gate.admit():  # a free place is taken at once, whatever the budget
+        assert gate.active == 1
+    assert gate.refused == 2
+
+
+def test_one_slow_answer_does_not_shrink_everyones_wait():
+    gate = AdmissionGate(max_active=1, max_waiting=5, max_wait_s=5.0)
+    assert gate.wait_budget_s() == 5.0  # nothing timed yet: no guess
+    gate.timed(8.0)  # a warm-up
+    gate.timed(0.5)
+    assert gate.wait_budget_s() == 5.0  # two answers timed are not yet a rule
+    gate.timed(0.5)
+    assert gate.answer_s() == 0.5 and gate.wait_budget_s() == 4.5  # the median of three
+    for _ in range(17):
+        gate.timed(0.5)
+    assert gate.answer_s() == 0.5  # 20 kept: the 18th of them sorted
+    gate.timed(0.5)  # the oldest, the warm-up, is forgotten
+    assert max(gate._recent) == 0.5
+
+
 def test_the_gate_rejects_nonsense_limits():
     with pytest.raises(ValueError, match="max_active 0"):
         AdmissionGate(max_active=0, max_waiting=1, max_wait_s=1)
