@@ -169,12 +169,19 @@ def wait_job():
 def gemma_cache(tmp_path_factory):
     """A cache dir holding the converted Gemma 3 270M (models.gemma.gemma_folder), shared by the
     session's tests: the folder SQA_TEST_GEMMA_CACHE names when it holds a converted model (read only,
-    saves the conversion), else the session's one GGUF conversion (about two minutes on a busy CPU)."""
+    saves the conversion), else the run's one GGUF conversion (about 40 s on a busy CPU). Under
+    pytest-xdist the workers share it: the first converts, the others wait on a file lock and reuse it."""
+    from filelock import FileLock
+
     from models.gemma import FOLDER_NAME, gemma_folder
 
     given = os.environ.get("SQA_TEST_GEMMA_CACHE", "")
     if given and (Path(given) / FOLDER_NAME / "model.safetensors").exists():
         return Path(given)
-    cache = tmp_path_factory.mktemp("gemma")
-    gemma_folder(cache)
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    cache = shared / "gemma-cache"
+    with FileLock(str(shared / "gemma-cache.lock")):
+        gemma_folder(cache)
     return cache
