@@ -129,7 +129,8 @@ def load_builtin_reader(settings: Settings, name: str) -> Reader:
     """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
     return load_reader(name, device=resolve_device(settings), max_passages=settings.reader_passages or 3,
                        cache_dir=settings.models_dir / "base", context_words=settings.reader_context_words,
-                       answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary)
+                       answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary,
+                       precision=settings.reader_precision)
 
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
@@ -141,7 +142,8 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
         if kind != expect:
             raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
     return load_trained_reader(folder, device=resolve_device(settings), max_passages=settings.reader_passages or None,
-                               answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary)
+                               answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary,
+                               precision=settings.reader_precision)
 
 
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:

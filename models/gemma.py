@@ -209,6 +209,34 @@ def _load(folder: Path):
     return model.eval(), tokenizer
 
 
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+def native_bfloat16(device: str = "cpu") -> bool:
+    """Whether `device` computes in bfloat16 natively: a CUDA GPU that supports it, or a CPU with
+    AVX512-BF16 or AMX (recent Xeon and EPYC). Elsewhere bfloat16 is emulated and slower than float32."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(probe() for probe in probes if probe is not None)
+
+
+def resolve_precision(precision: str, device: str = "cpu") -> str:
+    """"auto" -> "bfloat16" where the device computes it natively, else "float32"; the others as given.
+
+    Example:
+        >>> resolve_precision("float32")
+        'float32'
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
+        return "bfloat16" if native_bfloat16(device) else "float32"
+    return precision
+
+
 VOCABULARIES = ("full", "read")
 # Written with whatever the passages hold: a line's end, digits and the usual punctuation, yes/no.
 ALWAYS_ALLOWED = ("\n", *"0123456789", *(f" {d}" for d in "0123456789"), ".", ",", "-", "'", '"', "%", "$", "(",
@@ -298,7 +326,7 @@ class GemmaReader:
 
     def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
                  max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0,
-                 answer_beams: int = 1, vocabulary: str = "full") -> None:
+                 answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32") -> None:
         for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
                            ("max_new_tokens", max_new_tokens), ("answer_beams", answer_beams)):
             if value < 1:
@@ -307,6 +335,14 @@ class GemmaReader:
             raise ValueError(f"context_words must be 0 (first words of each passage) or positive, got {context_words}")
         if vocabulary not in VOCABULARIES:
             raise ValueError(f"vocabulary must be one of {VOCABULARIES}, got {vocabulary!r}")
+        # "bfloat16": the weights are cast and every matmul runs in bfloat16 (Gemma was trained in
+        # it): on a CPU with AVX512-BF16 the prompt reads in about half the time of float32.
+        # "auto": bfloat16 where the device has it natively (resolve_precision).
+        self.precision = resolve_precision(precision, device)
+        if self.precision == "bfloat16":
+            import torch
+
+            model = model.to(torch.bfloat16)
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -329,7 +365,7 @@ class GemmaReader:
              **kwargs) -> GemmaReader:
         """The packaged model (converted into `cache_dir` on first use), or the transformers folder
         `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens,
-        context_words, answer_beams, vocabulary."""
+        context_words, answer_beams, vocabulary, precision."""
         model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
         return cls(model.to(device), tokenizer, device=device, **kwargs)
 

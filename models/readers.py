@@ -47,11 +47,13 @@ class FirstEntityReader:
 
 
 def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None,
-                context_words: int = 0, answer_beams: int = 1, vocabulary: str = "full") -> Reader:
+                context_words: int = 0, answer_beams: int = 1, vocabulary: str = "full",
+                precision: str = "float32") -> Reader:
     """Build a reader from a setting: "gemma", "smollm2" or "first-entity". `cache_dir` is where
     "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
     sentence selection budget (0: none) and `vocabulary` what its answers may be written with
-    ("full" or "read", models.gemma.GemmaReader); the others ignore them."""
+    ("full" or "read", models.gemma.GemmaReader) and `precision` its number format ("auto",
+    "float32", "bfloat16"); the others ignore them."""
     if spec == "first-entity":
         return FirstEntityReader()
     if spec == "smollm2":
@@ -62,5 +64,6 @@ def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_
         from models.gemma import GemmaReader
 
         return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages,
-                                context_words=context_words, answer_beams=answer_beams, vocabulary=vocabulary)
+                                context_words=context_words, answer_beams=answer_beams, vocabulary=vocabulary,
+                                precision=precision)
     raise ValueError(f"reader {spec!r} is unknown (use 'gemma', 'smollm2' or 'first-entity')")

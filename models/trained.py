@@ -57,16 +57,16 @@ def load_trained_model(path: Path | str, *, device: str = "cpu"):
 
 
 def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: int | None = None,
-                        answer_beams: int = 1, vocabulary: str = "full") -> Reader:
+                        answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32") -> Reader:
     """A `Reader` over a trained folder, named "<kind>:<version>" so answers say what read them
-    (`answer_beams`, `vocabulary`: a Gemma version's grounded beam search and answer vocabulary,
-    models.gemma.GemmaReader)."""
+    (`answer_beams`, `vocabulary`, `precision`: a Gemma version's grounded beam search, answer
+    vocabulary and number format, models.gemma.GemmaReader)."""
     info = read_reader_info(path)
     model = load_trained_model(path, device=device)
     name = f"{info['kind']}:{info.get('version') or Path(path).name}"
     if info["kind"] == "gemma":
         return model.into_reader(name=name, n_passages=max_passages,  # LoRA merged: serves at the base's cost
-                                 answer_beams=answer_beams, vocabulary=vocabulary)
+                                 answer_beams=answer_beams, vocabulary=vocabulary, precision=precision)
     if info["kind"] == "fid":
         from models.fid import FiDReader
 

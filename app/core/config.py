@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     # question only (models.gemma.greedy_within: each token then skips the 262k-word output head);
     # "full" may use any token.
     reader_vocabulary: Literal["full", "read"] = "full"
+    # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
+    # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma.resolve_precision).
+    reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"

@@ -274,3 +274,32 @@ def test_gemma_reader_finds_the_answer_among_three_passages(gemma_reader):
                       "prompting air quality alerts in New York.")]
     answer = gemma_reader.generate(NBA_Q, AS_OF, [others[0], NBA, others[1]])
     assert "denver nuggets" in answer.text.lower()
+
+
+def test_precision_auto_is_bfloat16_only_where_the_device_computes_it(monkeypatch):
+    import torch
+
+    assert gemma.resolve_precision("float32") == "float32" and gemma.resolve_precision("bfloat16") == "bfloat16"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert gemma.resolve_precision("auto") == "float32"  # emulated bfloat16 would be slower
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert gemma.resolve_precision("auto") == "bfloat16"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        gemma.resolve_precision("float16")
+
+
+@pytest.mark.integration
+def test_a_bfloat16_reader_answers_what_the_float32_one_answers(gemma_cache):
+    import torch
+
+    with pytest.MonkeyPatch.context() as mp:
+        _forbid_conversion(mp)
+        reader = GemmaReader.load(cache_dir=gemma_cache, precision="bfloat16")
+    assert reader.precision == "bfloat16" and next(reader.model.parameters()).dtype == torch.bfloat16
+    others = [passage(dt.date(2023, 6, 12), "Stock markets in Asia rose on Monday as investors awaited the Federal "
+                      "Reserve's decision on interest rates.")]
+    for vocabulary in ("full", "read"):
+        reader.vocabulary = vocabulary
+        answer = reader.generate(NBA_Q, AS_OF, [others[0], NBA])
+        assert "denver nuggets" in answer.text.lower(), (vocabulary, answer)
