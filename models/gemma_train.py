@@ -29,7 +29,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from models.gemma import FOLDER_NAME, GemmaReader, build_prompt, build_target, gemma_folder, reader_context
+from models.gemma import (FOLDER_NAME, PRECISIONS, GemmaReader, build_prompt, build_target, gemma_folder,
+                          reader_context, resolve_precision)
 from models.reader_base import Item, ReaderPassage, shorten_answer
 from models.saved_config import SavedConfig
 
@@ -58,6 +59,10 @@ class GemmaConfig(SavedConfig):
     last_layers: int = 4  # "last-layers": how many decoder layers train (with the final norm)
     base: str = FOLDER_NAME  # the packaged base it was trained on
     base_cache: str = ""  # where that base was when it was trained: a hint for load()
+    # The number format of training's matmuls (models.gemma.resolve_precision): "bfloat16" runs the
+    # forward and backward passes under bfloat16 autocast, the weights and the optimizer staying in
+    # float32; "auto" does so where the device computes bfloat16 natively.
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))  # JSON gives a list
@@ -69,6 +74,8 @@ class GemmaConfig(SavedConfig):
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.context_words < 0:
             raise ValueError(f"context_words must be 0 or positive, got {self.context_words}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.max_length < 2 * self.max_answer_tokens:
             raise ValueError(f"max_length {self.max_length} leaves no room for the passages and question "
                              f"(max_answer_tokens is {self.max_answer_tokens})")
@@ -239,6 +246,11 @@ class GemmaModel:
         return self.net.get_base_model() if hasattr(self.net, "get_base_model") else self.net
 
     # ---- tensors ----------------------------------------------------------------------------------
+    def _autocast(self):
+        """bfloat16 autocast for the config's precision on this device, else a no-op context."""
+        bf16 = resolve_precision(self.config.precision, str(self.device)) == "bfloat16"
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=bf16)
+
     def _ids(self, text: str, *, special: bool) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
@@ -268,11 +280,12 @@ class GemmaModel:
         """Mean cross-entropy of the answer tokens given the prompt, with logits at those positions only."""
         ids, mask, labels = (t.to(self.device) for t in self.encode_examples(items, answers))
         lm = self._causal_lm()
-        hidden = lm.model(input_ids=ids, attention_mask=mask).last_hidden_state  # B x L x H
-        # Position t predicts token t+1: keep the positions whose next token is an answer token.
-        targets = labels[:, 1:]  # B x (L-1)
-        at = targets != -100
-        logits = lm.lm_head(hidden[:, :-1][at])  # K x V, K = answer tokens in the batch (not B x L x V)
+        with self._autocast():
+            hidden = lm.model(input_ids=ids, attention_mask=mask).last_hidden_state  # B x L x H
+            # Position t predicts token t+1: keep the positions whose next token is an answer token.
+            targets = labels[:, 1:]  # B x (L-1)
+            at = targets != -100
+            logits = lm.lm_head(hidden[:, :-1][at])  # K x V, K = answer tokens in the batch (not B x L x V)
         cap = getattr(lm.config, "final_logit_softcapping", None)
         if cap:
             logits = torch.tanh(logits / cap) * cap
@@ -307,9 +320,10 @@ class GemmaModel:
         for row, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
             ids[row, length - len(p):] = torch.tensor(p)
             mask[row, length - len(p):] = 1
-        gen = self.net.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                max_new_tokens=cfg.max_new_tokens, do_sample=False, pad_token_id=pad,
-                                stopping_criteria=_first_line_stop(self.tokenizer, length))  # B x (length + new)
+        with self._autocast():
+            gen = self.net.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                    max_new_tokens=cfg.max_new_tokens, do_sample=False, pad_token_id=pad,
+                                    stopping_criteria=_first_line_stop(self.tokenizer, length))  # B x (length + new)
         return self.tokenizer.batch_decode(gen[:, length:], skip_special_tokens=True)
 
     def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:

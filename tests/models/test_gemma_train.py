@@ -61,7 +61,8 @@ def tiny_lm(seed: int = 0):
 
 
 def tiny(config: GemmaConfig | None = None, seed: int = 0) -> GemmaModel:
-    return GemmaModel(tiny_lm(seed), CharTokenizer(), config or GemmaConfig(max_length=400, lora_r=4))
+    """float32 unless the config says otherwise: the exactness tests compare with float32 references."""
+    return GemmaModel(tiny_lm(seed), CharTokenizer(), config or GemmaConfig(max_length=400, lora_r=4, precision="float32"))
 
 
 ITEMS = [("Who won the NBA championship?", AS_OF, [FILLER, NBA]), ("Who was named MVP?", AS_OF, [NBA])]
@@ -149,9 +150,23 @@ def test_last_layers_trains_the_last_decoder_layers_and_the_final_norm():
     assert model._causal_lm().model.embed_tokens.weight.grad is None
 
 
+def test_bfloat16_training_computes_in_bfloat16_and_keeps_float32_weights_and_gradients():
+    exact = tiny()
+    fast = tiny(GemmaConfig(max_length=400, lora_r=4, precision="bfloat16"))
+    reference = exact.loss(ITEMS, ANSWERS)
+    loss = fast.loss(ITEMS, ANSWERS)
+    assert loss.item() != reference.item()  # the matmuls did run in bfloat16...
+    assert loss.item() == pytest.approx(reference.item(), rel=0.05)  # ...to about the same loss
+    loss.backward()
+    trainable = [p for _, p in fast.named_trainable()]
+    assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32 for p in trainable)
+
+
 def test_config_refuses_an_unknown_method_and_round_trips_through_json():
     with pytest.raises(ValueError, match="method 'full' is unknown"):
         GemmaConfig(method="full")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        GemmaConfig(precision="float16")
     cfg = GemmaConfig(lora_r=8, lora_targets=("q_proj", "v_proj"))
     assert GemmaConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
 
