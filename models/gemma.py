@@ -317,6 +317,21 @@ def _first_line_stop(tokenizer, prompt_len: int):
     return StoppingCriteriaList([FirstLineStop()])
 
 
+def _compact_input(module, args):
+    """A forward pre-hook for the output head: its input with fresh (compact) strides.
+
+    transformers hands the head the last position as a slice of the prompt's hidden states (strides
+    L*H, H, 1). When the head's weight does not require grad (a trained version: every weight frozen
+    after merging), torch's matmul then copies the whole 262k x 640 weight to multiply it: about
+    0.8 s per call in bfloat16, against 25 ms for the same product with a compact input."""
+    import torch
+
+    x = args[0]
+    if x.dim() == 3 and not x.requires_grad:
+        x = x.clone(memory_format=torch.contiguous_format)
+    return (x, *args[1:])
+
+
 class GemmaReader:
     """Reads the first `n_passages` passages with greedy decoding and answers with a short phrase.
 
@@ -343,6 +358,8 @@ class GemmaReader:
             import torch
 
             model = model.to(torch.bfloat16)
+        if hasattr(model, "get_output_embeddings"):
+            model.get_output_embeddings().register_forward_pre_hook(_compact_input)
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
