@@ -8,15 +8,15 @@ and the ask page) go through one gate per process:
 - up to `max_waiting` more wait their turn (SQA_ANSWER_QUEUE); a request beyond that is refused at
   once with 503 and Retry-After;
 - `max_wait_s` (SQA_ANSWER_WAIT_S) bounds a request's whole time, waiting plus answering: a request
-  waits for a place at most `max_wait_s` less the time an answer takes (a high quantile of the
-  last answers actually timed, never a guess), and is refused the same way when none has freed by
+  waits for a place at most `max_wait_s` less the time an answer may take (the longest of the last
+  20 answers actually timed, never a guess), and is refused the same way when none has freed by
   then, instead of waiting a minute behind the others or being answered after the limit only
   because the answer came on top of a full wait.
 
 Nothing is refused on a forecast: a request is turned away only when the waiting room is full or
-when its own wait ran out. One slow answer (a warm-up, a model loading) does not shrink everyone's
-wait: the quantile ignores a lone outlier. Retry-After is the time the
-queue ahead is expected to take, from a moving average of recent answer times. Background work (evaluation, training) calls the answer service directly and is not
+when its own wait ran out. The process's first answer pays lazy loading (models, the snapshot) and
+is not counted; answer times count once MIN_TIMED are known. Retry-After is the time the queue
+ahead is expected to take, from a moving average of recent answer times. Background work (evaluation, training) calls the answer service directly and is not
 gated: it is throttled by its own job slots.
 """
 from __future__ import annotations
@@ -46,7 +46,6 @@ class OverloadedError(ServiceError):
 
 
 ANSWERS_KEPT = 20  # the answer times the wait budget is taken from
-ANSWER_QUANTILE = 0.9
 MIN_TIMED = 3  # answers timed before their times count
 
 
@@ -71,6 +70,7 @@ class AdmissionGate:
         self._waiting = 0
         self._mean_s = 1.0  # moving average of an answer's time, for Retry-After
         self._recent: collections.deque[float] = collections.deque(maxlen=ANSWERS_KEPT)  # seconds each
+        self._warm = False  # the first answer was timed (and left out)
         self.refused = 0  # since start, for the logs and tests
 
     @property
@@ -85,20 +85,23 @@ class AdmissionGate:
         return self._mean_s * (self._waiting + self._active) / self.max_active
 
     def answer_s(self) -> float:
-        """The time an answer takes, for the wait budget: the ANSWER_QUANTILE of the last answers
-        (0 until MIN_TIMED answers were timed: no guess, and a first slow answer, a warm-up, is not
-        taken for the rule). With 3 it is the median, with 20 the 18th: one outlier never sets it.
+        """The time an answer may take, for the wait budget: the longest of the last ANSWERS_KEPT
+        answers (0 until MIN_TIMED were timed: no guess). The longest, not a typical one: a request
+        that waited its whole budget must still be answered within the limit.
 
         Example:
             >>> gate = AdmissionGate(max_active=1, max_waiting=1, max_wait_s=5)
             >>> gate.answer_s(), gate.wait_budget_s()
             (0.0, 5.0)
         """
-        times = sorted(self._recent)
-        return times[int(ANSWER_QUANTILE * (len(times) - 1))] if len(times) >= MIN_TIMED else 0.0
+        return max(self._recent) if len(self._recent) >= MIN_TIMED else 0.0
 
     def timed(self, seconds: float) -> None:
-        """Count one answer's time (admit() does, under the gate's lock; tests call it directly)."""
+        """Count one answer's time (admit() does, under the gate's lock; tests call it directly).
+        The first is left out: it pays the process's lazy loading."""
+        if not self._warm:
+            self._warm = True
+            return
         self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
         self._recent.append(seconds)
 
