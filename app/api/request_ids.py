@@ -41,6 +41,8 @@ class RequestIds:
         request_id = given if _SANE.fullmatch(given) else uuid.uuid4().hex
         token = REQUEST_ID.set(request_id)
         status, t0 = 500, time.perf_counter()
+        # When the request came in (request.state.arrived): the answer gate counts its time from here.
+        scope.setdefault("state", {})["arrived"] = time.monotonic()
 
         async def send_with_id(message):
             nonlocal status

@@ -116,15 +116,17 @@ class AdmissionGate:
                                retry)
 
     @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
+    def admit(self, since: float | None = None) -> Iterator[None]:
         """Hold one of the `max_active` places for the duration of the block (OverloadedError if
-        none frees up in time, or if the waiting room is full)."""
+        none frees up in time, or if the waiting room is full). `since`: when the request arrived
+        (time.monotonic()); the time it already spent before the gate comes off its wait."""
         with self._cond:
             if self._active >= self.max_active:
                 if self._waiting >= self.max_waiting:
                     raise self._refuse(f"{self._active} questions are being answered and {self._waiting} are "
                                        "waiting (SQA_ANSWER_QUEUE)")
-                budget = self.wait_budget_s()
+                spent = max(0.0, time.monotonic() - since) if since is not None else 0.0
+                budget = max(0.0, self.wait_budget_s() - spent)
                 self._waiting += 1
                 try:
                     started = self._cond.wait_for(lambda: self._active < self.max_active, timeout=budget)

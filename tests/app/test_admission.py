@@ -96,6 +96,20 @@ def test_a_request_waits_only_as_long_as_leaves_time_to_answer_it_within_the_lim
     assert gate.refused == 2
 
 
+def test_time_spent_before_the_gate_comes_off_the_wait():
+    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError, match="within 0.4 s"):
+        with gate.admit(since=t0 - 0.6):  # the request arrived 0.6 s before it reached the gate
+            pass
+    assert time.monotonic() - t0 >= 0.35
+    with pytest.raises(OverloadedError, match="within 0.0 s"):
+        with gate.admit(since=t0 - 5.0):  # already past the limit: refused without waiting
+            pass
+    release.set()
+    holder.join(5)
+
+
 def test_no_guess_before_answers_are_timed_and_only_the_last_twenty_count():
     gate = AdmissionGate(max_active=1, max_waiting=5, max_wait_s=5.0)
     assert gate.wait_budget_s() == 5.0  # nothing timed yet: no guess

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep
 from app.api.schemas import API_ERRORS, AnswerPublic, AnswerRequest, ErrorPublic, PassagePublic
@@ -14,11 +14,11 @@ router = APIRouter(prefix="/v1", tags=["answers"], responses=API_ERRORS)
 @router.post("/answers", response_model=AnswerPublic,
              responses={503: {"model": ErrorPublic, "description": "No index yet, or too many questions at once (Retry-After says when "
                                              "to try again)"}})
-def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGateDep) -> AnswerPublic:
+def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGateDep, request: Request) -> AnswerPublic:
     """Answer a question from the news published on or before `as_of`, citing the passages."""
     as_of = parse_iso_day(body.as_of, what="as_of") if body.as_of is not None else None
     service.validate(body.question, body.top_k)  # a bad request is told so at once, not after its turn
-    with gate.admit():
+    with gate.admit(since=getattr(request.state, "arrived", None)):  # counted from arrival (RequestIds)
         result = service.answer(body.question, as_of, body.top_k)
     passages = [PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
                 for p in result.passages]
