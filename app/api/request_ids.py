@@ -64,6 +64,12 @@ class RequestIds:
             REQUEST_ID.reset(token)
 
 
+def arrived_at(request) -> float | None:
+    """When `request` came in (time.monotonic(), set by RequestIds; None outside it): the answer
+    gate counts a request's whole time from there (AdmissionGate.admit's `since`)."""
+    return getattr(request.state, "arrived", None)
+
+
 class RequestIdFilter(logging.Filter):
     """Puts the current request id on every record (`-` outside a request)."""
 

@@ -16,8 +16,9 @@ and the ask page) go through one gate per process:
 Nothing is refused on a forecast: a request is turned away only when the waiting room is full or
 when its own wait ran out. The process's first answer pays lazy loading (models, the snapshot) and
 is not counted; answer times count once MIN_TIMED are known. Retry-After is the time the queue
-ahead is expected to take, from a moving average of recent answer times. Background work (evaluation, training) calls the answer service directly and is not
-gated: it is throttled by its own job slots.
+ahead is expected to take, from a moving average of recent answer times. Background work
+(evaluation, training) calls the answer service directly and is not gated: it is throttled by its
+own job slots.
 """
 from __future__ import annotations
 

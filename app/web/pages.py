@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep, SessionDep
+from app.api.request_ids import arrived_at
 from app.db.tables import Question
 from app.services.errors import ServiceError
 from app.web.templating import templates
@@ -86,7 +87,7 @@ def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep, g
             errors["q"] = "type a question"
     if q.strip() and not errors:
         try:
-            with gate.admit():  # both dates in one turn
+            with gate.admit(since=arrived_at(request)):  # both dates in one turn
                 results = [service.answer(q, day, k)]
                 if other is not None:
                     results.append(service.answer(q, other, k))

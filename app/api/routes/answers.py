@@ -5,6 +5,7 @@ from dataclasses import asdict
 from fastapi import APIRouter, Request
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep
+from app.api.request_ids import arrived_at
 from app.api.schemas import API_ERRORS, AnswerPublic, AnswerRequest, ErrorPublic, PassagePublic
 from indexer.dates import parse_iso_day
 
@@ -18,7 +19,7 @@ def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGate
     """Answer a question from the news published on or before `as_of`, citing the passages."""
     as_of = parse_iso_day(body.as_of, what="as_of") if body.as_of is not None else None
     service.validate(body.question, body.top_k)  # a bad request is told so at once, not after its turn
-    with gate.admit(since=getattr(request.state, "arrived", None)):  # counted from arrival (RequestIds)
+    with gate.admit(since=arrived_at(request)):
         result = service.answer(body.question, as_of, body.top_k)
     passages = [PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
                 for p in result.passages]
