@@ -17,7 +17,8 @@ articles of [since, until] and ingests those months; with --home it uses that SQ
 window's questions (a fixed-seed sample, in date order; questions that only make sense with their
 multiple-choice options are left out) one after another, each with as_of = its question date.
 
-It prints client-side latency (p50, p95, mean, max), the server's own timings_ms (retrieve, read)
+It prints client-side latency (p50, p95, mean, max), the server's own timings_ms (queue at the answer gate,
+retrieve, read; arrival to answer) and what the client saw beyond them, each
 p50/p95, the number of errors and three example answers next to the gold answer. Without the
 RealTimeQA data it falls back to the shipped sample (indexer/sample/realtimeqa, invented news),
 and says so.
@@ -107,15 +108,20 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+STAGES = {"queue": "server: queue (gate)", "retrieve": "server: retrieve", "read": "server: read",
+          "server": "server: arrival->answer", "outside": "outside the server"}
+
+
 def send_questions(server, questions, args):
-    """Warm up, then send each question once (from args.clients clients); returns latencies, server
-    timings, errors, examples and the 503 refusals' waits."""
+    """Warm up, then send each question once (from args.clients clients); returns latencies, the
+    server's timings per stage (STAGES), errors, examples and the 503 refusals' waits."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
-    latencies, retrieve, read, errors, examples, refused = [], [], [], [], [], []
+    latencies, errors, examples, refused = [], [], [], []
+    stages: dict[str, list[float]] = {name: [] for name in STAGES}  # the server's timings_ms, and the rest
     lock = threading.Lock()
     pending = iter(enumerate(questions))
 
@@ -146,8 +152,14 @@ def send_questions(server, questions, args):
                     else:
                         out = r.json()
                         latencies.append(elapsed_ms)
-                        retrieve.append(out["timings_ms"].get("retrieve", float("nan")))
-                        read.append(out["timings_ms"].get("read", float("nan")))
+                        timings = out["timings_ms"]
+                        for name in ("queue", "retrieve", "read"):
+                            stages[name].append(timings.get(name, float("nan")))
+                        # in the server: from arrival to the answer; outside: the HTTP round trip, the
+                        # event loop, the client's own threads (what the client saw beyond the server)
+                        inside = timings.get("queue", 0.0) + timings.get("total", float("nan"))
+                        stages["server"].append(inside)
+                        stages["outside"].append(elapsed_ms - inside)
                         if len(examples) < 3:
                             examples.append((asked, text, out["answer"], gold))
                     if sys.stdout.isatty():
@@ -167,7 +179,7 @@ def send_questions(server, questions, args):
     if server.process.poll() is not None:
         print(f"the server exited during the run (code {server.process.returncode})\n{server.log_tail()}",
               file=sys.stderr)
-    return latencies, retrieve, read, errors, examples, refused
+    return latencies, stages, errors, examples, refused
 
 
 def main() -> int:
@@ -232,7 +244,7 @@ def main() -> int:
             with served(env, Path(tmp) / "server.log", ready_timeout_s=args.ready_timeout) as server:
                 startup_s = server.startup_s
                 print(f"ready in {startup_s:.1f} s: {server.ready}", flush=True)
-                latencies, retrieve, read, errors, examples, refused = send_questions(server, questions, args)
+                latencies, stages, errors, examples, refused = send_questions(server, questions, args)
         except ServerNotReady as exc:
             print(f"the server did not become ready: {exc}", file=sys.stderr)
             return 1
@@ -245,8 +257,8 @@ def main() -> int:
         "client_ms": {"p50": pct(latencies, 50), "p95": pct(latencies, 95),
                       "mean": sum(latencies) / len(latencies) if latencies else float("nan"),
                       "max": max(latencies, default=float("nan"))},
-        "server_retrieve_ms": {"p50": pct(retrieve, 50), "p95": pct(retrieve, 95)},
-        "server_read_ms": {"p50": pct(read, 50), "p95": pct(read, 95)},
+        **{f"{name}_ms": {"p50": pct(v, 50), "p95": pct(v, 95), "max": max(v, default=float("nan"))}
+           for name, v in stages.items()},
         "clients": args.clients, "refused_503": len(refused),
         "refused_wait_ms": {"p50": pct(refused, 50), "max": max(refused, default=float("nan"))},
     }
@@ -256,11 +268,12 @@ def main() -> int:
           f"({left_out} in the window left out: they need their choices; {args.warmup} warm-up request(s) not counted); server ready in {startup_s:.1f} s")
     print(f"machine: {os.cpu_count()} cores, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print()
-    print(f"  {'':<22}{'p50':>9}{'p95':>9}{'mean':>9}{'max':>9}   (ms)")
+    print(f"  {'':<24}{'p50':>9}{'p95':>9}{'mean':>9}{'max':>9}   (ms)")
     c = figures["client_ms"]
-    print(f"  {'client, end to end':<22}{c['p50']:9.0f}{c['p95']:9.0f}{c['mean']:9.0f}{c['max']:9.0f}")
-    for name, key in (("server: retrieve", "server_retrieve_ms"), ("server: read", "server_read_ms")):
-        print(f"  {name:<22}{figures[key]['p50']:9.1f}{figures[key]['p95']:9.1f}")
+    print(f"  {'client, end to end':<24}{c['p50']:9.0f}{c['p95']:9.0f}{c['mean']:9.0f}{c['max']:9.0f}")
+    for name, label in STAGES.items():
+        f = figures[f"{name}_ms"]
+        print(f"  {label:<24}{f['p50']:9.1f}{f['p95']:9.1f}{'':>9}{f['max']:9.1f}")
     if args.clients > 1:
         r = figures["refused_wait_ms"]
         print(f"  answered: {len(latencies)}; refused with 503 + Retry-After (by design): {len(refused)}"

@@ -117,10 +117,12 @@ class AdmissionGate:
                                retry)
 
     @contextlib.contextmanager
-    def admit(self, since: float | None = None) -> Iterator[None]:
+    def admit(self, since: float | None = None) -> Iterator[float]:
         """Hold one of the `max_active` places for the duration of the block (OverloadedError if
         none frees up in time, or if the waiting room is full). `since`: when the request arrived
-        (time.monotonic()); the time it already spent before the gate comes off its wait."""
+        (time.monotonic()); the time it already spent before the gate comes off its wait. Yields the
+        seconds from `since` (else from the call) until the place was given: the request's queue time."""
+        called = time.monotonic()
         with self._cond:
             if self._active >= self.max_active:
                 if self._waiting >= self.max_waiting:
@@ -140,7 +142,7 @@ class AdmissionGate:
             self._active += 1
         t0 = time.monotonic()
         try:
-            yield
+            yield t0 - (since if since is not None else called)
         finally:
             took = time.monotonic() - t0
             with self._cond:

@@ -110,6 +110,17 @@ def test_time_spent_before_the_gate_comes_off_the_wait():
     holder.join(5)
 
 
+def test_admit_yields_the_time_from_arrival_until_the_place_was_given():
+    gate, release, done, holder = _busy(max_waiting=5, max_wait_s=10.0)
+    threading.Timer(0.3, release.set).start()
+    arrived = time.monotonic() - 0.2  # the request arrived 0.2 s before it reached the gate
+    with gate.admit(since=arrived) as queued_s:
+        assert time.monotonic() - arrived >= queued_s >= 0.45  # 0.2 before the gate, about 0.3 in it
+    holder.join(5)
+    with gate.admit() as queued_s:  # a free place: no queue
+        assert 0 <= queued_s < 0.5
+
+
 def test_no_guess_before_answers_are_timed_and_only_the_last_twenty_count():
     gate = AdmissionGate(max_active=1, max_waiting=5, max_wait_s=5.0)
     assert gate.wait_budget_s() == 5.0  # nothing timed yet: no guess

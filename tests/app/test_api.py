@@ -39,6 +39,7 @@ def test_answers_returns_the_documented_fields(client):
     assert body["versions"]["encoder"] == "hash-384"
     assert body["versions"]["reader"] == "first-entity"
     assert body["timings_ms"]["total"] >= body["timings_ms"]["retrieve"]
+    assert body["timings_ms"]["queue"] >= 0  # from arrival until the answer gate let it in
 
 
 @pytest.mark.parametrize("as_of", ["2024-01-10", "2024-01-31", "2024-02-15", "2024-03-01", "2024-03-31"])

@@ -19,9 +19,11 @@ def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGate
     """Answer a question from the news published on or before `as_of`, citing the passages."""
     as_of = parse_iso_day(body.as_of, what="as_of") if body.as_of is not None else None
     service.validate(body.question, body.top_k)  # a bad request is told so at once, not after its turn
-    with gate.admit(since=arrived_at(request)):
+    with gate.admit(since=arrived_at(request)) as queued_s:
         result = service.answer(body.question, as_of, body.top_k)
+    # where the time went: "queue" from the request's arrival until the gate let it in, then the stages
+    timings = {"queue": round(queued_s * 1000, 1), **result.timings_ms}
     passages = [PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
                 for p in result.passages]
     return AnswerPublic(answer=result.answer, as_of=result.as_of, passages=passages, versions=result.versions,
-                        timings_ms=result.timings_ms, notes=result.notes)
+                        timings_ms=timings, notes=result.notes)
