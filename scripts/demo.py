@@ -24,7 +24,7 @@ import httpx
 from urllib.parse import urlencode
 
 from app.server_process import ServerNotReady, free_port, port_is_free, served
-from evaluation.metrics import exact_match
+from evaluation.metrics import answer_in_text, exact_match
 from evaluation.subsets import needs_choices
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,30 +36,43 @@ def run(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, check=True)
 
 
-def pick_questions(since: str, until: str, n: int = 3) -> list[tuple[str, str, str]]:
-    """Three questions (text, date, gold) from different months whose gold answer occurs in a passage
-    published on or before the question date: questions the index can answer."""
+def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tuple[str, str, str]]:
+    """Three questions (text, date, gold) from different months whose evidence the index holds: the
+    gold answer occurs (as whole words) in the question's own cited article (RealTimeQA's gold URLs), stored and
+    published on or before the question date. Questions without cited articles (the shipped sample)
+    fall back to any passage published by then that holds the answer."""
     from sqlalchemy import select
 
     from app.core.config import get_settings
-    from app.db.tables import Passage, Question
+    from app.db.tables import Article, Passage, Question
     from app.bootstrap import open_database
 
-    db = open_database(get_settings(), migrate=False)
+    db = open_database(settings or get_settings(), migrate=False)
     try:
         with db.sessions() as s:
             passages = s.execute(select(Passage.published, Passage.text)).all()
+            articles = {url: (published, text) for url, published, text
+                        in s.execute(select(Article.url, Article.published, Article.text)).all()}
             questions = s.scalars(select(Question).where(Question.asked.between(since, until))
                                   .order_by(Question.asked, Question.qid)).all()
     finally:
         db.close()
+
+    def cited(q, gold: str) -> bool:
+        return any(url in articles and articles[url][0] <= q.asked and answer_in_text(gold, articles[url][1])
+                   for url in (q.meta or {}).get("gold_urls", []))
+
+    def anywhere(q, gold: str) -> bool:
+        return any(p.published <= q.asked and answer_in_text(gold, p.text) for p in passages)
+
+    with_urls = any((q.meta or {}).get("gold_urls") for q in questions)
     chosen, months = [], set()
     for q in questions:
         gold = q.answers[0]
         month = q.asked.strftime("%Y-%m")
         if month in months or needs_choices(q.text) or len(gold.split()) > 4:
             continue
-        if any(p.published <= q.asked and gold.lower() in p.text.lower() for p in passages):
+        if (cited if with_urls else anywhere)(q, gold):
             chosen.append((q.text, q.asked.isoformat(), gold))
             months.add(month)
         if len(chosen) == n:

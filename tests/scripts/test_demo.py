@@ -1,0 +1,63 @@
+"""scripts/demo.py's choice of questions: ones whose evidence the index holds, one a month."""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import sys
+from pathlib import Path
+
+from sqlalchemy import select
+
+from app.bootstrap import open_database
+from app.db.tables import Article, Question
+from evaluation.metrics import answer_in_text
+
+
+def _demo():
+    name = "demo_under_test"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _stored(settings):
+    db = open_database(settings, migrate=False)
+    try:
+        with db.sessions() as s:
+            return s.scalars(select(Question)).all(), s.scalars(select(Article)).all()
+    finally:
+        db.close()
+
+
+def test_without_cited_articles_it_asks_questions_some_earlier_passage_answers(loaded_settings):
+    chosen = _demo().pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
+    _, articles = _stored(loaded_settings)
+    assert len(chosen) == 3
+    assert len({asked[:7] for _, asked, _ in chosen}) == 3  # one a month
+    for _, asked, gold in chosen:
+        day = dt.date.fromisoformat(asked)
+        assert any(a.published <= day and answer_in_text(gold, a.text) for a in articles), gold
+
+
+def test_with_cited_articles_it_asks_only_questions_whose_own_article_holds_the_answer(loaded_settings):
+    questions, articles = _stored(loaded_settings)
+    first = min(questions, key=lambda q: (q.asked, q.qid))
+    holding = next(a for a in articles if a.published <= first.asked and answer_in_text(first.answers[0], a.text))
+
+    def lacking(q):
+        return next(a for a in articles if not answer_in_text(q.answers[0], a.text))
+
+    db = open_database(loaded_settings, migrate=False)
+    try:
+        with db.sessions() as s:  # every question cites an article without its answer, but the first
+            for q in s.scalars(select(Question)).all():
+                q.meta = {**(q.meta or {}), "gold_urls": [holding.url if q.qid == first.qid else lacking(q).url]}
+            s.commit()
+    finally:
+        db.close()
+    chosen = _demo().pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
+    assert chosen == [(first.text, first.asked.isoformat(), first.answers[0])]
