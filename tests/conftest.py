@@ -185,3 +185,19 @@ def gemma_cache(tmp_path_factory):
     with FileLock(str(shared / "gemma-cache.lock")):
         gemma_folder(cache)
     return cache
+
+
+def load_script(relative: str):
+    """A script of the repository (bench/*.py, scripts/*.py: run as files, not an installed package)
+    as a module, loaded once from its file under a name of its own."""
+    import importlib.util
+    import sys
+
+    name = "script_under_test_" + relative.replace("/", "_").removesuffix(".py")
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / relative
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]

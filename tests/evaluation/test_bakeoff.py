@@ -14,6 +14,7 @@ from evaluation.bakeoff import generation_subset, latency_summary, load_baseline
 from evaluation.metrics import exact_match, token_f1
 from indexer.chunking import passage_body
 from indexer.records import ImportReport
+from tests.conftest import load_script
 from workers.bakeoff import gold_passage
 
 KC = "https://www.kestrel-courier.example/2024"
@@ -150,17 +151,7 @@ def test_gold_passage_never_returns_a_passage_published_after_the_question(loade
 def _bench_main():
     """bench/ is a folder of scripts run from the repository root (`python -m bench.bench_readers`),
     not an installed package: load the module from its file."""
-    import importlib.util
-    import sys
-
-    name = "bench_readers_under_test"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "bench" / "bench_readers.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up by name
-        spec.loader.exec_module(module)
-    return sys.modules[name].main
+    return load_script("bench/bench_readers.py").main
 
 
 def _bench_argv(settings, tmp_path: Path, out: Path) -> list[str]:

@@ -3,25 +3,17 @@ first-entity reader, the default hybrid retriever) over one window, figures that
 answers it printed, and a rerun that reuses every cached answer."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from evaluation.metrics import exact_match, token_f1
+from tests.conftest import load_script
 
 
 def _main():
-    name = "bench_quality_under_test"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "bench" / "bench_quality.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name].main
+    return load_script("bench/bench_quality.py").main
 
 
 @pytest.fixture

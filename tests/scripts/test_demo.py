@@ -2,26 +2,17 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
-import sys
-from pathlib import Path
 
 from sqlalchemy import select
 
 from app.bootstrap import open_database
 from app.db.tables import Article, Question
 from evaluation.metrics import answer_in_text
+from tests.conftest import load_script
 
 
 def _demo():
-    name = "demo_under_test"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script("scripts/demo.py")
 
 
 def _stored(settings):
