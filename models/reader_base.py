@@ -19,10 +19,6 @@ from typing import Protocol, Sequence
 from indexer.dates import format_long
 
 
-# Gemma readers' prompt lookup (models.gemma.GemmaReader): candidate tokens copied from the prompt per pass
-LOOKUP_TOKENS = 10
-
-
 @dataclass(frozen=True)
 class ReaderPassage:
     title: str

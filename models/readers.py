@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from indexer.chunking import passage_body
-from models.reader_base import (LOOKUP_TOKENS, BatchedReader, Item, Reader, ReaderAnswer, ReaderPassage, check_passages,
+from models.reader_base import (BatchedReader, Item, Reader, ReaderAnswer, ReaderPassage, check_passages,
                                 dated_question, shorten_answer, strip_restated_question)
 
 __all__ = ["BatchedReader", "Item", "Reader", "ReaderAnswer", "ReaderPassage", "check_passages", "dated_question",
@@ -48,12 +48,12 @@ class FirstEntityReader:
 
 def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None,
                 context_words: int = 0, answer_beams: int = 1, vocabulary: str = "full",
-                precision: str = "float32", lookup_tokens: int = LOOKUP_TOKENS) -> Reader:
+                precision: str = "float32") -> Reader:
     """Build a reader from a setting: "gemma", "smollm2" or "first-entity". `cache_dir` is where
     "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
     sentence selection budget (0: none) and `vocabulary` what its answers may be written with
     ("full" or "read", models.gemma.GemmaReader) and `precision` its number format ("auto",
-    "float32", "bfloat16") and `lookup_tokens` its prompt lookup (0: off); the others ignore them."""
+    "float32", "bfloat16"); the others ignore them."""
     if spec == "first-entity":
         return FirstEntityReader()
     if spec == "smollm2":
@@ -65,5 +65,5 @@ def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_
 
         return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages,
                                 context_words=context_words, answer_beams=answer_beams, vocabulary=vocabulary,
-                                precision=precision, lookup_tokens=lookup_tokens)
+                                precision=precision)
     raise ValueError(f"reader {spec!r} is unknown (use 'gemma', 'smollm2' or 'first-entity')")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from models.reader_base import LOOKUP_TOKENS, Reader
+from models.reader_base import Reader
 
 INFO_FILE = "reader.json"
 KINDS = ("fid", "extractive", "ranker", "gemma")
@@ -57,18 +57,16 @@ def load_trained_model(path: Path | str, *, device: str = "cpu"):
 
 
 def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: int | None = None,
-                        answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32",
-                        lookup_tokens: int = LOOKUP_TOKENS) -> Reader:
+                        answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32") -> Reader:
     """A `Reader` over a trained folder, named "<kind>:<version>" so answers say what read them
-    (`answer_beams`, `vocabulary`, `precision`, `lookup_tokens`: a Gemma version's grounded beam
-    search, answer vocabulary, number format and prompt lookup, models.gemma.GemmaReader)."""
+    (`answer_beams`, `vocabulary`, `precision`: a Gemma version's grounded beam search, answer
+    vocabulary and number format, models.gemma.GemmaReader)."""
     info = read_reader_info(path)
     model = load_trained_model(path, device=device)
     name = f"{info['kind']}:{info.get('version') or Path(path).name}"
     if info["kind"] == "gemma":
         return model.into_reader(name=name, n_passages=max_passages,  # LoRA merged: serves at the base's cost
-                                 answer_beams=answer_beams, vocabulary=vocabulary, precision=precision,
-                                 lookup_tokens=lookup_tokens)
+                                 answer_beams=answer_beams, vocabulary=vocabulary, precision=precision)
     if info["kind"] == "fid":
         from models.fid import FiDReader
 

@@ -143,9 +143,6 @@ class Settings(BaseSettings):
     # question only (models.gemma.greedy_within: each token then skips the 262k-word output head);
     # "full" may use any token.
     reader_vocabulary: Literal["full", "read"] = "full"
-    # Gemma readers, greedy: up to N tokens copied from the prompt are checked in one pass (prompt
-    # lookup: the same answer, a span of the passages in fewer passes); 0 decodes a token a pass.
-    reader_lookup_tokens: int = Field(default=10, ge=0, le=64)
     # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
     # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma.resolve_precision).
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"

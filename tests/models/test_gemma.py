@@ -10,7 +10,6 @@ import pytest
 import models.gemma as gemma
 from indexer.dates import format_long
 from models.gemma import FOLDER_NAME, GemmaReader, build_example, build_prompt, gemma_folder
-from models.reader_base import LOOKUP_TOKENS
 from models.readers import ReaderPassage, load_reader
 
 AS_OF = dt.date(2023, 6, 14)
@@ -133,17 +132,6 @@ def test_gemma_reader_reads_n_passages_greedily_and_shortens_the_answer():
     (call,) = model.calls
     assert call["do_sample"] is False and call["max_new_tokens"] == 16
     assert len(call["stopping_criteria"]) == 1  # the newline stop
-    assert call["prompt_lookup_num_tokens"] == LOOKUP_TOKENS  # candidates copied from the prompt
-
-
-def test_prompt_lookup_is_off_at_zero_and_with_beams():
-    greedy, beams = FakeModel(), BeamModel(2)
-    GemmaReader(greedy, FakeTokenizer(), lookup_tokens=0).generate(NBA_Q, AS_OF, [NBA])
-    GemmaReader(beams, BeamTokenizer(["Denver", "Miami"]), answer_beams=2).generate(NBA_Q, AS_OF, [NBA])
-    assert "prompt_lookup_num_tokens" not in greedy.calls[0]
-    assert "prompt_lookup_num_tokens" not in beams.calls[0] and beams.calls[0]["num_beams"] == 2
-    with pytest.raises(ValueError, match="lookup_tokens must be 0"):
-        GemmaReader(greedy, FakeTokenizer(), lookup_tokens=-1)
 
 
 def test_with_beams_the_best_answer_the_passages_hold_wins():
@@ -315,19 +303,3 @@ def test_a_bfloat16_reader_answers_what_the_float32_one_answers(gemma_cache):
         reader.vocabulary = vocabulary
         answer = reader.generate(NBA_Q, AS_OF, [others[0], NBA])
         assert "denver nuggets" in answer.text.lower(), (vocabulary, answer)
-
-
-@pytest.mark.integration
-def test_prompt_lookup_answers_what_plain_greedy_decoding_answers(gemma_reader):
-    """Assisted generation checks the copied candidates with the model itself: the same tokens come
-    out, for a copied span (the team's name) and for words the passages do not hold."""
-    questions = [(NBA_Q, [NBA]), ("Which team lost the NBA Finals?", [NBA]),
-                 ("What did the article say about the weather?", [NBA])]
-    try:
-        for question, read in questions:
-            gemma_reader.lookup_tokens = LOOKUP_TOKENS
-            looked_up = gemma_reader.generate(question, AS_OF, read)
-            gemma_reader.lookup_tokens = 0
-            assert gemma_reader.generate(question, AS_OF, read) == looked_up, question
-    finally:
-        gemma_reader.lookup_tokens = LOOKUP_TOKENS
