@@ -32,7 +32,8 @@ def server(request, tmp_path_factory):
                         env="test")
     load_sample(settings, through="2024-02", until=None)
     env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": url, "SQA_ADMIN_TOKEN": TOKEN,
-           "SQA_ENCODER": "minilm", "SQA_READER": "smollm2", "SQA_SNAPSHOT_POLL_S": "1", "HF_HUB_OFFLINE": "1"}
+           "SQA_ENCODER": "minilm", "SQA_READER": "smollm2", "SQA_SNAPSHOT_POLL_S": "1", "HF_HUB_OFFLINE": "1",
+           "SQA_ANSWER_CONCURRENCY": "2"}  # two questions at once during the swap: not the answer gate's test
     try:
         with served(env, home / "server.log") as running:
             yield running.base, settings

@@ -149,11 +149,14 @@ class Settings(BaseSettings):
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"
-    # Answers computed at once per process, more waiting their turn, and how long one may wait before
-    # a 503 with Retry-After (app/services/admission.py): a generative reader uses every core anyway.
-    answer_concurrency: int = Field(default=2, ge=1, le=256)
+    # Answers computed at once per process, more waiting their turn (first come, first served), and
+    # the most a question may take in the server, waiting plus answering, before a 503 with
+    # Retry-After (app/services/admission.py). One at a time: the Gemma reader reads one prompt at a
+    # time on every core anyway, so a second place only queued behind it. 4.5 s leaves half a second
+    # of a 5 s budget to the network and the client (8 clients on the server's 2 cores: 0.3 s).
+    answer_concurrency: int = Field(default=1, ge=1, le=256)
     answer_queue: int = Field(default=8, ge=0, le=10_000)
-    answer_wait_s: float = Field(default=5.0, ge=0, le=3600)
+    answer_wait_s: float = Field(default=4.5, ge=0, le=3600)
     # A request body over this many bytes is refused (413) before it is read whole.
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # Requests per client address (limits' notation, "" for none); health checks and /metrics are exempt.

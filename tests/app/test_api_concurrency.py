@@ -23,9 +23,9 @@ ADMIN = {"X-Admin-Token": "test-admin-token"}
 def slow_client(make_settings, database_url):
     """The sample through 2024-03, served with a hash encoder slowed down (an ingest takes seconds).
     No rate limit: eight clients on one address send far more than SQA_RATE_LIMIT's 600 a minute, and
-    a 429 by design is not what these tests are about."""
+    a 429 by design is not what these tests are about; nor is the answer gate's 503 (eight places)."""
     settings = make_settings(database_url=database_url, encoder="hash:delay_ms=40", encode_batch_size=2,
-                             rate_limit="")
+                             rate_limit="", answer_concurrency=8)
     load_sample(settings)
     with TestClient(create_app(settings)) as client:
         yield client, settings
