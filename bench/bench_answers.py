@@ -2,7 +2,7 @@
 (or from --clients concurrent clients).
 
     .venv/bin/python bench/bench_answers.py --data ../shared/data/realtimeqa [--n 50]
-        [--since 2023-06-01 --until 2023-06-30] [--reader smollm2|first-entity] [--encoder minilm]
+        [--since 2023-06-01 --until 2023-06-30] [--reader auto|gemma|first-entity] [--encoder minilm]
         [--threads 0] [--max-articles N] [--home PATH] [--json OUT] [--clients 8]
 
 With --clients N, N clients send the questions at once (each takes the next unsent one): the server
@@ -193,8 +193,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the question sample")
     ap.add_argument("--top-k", type=int, default=None, help="top_k sent with each question (default: the server's)")
     ap.add_argument("--encoder", default=os.environ.get("SQA_ENCODER", "minilm"), help="SQA_ENCODER (default minilm)")
-    ap.add_argument("--reader", default=os.environ.get("SQA_READER", "smollm2"),
-                    help="SQA_READER: smollm2 (default) or first-entity (a fast fake, for a quick run)")
+    ap.add_argument("--reader", default=os.environ.get("SQA_READER", "auto"),
+                    help="SQA_READER: auto (default: what `sqa serve` serves, the active trained version or "
+                         "zero-shot Gemma), gemma, or first-entity (a fast fake, for a quick run)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("SQA_TORCH_THREADS", "0")),
                     help="SQA_TORCH_THREADS for the server (0: torch's default, one per core)")
     ap.add_argument("--max-articles", type=int, default=0,

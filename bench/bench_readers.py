@@ -2,7 +2,7 @@
 the published RealTimeQA systems scored on exactly the same question ids.
 
     .venv/bin/python -m bench.bench_readers --home "$SQA_HOME" --from 2023-04-01 --to 2023-06-30 \
-        --readers smollm2,first-entity,fid=trained:/path/to/checkpoint --gold-for fid \
+        --readers gemma,first-entity,fid=trained:/path/to/checkpoint --gold-for fid \
         --passages 10 --top-k 20 --threads 1 --out results.json
     .venv/bin/python -m bench.bench_readers --home "$SQA_HOME" --from 2022-01-01 --to 2022-12-31 \
         --baselines-only                                  # the published systems alone, no index needed
@@ -19,7 +19,7 @@ retrieval; questions without one are left out of that row. Latency is the reader
 
 Every answer is appended to `<out>.partial.jsonl` as it is made; a rerun with the same --out
 reuses an answer when the reader spec and the passages it saw are the same, so a long run can be
-killed and resumed. Reader specs: `smollm2`, `first-entity`, `trained:DIR` (models.trained), or
+killed and resumed. Reader specs: `gemma`, `first-entity`, `trained:DIR` (models.trained), or
 `import:package.module:factory` (any callable `factory(device=..., max_passages=...)` returning a
 Reader); each may carry a label, `name=spec`.
 """
@@ -62,20 +62,20 @@ class Item:
 
 
 def parse_reader_specs(text: str) -> list[ReaderSpec]:
-    """'smollm2,fid=trained:/x' -> [ReaderSpec('smollm2', 'smollm2'), ReaderSpec('fid', 'trained:/x')]."""
+    """'gemma,fid=trained:/x' -> [ReaderSpec('gemma', 'gemma'), ReaderSpec('fid', 'trained:/x')]."""
     specs = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         label, _, spec = part.partition("=") if "=" in part.split(":", 1)[0] else ("", "", part)
         spec = spec.strip()
         if not label:
             label = f"trained:{Path(spec[8:]).name}" if spec.startswith("trained:") else spec
-        if not (spec in ("smollm2", "first-entity") or spec.startswith(("trained:", "import:"))):
-            raise ValueError(f"reader {spec!r} is unknown (use smollm2, first-entity, trained:DIR or "
+        if not (spec in ("gemma", "first-entity") or spec.startswith(("trained:", "import:"))):
+            raise ValueError(f"reader {spec!r} is unknown (use gemma, first-entity, trained:DIR or "
                              "import:module:factory)")
         specs.append(ReaderSpec(label.strip(), spec))
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"reader labels must differ ({', '.join(labels)}): name them, e.g. a=smollm2")
+        raise ValueError(f"reader labels must differ ({', '.join(labels)}): name them, e.g. a=gemma")
     return specs
 
 

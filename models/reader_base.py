@@ -6,7 +6,7 @@ A reader sees the question, the date it is asked as of, and passages that were a
 or before that date (the retriever guarantees it; `check_passages` re-asserts it).
 
 `models/readers.py` re-exports these names beside its deterministic fake and `load_reader`; the
-backends (smollm2, fid, extractive, ranker) import them from here, so no backend imports the
+backends (gemma, fid, extractive, ranker) import them from here, so no backend imports the
 module that picks backends.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reader interface every backend fits (Gemma, SmolLM2, FiD, ...), and a deterministic fake.
+"""The reader interface every backend fits (Gemma, FiD, ...), and a deterministic fake.
 
 A reader sees the question, the date it is asked as of, and passages that were all published on
 or before that date (the retriever guarantees it; `check_passages` re-asserts it). The interface
@@ -49,21 +49,17 @@ class FirstEntityReader:
 def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None,
                 context_words: int = 0, answer_beams: int = 1, vocabulary: str = "full",
                 precision: str = "float32") -> Reader:
-    """Build a reader from a setting: "gemma", "smollm2" or "first-entity". `cache_dir` is where
+    """Build a reader from a setting: "gemma" or "first-entity". `cache_dir` is where
     "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
     sentence selection budget (0: none) and `vocabulary` what its answers may be written with
     ("full" or "read", models.gemma.GemmaReader) and `precision` its number format ("auto",
-    "float32", "bfloat16"); the others ignore them."""
+    "float32", "bfloat16"); the fake ignores them."""
     if spec == "first-entity":
         return FirstEntityReader()
-    if spec == "smollm2":
-        from models.smollm2 import SmolLM2Reader
-
-        return SmolLM2Reader(device=device, max_passages=max_passages)
     if spec == "gemma":
         from models.gemma import GemmaReader
 
         return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages,
                                 context_words=context_words, answer_beams=answer_beams, vocabulary=vocabulary,
                                 precision=precision)
-    raise ValueError(f"reader {spec!r} is unknown (use 'gemma', 'smollm2' or 'first-entity')")
+    raise ValueError(f"reader {spec!r} is unknown (use 'gemma' or 'first-entity')")

@@ -1,4 +1,4 @@
-"""End to end with the real packaged models (MiniLM encoder, SmolLM2 reader), a real uvicorn server
+"""End to end with the real packaged models (MiniLM encoder, Gemma 3 270M reader), a real uvicorn server
 and a real database: import -> ingest -> HTTP answers -> admin ingest swapping snapshots live."""
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(
     not POSTGRES_URL, reason="SQA_TEST_POSTGRES_URL is not set"))])
-def server(request, tmp_path_factory):
-    """A real `sqa serve` over the sample news ingested through 2024-02 with the real encoder."""
+def server(request, tmp_path_factory, gemma_cache):
+    """A real `sqa serve` over the sample news ingested through 2024-02 with the real encoder, and
+    zero-shot Gemma reading (the session's one conversion, linked in as the home's converted base)."""
     home = tmp_path_factory.mktemp("real") / "home"
     pg = None
     if request.param == "postgres":
@@ -28,11 +29,13 @@ def server(request, tmp_path_factory):
         url = next(pg)
     else:
         url = f"sqlite:///{home / 'sqa.db'}"
-    settings = Settings(home=home, database_url=url, encoder="minilm", reader="smollm2", admin_token=TOKEN,
+    settings = Settings(home=home, database_url=url, encoder="minilm", reader="gemma", admin_token=TOKEN,
                         env="test")
     load_sample(settings, through="2024-02", until=None)
+    settings.models_dir.mkdir(parents=True, exist_ok=True)
+    (settings.models_dir / "base").symlink_to(gemma_cache, target_is_directory=True)
     env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": url, "SQA_ADMIN_TOKEN": TOKEN,
-           "SQA_ENCODER": "minilm", "SQA_READER": "smollm2", "SQA_SNAPSHOT_POLL_S": "1", "HF_HUB_OFFLINE": "1",
+           "SQA_ENCODER": "minilm", "SQA_READER": "gemma", "SQA_SNAPSHOT_POLL_S": "1", "HF_HUB_OFFLINE": "1",
            "SQA_ANSWER_CONCURRENCY": "2"}  # two questions at once during the swap: not the answer gate's test
     try:
         with served(env, home / "server.log") as running:
@@ -52,7 +55,7 @@ def test_server_answers_with_real_models_and_dates(server):
     base, _ = server
     body = ask(base, "Who is the head coach of the Kestrel Bay Harriers?", "2024-01-24")
     assert body["versions"]["encoder"] == "all-MiniLM-L6-v2"
-    assert body["versions"]["reader"].startswith("smollm2")
+    assert body["versions"]["reader"].startswith("gemma")
     assert all(p["published"] <= "2024-01-24" for p in body["passages"])
     # MiniLM finds the coach's articles, and the reader answers with a short phrase.
     assert "Verhoeven" in body["passages"][0]["text"]

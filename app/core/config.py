@@ -62,13 +62,13 @@ def parse_drift_features(value: str) -> tuple[str, ...]:
 
 
 def parse_reader_spec(spec: str) -> ReaderSpec:
-    """'auto', 'smollm2', 'fid:/models/v1', 'version:fid-2023-03-31-1a2b3c' -> ReaderSpec.
+    """'auto', 'gemma', 'fid:/models/v1', 'version:fid-2023-03-31-1a2b3c' -> ReaderSpec.
 
     Raises ValueError naming the setting for a malformed spec or a path that is not a folder.
     """
     value = (spec or "").strip()
     if not value:
-        raise ValueError("SQA_READER is empty (use gemma, smollm2, first-entity, auto, fid:PATH, extractive:PATH, "
+        raise ValueError("SQA_READER is empty (use gemma, first-entity, auto, fid:PATH, extractive:PATH, "
                          "trained:PATH or version:NAME)")
     if value == "auto":
         return ReaderSpec("auto", value)
@@ -86,7 +86,7 @@ def parse_reader_spec(spec: str) -> ReaderSpec:
             raise ValueError(f"SQA_READER={value}: {rest or '(empty path)'} is not a folder (give the folder of a "
                              "trained reader version, the one holding reader.json)")
         return ReaderSpec("path", str(path), expect=None if prefix == "trained" else prefix)
-    raise ValueError(f"SQA_READER={value!r} is not understood (use gemma, smollm2, first-entity, auto, fid:PATH, "
+    raise ValueError(f"SQA_READER={value!r} is not understood (use gemma, first-entity, auto, fid:PATH, "
                      "extractive:PATH, trained:PATH or version:NAME)")
 
 
@@ -113,8 +113,7 @@ class Settings(BaseSettings):
     # for tests; "hash:delay_ms=5" slows it down so a test can kill an ingest half-way). Anything
     # but "auto" pins it: an index built with another encoder is refused.
     encoder: str = "auto"
-    # Reader backend: "gemma" (the packaged Gemma 3 270M), "smollm2" (the packaged SmolLM2-135M-Instruct
-    # GGUF), "first-entity" (a deterministic fake that copies a capitalised phrase from the top
+    # Reader backend: "gemma" (the packaged Gemma 3 270M), "first-entity" (a deterministic fake that copies a capitalised phrase from the top
     # passage), "auto" (the active
     # trained version in the registry, else gemma; the server follows activations), a trained
     # version's folder "fid:PATH" / "extractive:PATH" / "ranker:PATH" / "gemma:PATH" / "trained:PATH", or

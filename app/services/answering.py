@@ -54,7 +54,7 @@ class AnswerService:
 
     def passages_for(self, reader: Reader) -> int:
         """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
-        config, SmolLM2's prompt budget)."""
+        config, Gemma's 3)."""
         return self.limits.reader_passages or getattr(reader, "n_passages", None) or 3
 
     def validate(self, question: str, top_k: int | None) -> tuple[str, int]:

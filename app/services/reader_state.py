@@ -1,9 +1,9 @@
 """Which reader serves, and the atomic swap to a newly activated version.
 
 Like IndexState for the index: requests take `current()` once and keep it, so a swap never mixes
-two readers within a request. A fixed reader (SQA_READER=smollm2, first-entity, a folder, a
+two readers within a request. A fixed reader (SQA_READER=gemma, first-entity, a folder, a
 version name) never changes. A state that follows the registry (SQA_READER=auto) serves the active
-version, or the fallback (smollm2) while none is active; `refresh` loads a newly activated version
+version, or the fallback (zero-shot Gemma) while none is active; `refresh` loads a newly activated version
 outside any lock (loading takes seconds; requests and other refreshes must not wait on it) and then
 swaps one reference. A version that fails to load is logged and the previous reader keeps serving.
 """

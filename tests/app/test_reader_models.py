@@ -181,7 +181,7 @@ def test_reader_setting_forms(tmp_path, make_settings):
     folder = tmp_path / "v1"
     folder.mkdir()
     assert parse_reader_spec("auto").follows_registry
-    assert parse_reader_spec("smollm2").kind == "builtin" and not parse_reader_spec("smollm2").follows_registry
+    assert parse_reader_spec("gemma").kind == "builtin" and not parse_reader_spec("gemma").follows_registry
     assert parse_reader_spec("version:fid-x").value == "fid-x"
     spec = parse_reader_spec(f"fid:{folder}")
     assert (spec.kind, spec.value, spec.expect) == ("path", str(folder.resolve()), "fid")

@@ -240,7 +240,7 @@ def test_bench_readers_rejects_bad_arguments(capsys):
     main = _bench_main()
 
     for argv in (["--readers", "nope"], ["--passages", "30", "--top-k", "20"], ["--from", "2023-02-30"],
-                 ["--readers", "first-entity", "--gold-for", "smollm2"]):
+                 ["--readers", "first-entity", "--gold-for", "gemma"]):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2

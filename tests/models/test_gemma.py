@@ -161,8 +161,10 @@ def test_gemma_reader_rejects_sizes_below_one():
 
 
 def test_load_reader_names_gemma_among_the_backends():
-    with pytest.raises(ValueError, match="'gemma', 'smollm2' or 'first-entity'"):
+    with pytest.raises(ValueError, match="'gemma' or 'first-entity'"):
         load_reader("gemma4")
+    with pytest.raises(ValueError, match="unknown"):
+        load_reader("smollm2")  # the previous default, removed: Gemma reads better and faster
 
 
 # --- the converted folder, with a fake package ------------------------------------------------------
