@@ -137,7 +137,7 @@ class AdmissionGate:
                 try:
                     while self._active >= self.max_active or self._queue[0] is not turn:
                         now = time.monotonic()
-                        # looked at again as answers finish or run on: the budget only shrinks
+                        # looked at again as answers finish, and as the one in flight runs on
                         waited = max(0.0, now - start)
                         left = self.wait_budget_s(now) - waited
                         if left <= 0:
