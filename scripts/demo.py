@@ -13,6 +13,7 @@ months already ingested are skipped, and a trained model is not trained again).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import secrets
 import signal
@@ -53,7 +54,8 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
             passages = s.execute(select(Passage.published, Passage.text)).all()
             articles = {url: (published, text) for url, published, text
                         in s.execute(select(Article.url, Article.published, Article.text)).all()}
-            questions = s.scalars(select(Question).where(Question.asked.between(since, until))
+            first, last = dt.date.fromisoformat(since), dt.date.fromisoformat(until)  # dates: PostgreSQL compares no strings
+            questions = s.scalars(select(Question).where(Question.asked.between(first, last))
                                   .order_by(Question.asked, Question.qid)).all()
     finally:
         db.close()
