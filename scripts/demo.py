@@ -48,33 +48,37 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
     from app.db.tables import Article, Passage, Question
     from app.bootstrap import open_database
 
+    def cited_urls(q) -> list[str]:
+        return (q.meta or {}).get("gold_urls", [])
+
     db = open_database(settings or get_settings(), migrate=False)
     try:
         with db.sessions() as s:
-            passages = s.execute(select(Passage.published, Passage.text)).all()
-            articles = {url: (published, text) for url, published, text
-                        in s.execute(select(Article.url, Article.published, Article.text)).all()}
             first, last = dt.date.fromisoformat(since), dt.date.fromisoformat(until)  # dates: PostgreSQL compares no strings
             questions = s.scalars(select(Question).where(Question.asked.between(first, last))
                                   .order_by(Question.asked, Question.qid)).all()
+            urls = {url for q in questions for url in cited_urls(q)}
+            if urls:  # the cited articles alone
+                articles = {url: (published, text) for url, published, text in s.execute(
+                    select(Article.url, Article.published, Article.text).where(Article.url.in_(urls))).all()}
+            else:  # no cited articles: every passage
+                passages = s.execute(select(Passage.published, Passage.text)).all()
     finally:
         db.close()
 
-    def cited(q, gold: str) -> bool:
-        return any(url in articles and articles[url][0] <= q.asked and answer_in_text(gold, articles[url][1])
-                   for url in (q.meta or {}).get("gold_urls", []))
-
-    def anywhere(q, gold: str) -> bool:
+    def answerable(q, gold: str) -> bool:
+        if urls:
+            return any(url in articles and articles[url][0] <= q.asked and answer_in_text(gold, articles[url][1])
+                       for url in cited_urls(q))
         return any(p.published <= q.asked and answer_in_text(gold, p.text) for p in passages)
 
-    with_urls = any((q.meta or {}).get("gold_urls") for q in questions)
     chosen, months = [], set()
     for q in questions:
         gold = q.answers[0]
         month = q.asked.strftime("%Y-%m")
         if month in months or needs_choices(q.text) or len(gold.split()) > 4:
             continue
-        if (cited if with_urls else anywhere)(q, gold):
+        if answerable(q, gold):
             chosen.append((q.text, q.asked.isoformat(), gold))
             months.add(month)
         if len(chosen) == n:
