@@ -113,9 +113,9 @@ class Settings(BaseSettings):
     # for tests; "hash:delay_ms=5" slows it down so a test can kill an ingest half-way). Anything
     # but "auto" pins it: an index built with another encoder is refused.
     encoder: str = "auto"
-    # Reader backend: "gemma" (the packaged Gemma 3 270M), "first-entity" (a deterministic fake that copies a capitalised phrase from the top
-    # passage), "auto" (the active
-    # trained version in the registry, else gemma; the server follows activations), a trained
+    # Reader backend: "gemma" (the packaged Gemma 3 270M), "first-entity" (a deterministic fake that
+    # copies a capitalised phrase from the top passage), "auto" (the active trained version in the
+    # registry, else gemma; the server follows activations), a trained
     # version's folder "fid:PATH" / "extractive:PATH" / "ranker:PATH" / "gemma:PATH" / "trained:PATH", or
     # "version:NAME" (a registered version, whether active or not). Only "auto" follows activations.
     reader: str = "auto"

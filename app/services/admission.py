@@ -71,8 +71,7 @@ class AdmissionGate:
         self._queue: collections.deque[object] = collections.deque()  # the waiting requests, in arrival order
         self._mean_s = 1.0  # moving average of an answer's time, for Retry-After
         self._recent: collections.deque[float] = collections.deque(maxlen=ANSWERS_KEPT)  # seconds each
-        self._running: dict[int, float] = {}  # the answers in flight: id -> when each started (monotonic)
-        self._next_id = 0
+        self._running: dict[object, float] = {}  # the answers in flight: their turn -> when each started
         self.refused = 0  # since start, for the logs and tests
 
     @property
@@ -150,7 +149,7 @@ class AdmissionGate:
                     self._queue.remove(turn)
                     self._cond.notify_all()  # the next in line may go, or re-check its own budget
             self._active += 1
-            ticket, self._next_id = self._next_id, self._next_id + 1
+            ticket = object()
             t0 = self._running[ticket] = time.monotonic()
         try:
             yield t0 - start
