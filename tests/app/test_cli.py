@@ -149,19 +149,36 @@ def test_jobs_show_follows_a_job_run_elsewhere_until_it_ends(sqa, monkeypatch):
     from app.core.config import get_settings
 
     assert sqa("jobs", "list").exit_code == 0  # creates the database
-    # The job moves one step each time the follower has looked (it sleeps after each look), so every
-    # step is seen however slow the machine is.
-    looked, real_sleep = threading.Semaphore(0), time.sleep
-    monkeypatch.setattr(time, "sleep", lambda s: (looked.release(), real_sleep(s)))
+    # The job moves one step only after the follower has looked at the step before: it waits for two
+    # of the follower's sleeps after its update, so that one whole look lay between them (a single
+    # sleep could end a look that read the row before the update was committed). Only the follower's
+    # own sleeps count (it runs in this thread), so every step is seen however slow the machine is.
+    follower, real_sleep = threading.current_thread(), time.sleep
+    looks = threading.Condition()
+    slept = [0]
+
+    def counting_sleep(s):
+        if threading.current_thread() is follower:
+            with looks:
+                slept[0] += 1
+                looks.notify_all()
+        real_sleep(s)
+
+    def seen_twice_more():
+        with looks:
+            start = slept[0]
+            assert looks.wait_for(lambda: slept[0] >= start + 2, timeout=30)
+
+    monkeypatch.setattr(time, "sleep", counting_sleep)
     with open_context(get_settings()) as ctx:
         runner = ctx.runner
         job_id = runner.create("ingest", {"month": "2024-01"})
 
         def work(job):
+            seen_twice_more()  # the follower has printed the job as queued/running
             for i in range(1, 4):
-                assert looked.acquire(timeout=30)
                 job.update(progress=i / 4, message=f"encode: {i}/4")
-            assert looked.acquire(timeout=30)
+                seen_twice_more()
             return None
 
         thread = threading.Thread(target=lambda: runner.run(job_id, work), daemon=True)
