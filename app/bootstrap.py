@@ -248,9 +248,9 @@ def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = 
 def reranker_state(settings: Settings) -> RerankerState:
     """Follows SQA_HOME/rerankers/ACTIVE; versions load on the SQA_DEVICE."""
     def load(folder: Path):
-        from models.reranker import CrossEncoderReranker
+        from models.reranker import load_reranker
 
-        return CrossEncoderReranker.load(folder, device=resolve_device(settings))
+        return load_reranker(folder, device=resolve_device(settings))
 
     return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5))
 
@@ -310,7 +310,9 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
         drift_drop_threshold=settings.drift_drop_threshold, ingest=ingest_config(settings),
         evaluation=eval_config(settings), transport=transport_config(settings), drift=drift_config(settings),
         auto_train=AutoTrainConfig(enabled=settings.auto_train, max_minutes=settings.auto_train_minutes,
-                                   rerank=settings.auto_train_reranker and settings.reranker != "none"),
+                                   rerank=settings.auto_train_reranker and settings.reranker != "none",
+                                   reranker_kind=settings.auto_train_reranker_kind,
+                                   reranker_depth=settings.rerank_depth),
         load_encoder=load_encoder, load_answer_service=load_answer_service,
         open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical),
         make_retriever=lambda enc, rerank=True: build_retriever(settings, enc, rerank=rerank),

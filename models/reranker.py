@@ -159,3 +159,17 @@ class CrossEncoderReranker:
             if stopped != "epochs":
                 break
         return {"steps": step, "seconds": round(time.monotonic() - t0, 1), "stopped": stopped, "history": history}
+
+
+def load_reranker(folder: Path | str, *, device: str = "cpu"):
+    """The re-ranker version in `folder`, whichever its kind (reranker.json's "kind"): a
+    CrossEncoderReranker, or a models.ltr.FeatureReranker for kind "features"."""
+    folder = Path(folder)
+    info_path = folder / INFO_FILE
+    if not info_path.exists():
+        raise FileNotFoundError(f"{folder} is not a re-ranker version (no {INFO_FILE})")
+    if json.loads(info_path.read_text()).get("kind") == "features":
+        from models.ltr import FeatureReranker
+
+        return FeatureReranker.load(folder)
+    return CrossEncoderReranker.load(folder, device=device)

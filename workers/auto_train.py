@@ -44,8 +44,10 @@ AUTO_TRAIN = "auto-train"
 class AutoTrainConfig:
     enabled: bool = True  # SQA_AUTO_TRAIN
     max_minutes: float = 30.0  # SQA_AUTO_TRAIN_MINUTES: the reader's training budget
-    rerank: bool = False  # train a re-ranker first (SQA_AUTO_TRAIN_RERANKER, with SQA_RERANKER=auto)
+    rerank: bool = True  # train a re-ranker first (SQA_AUTO_TRAIN_RERANKER, with SQA_RERANKER=auto)
     reranker_minutes: float = 20.0  # its budget (one epoch is usually less)
+    reranker_kind: str = "features"  # SQA_AUTO_TRAIN_RERANKER_KIND: "features" or "cross-encoder"
+    reranker_depth: int = 30  # SQA_RERANK_DEPTH: it learns on the candidates it will re-rank when serving
     check_questions: int = 40  # held-back questions both readers answer
     seed: int = 0
 
@@ -135,18 +137,19 @@ def reranker_plan(ctx: JobContext, until: dt.date) -> dict:
 def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTrainConfig) -> dict:
     """The re-ranker first (the reader then learns from the passages it puts on top); a failure is
     reported, and the reader is still trained."""
-    from workers.train_reranker import run_train_reranker_job
+    from workers.train_reranker import RerankerDataConfig, run_train_reranker_job
 
     what = reranker_plan(ctx, until)
     if what["action"] == "skip":
         return what
     job.update(message=f"training a re-ranker on what is dated before {until}")
     try:
-        info = run_train_reranker_job(ctx, job, until=until, max_minutes=cfg.reranker_minutes, activate=True)
+        info = run_train_reranker_job(ctx, job, until=until, max_minutes=cfg.reranker_minutes, activate=True,
+                                      kind=cfg.reranker_kind, data=RerankerDataConfig(depth=cfg.reranker_depth))
     except ValueError as exc:  # no data to learn from: say so, go on with the reader
         log.warning("no re-ranker trained: %s", exc)
         return {"action": "skip", "reason": str(exc)}
-    return {"action": "train", "version": info["version"], "activated": info["activated"],
+    return {"action": "train", "version": info["version"], "kind": info["kind"], "activated": info["activated"],
             "validation": info["validation"], "first_stage": info["first_stage"],
             "recency_weight": info["recency_weight"]}
 

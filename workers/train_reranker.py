@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.services.reranking import candidate_of
 from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
@@ -58,8 +59,7 @@ class RerankerDataConfig:
 
 def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers, depth: int) -> list[dict]:
     found = retriever.retrieve(session, snapshot, text, asked, depth)
-    return [{"input": f"{p.title}. {p.text}" if p.title else p.text, "age": max(0, (asked - p.published).days),
-             "score": p.score, "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
+    return [{**candidate_of(p, asked), "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
             for p in found]
 
 
@@ -139,13 +139,21 @@ def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency
     return {**{f"recall@{k}": round(100 * v / n, 1) for k, v in hits.items()}, "mrr": round(rr / n, 4)}
 
 
-def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, max_minutes: float = 0.0,
-                           epochs: int = 1, data: RerankerDataConfig | None = None, activate: bool = False) -> dict:
-    """Train, validate, fit the recency prior, save the version; activate it when asked and it beats
-    the first stage on the held-back month. Returns the version's info."""
-    from app.services.reranking import activate_reranker
-    from models.reranker import CrossEncoderReranker, RerankerConfig
+KINDS = ("cross-encoder", "features")
 
+
+def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, max_minutes: float = 0.0,
+                           epochs: int = 1, data: RerankerDataConfig | None = None, activate: bool = False,
+                           kind: str = "cross-encoder") -> dict:
+    """Train, validate, fit the recency prior, save the version; activate it when asked and it beats
+    the first stage on the held-back month. Returns the version's info.
+
+    `kind`: "cross-encoder" (MiniLM reads each pair, models/reranker.py) or "features" (a logistic
+    model over cheap question/passage features, models/ltr.py: seconds to train, microseconds to serve)."""
+    from app.services.reranking import activate_reranker
+
+    if kind not in KINDS:
+        raise ValueError(f"re-ranker kind {kind!r} is unknown (use {' or '.join(KINDS)})")
     data = data or RerankerDataConfig()
     work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}"  # a rerun reuses the candidates
     work.mkdir(parents=True, exist_ok=True)
@@ -156,43 +164,30 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     else:
         items = build_items(ctx, job, until=until, cfg=data)
         cached.write_text(json.dumps(items))
-    groups = groups_of(items["train"], data)
-    if not groups:
-        raise ValueError(f"no training groups: none of the {len(items['train'])} questions before "
-                         f"{month_key(month_start(until - dt.timedelta(days=1)))} has an answer among its candidates")
-    job.update(counts={"data": {**items["counts"], "groups": len(groups)}})
-    t1 = time.perf_counter()
-
-    cfg = RerankerConfig(epochs=epochs, max_minutes=max_minutes, negatives=data.negatives, seed=data.seed)
-    model = CrossEncoderReranker.from_packaged(cfg, device=ctx.torch_device())
     val = items["val"]
-
-    def val_scores():
-        job.stage("validate", len(val))
-        out = []
-        for i in val:
-            out.append(model.scores(i["query"], [c["input"] for c in i["cands"]]).tolist())
-            job.advance()
-        return out
-
-    result = model.train_groups(groups, progress=fraction_reporter(job, log))
+    t1 = time.perf_counter()
+    if kind == "features":
+        model, counts, result, scores = _train_features(job, items, val)
+        extra = {"base": None}
+    else:
+        model, counts, result, scores = _train_cross_encoder(ctx, job, items, val, data, epochs, max_minutes)
+        extra = {"base": "all-MiniLM-L6-v2"}
     t2 = time.perf_counter()
-    scores = val_scores()
     first_stage = ranking_figures(val, None)
-    # the recency prior and the first stage's own score join the cross-encoder's: fitted on the
-    # held-back month, the combination is never blind to what the first stage knew
+    # the recency prior and the first stage's own score join the model's: fitted on the held-back
+    # month, the combination is never blind to what the first stage knew
     grid = [(w, f) for w in RECENCY_GRID for f in FIRST_STAGE_GRID]
     by_weight = {wf: ranking_figures(val, scores, *wf) for wf in grid}
     weight, first_weight = max(grid, key=lambda wf: (by_weight[wf]["recall@5"], by_weight[wf]["mrr"], -wf[0], -wf[1]))
     figures = by_weight[(weight, first_weight)]
     version = f"reranker-{until}-{secrets.token_hex(3)}"
-    info = {"version": version, "kind": "cross-encoder", "base": "all-MiniLM-L6-v2", "trained_until": str(until),
+    info = {"version": version, "kind": kind, **extra, "trained_until": str(until),
             "held_back": month_key(month_start(until - dt.timedelta(days=1))),
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "recency_weight": weight, "first_stage_weight": first_weight, "validation": figures,
-            "first_stage": first_stage, "cross_encoder_alone": by_weight[(0.0, 0.0)], "data": {**items["counts"], "groups": len(groups)},
-            "train": result, "seconds": {"data": round(t1 - t0, 1), "train": round(t2 - t1, 1),
-                                         "validate": round(time.perf_counter() - t2, 1)}}
+            "first_stage": first_stage, "model_alone": by_weight[(0.0, 0.0)], "data": {**items["counts"], **counts},
+            "depth": data.depth, "train": result,
+            "seconds": {"data": round(t1 - t0, 1), "train_and_validate": round(t2 - t1, 1)}}
     model.info = info
     dest = ctx.rerankers_dir / version
     tmp = ctx.rerankers_dir / f".{version}.tmp"
@@ -204,7 +199,52 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     info["activated"] = bool(activate and better)
     if info["activated"]:
         activate_reranker(ctx.rerankers_dir, version)
-    job.update(counts={"version": version, "activated": info["activated"], "validation": figures,
+    job.update(counts={"version": version, "kind": kind, "activated": info["activated"], "validation": figures,
                        "first_stage": first_stage, "recency_weight": weight, "first_stage_weight": first_weight})
     shutil.rmtree(work, ignore_errors=True)
     return info
+
+
+def _train_features(job: JobHandle, items: dict, val: list[dict]):
+    """(model, counts, result, validation scores) of a feature re-ranker fitted on the training items."""
+    from models.ltr import FeatureReranker
+
+    job.stage("fit", 1)
+    t0 = time.perf_counter()
+    usable = [i for i in items["train"] if any(c["hit"] for c in i["cands"]) and not all(c["hit"] for c in i["cands"])]
+    if not usable:
+        raise ValueError(f"no training questions: none of the {len(items['train'])} questions before the held-back "
+                         "month has both a candidate with its answer and one without")
+    model = FeatureReranker.fit(usable)
+    job.advance()
+    scores = _validation_scores(job, val, lambda i: model.score_candidates(i["query"], i["cands"]))
+    result = {"questions": len(usable), "candidates": sum(len(i["cands"]) for i in usable),
+              "seconds": round(time.perf_counter() - t0, 1)}
+    return model, {"questions_used": len(usable)}, result, scores
+
+
+def _train_cross_encoder(ctx: JobContext, job: JobHandle, items: dict, val: list[dict], data: RerankerDataConfig,
+                         epochs: int, max_minutes: float):
+    """(model, counts, result, validation scores) of a MiniLM cross-encoder trained on groups."""
+    from models.reranker import CrossEncoderReranker, RerankerConfig
+
+    groups = groups_of(items["train"], data)
+    if not groups:
+        raise ValueError(f"no training groups: none of the {len(items['train'])} questions before the held-back "
+                         "month has an answer among its candidates")
+    job.update(counts={"data": {**items["counts"], "groups": len(groups)}})
+    cfg = RerankerConfig(epochs=epochs, max_minutes=max_minutes, negatives=data.negatives, seed=data.seed)
+    model = CrossEncoderReranker.from_packaged(cfg, device=ctx.torch_device())
+    result = model.train_groups(groups, progress=fraction_reporter(job, log))
+    scores = _validation_scores(job, val, lambda i: model.scores(i["query"], [c["input"] for c in i["cands"]]))
+    return model, {"groups": len(groups)}, result, scores
+
+
+def _validation_scores(job: JobHandle, val: list[dict], score) -> list[list[float]]:
+    """`score(item)` of every held-back item, as lists, with progress."""
+    job.stage("validate", len(val))
+    out = []
+    for item in val:
+        out.append(list(map(float, score(item))))
+        job.advance()
+    return out

@@ -167,21 +167,27 @@ def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on wha
                                              "(serve with the same SQA_RERANK_DEPTH)"),
                    self_articles: int = typer.Option(300, min=0, help="articles sampled for self-labeled questions"),
                    seed: int = typer.Option(0),
+                   kind: str = typer.Option("cross-encoder", help="cross-encoder (MiniLM reads each question and "
+                                            "passage) or features (a logistic model over cheap features: "
+                                            "seconds to train, microseconds a candidate to serve)"),
                    activate: bool = typer.Option(False, "--activate/--no-activate", help="serve it when done, if it "
                                                  "beats the first stage's recall@5 on the held-back month")) -> None:
-    """Train a cross-encoder re-ranker (MiniLM) on the first stage's candidates for the dated gold and
-    self-labeled questions before the cut, and fit its recency prior; run it again to reuse the data."""
-    from workers.train_reranker import RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job
+    """Train a re-ranker on the first stage's candidates for the dated gold and self-labeled questions
+    before the cut, and fit its recency prior; run it again to reuse the data."""
+    from workers.train_reranker import KINDS, RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job
 
+    if kind not in KINDS:
+        fail(f"--kind {kind!r} is unknown: use {' or '.join(KINDS)}")
     cut = day_option(until, "--until")
     data = RerankerDataConfig(depth=depth, max_self_articles=self_articles, seed=seed)
     info = run_job("train-reranker", {"until": str(cut)},
                    lambda ctx, job: run_train_reranker_job(ctx, job, until=cut, max_minutes=max_minutes, epochs=epochs,
-                                                           data=data, activate=activate),
+                                                           data=data, activate=activate, kind=kind),
                    lock=RERANKER_TRAINING_LOCK)
     v, f = info["validation"], info["first_stage"]
-    typer.echo(f"re-ranker {info['version']} trained ({info['data']['groups']} groups, {info['train']['steps']} steps, "
-               f"{info['seconds']['train']} s); on {info['data']['val']} questions of {info['held_back']}: recall@1/5/10 "
+    size = (f"{info['data']['groups']} groups, {info['train']['steps']} steps" if kind == "cross-encoder"
+            else f"{info['data']['questions_used']} questions")
+    typer.echo(f"{kind} re-ranker {info['version']} trained ({size}, {info['seconds']['train_and_validate']} s); on {info['data']['val']} questions of {info['held_back']}: recall@1/5/10 "
                f"{v['recall@1']}/{v['recall@5']}/{v['recall@10']} (first stage {f['recall@1']}/{f['recall@5']}/"
                f"{f['recall@10']}), first-stage weight {info['first_stage_weight']}, recency weight "
                f"{info['recency_weight']}; "

@@ -116,6 +116,14 @@ def passage_input(title: str, text: str) -> str:
     return f"{title}. {text}" if title else text
 
 
+def candidate_of(p: "RetrievedPassage", as_of: dt.date) -> dict:
+    """What a re-ranker learns from and scores of one first-stage candidate (training and serving
+    alike): its text as the cross-encoder reads it, its title, its age in days at `as_of`, the first
+    stage's score and its article (models.ltr.candidate_features)."""
+    return {"input": passage_input(p.title, p.text), "title": p.title, "age": max(0, (as_of - p.published).days),
+            "score": p.score, "article": p.article_id}
+
+
 class RerankingRetriever:
     """A first-stage retriever's top `depth` candidates re-ranked by the active cross-encoder version."""
 
@@ -150,11 +158,15 @@ class RerankingRetriever:
 
 
 def rerank(model, question: str, as_of: dt.date, found: list["RetrievedPassage"]) -> list["RetrievedPassage"]:
-    """`found` re-scored by `model`: its cross-encoder score, plus its weight times the first stage's
-    score, minus its recency prior; best first."""
+    """`found` re-scored by `model`: its score (a cross-encoder's reading of each passage, or a
+    feature model's, models.ltr), plus its weight times the first stage's score, minus its recency
+    prior; best first."""
     if not found:
         return []
-    scores = model.scores(question, [passage_input(p.title, p.text) for p in found])
+    if hasattr(model, "score_candidates"):  # a feature re-ranker reads the candidates as a list
+        scores = model.score_candidates(question, [candidate_of(p, as_of) for p in found])
+    else:
+        scores = model.scores(question, [passage_input(p.title, p.text) for p in found])
     weight = float(model.info.get("recency_weight", 0.0))
     first = float(model.info.get("first_stage_weight", 0.0))
     final = [float(s) + first * p.score - weight * math.log1p(max(0, (as_of - p.published).days))

@@ -41,3 +41,47 @@ def test_train_a_reranker_version_and_activate_it_only_if_it_beats_the_first_sta
     assert model.info["recency_weight"] == info["recency_weight"]
     scores = model.scores("Who coaches the Harriers?", ["Harriers. Ines Okafor coaches the Harriers.", "Weather. Rain."])
     assert scores.shape == (2,) and scores.dtype.name == "float32"
+
+
+def test_train_a_feature_reranker_version_that_serves_through_the_first_stage(loaded_settings, new_job):
+    from app.bootstrap import build_answer_service, build_encoder, open_database
+    from app.services.reranking import activate_reranker
+    from models.ltr import FeatureReranker
+    from models.reranker import load_reranker
+
+    data = RerankerDataConfig(depth=10, max_self_articles=0)
+    info = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
+                                  data=data, activate=True, kind="features")
+    assert info["kind"] == "features" and info["held_back"] == "2024-02" and info["data"]["questions_used"] > 0
+    assert set(info["validation"]) == {"recall@1", "recall@5", "recall@10", "mrr"}
+    better = (info["validation"]["recall@5"], info["validation"]["mrr"]) > (
+        info["first_stage"]["recall@5"], info["first_stage"]["mrr"])
+    assert info["activated"] == better
+    folder = loaded_settings.rerankers_dir / info["version"]
+    assert [p.name for p in folder.iterdir()] == ["reranker.json"]  # no weights beside it: plain JSON
+    model = load_reranker(folder)
+    assert isinstance(model, FeatureReranker) and model.info["first_stage_weight"] == info["first_stage_weight"]
+
+    # served: the active version re-orders the first stage's top candidates, none after the date
+    activate_reranker(loaded_settings.rerankers_dir, info["version"])
+    settings = loaded_settings.model_copy(update={"reranker": "auto", "rerank_depth": 10})
+    db = open_database(settings)
+    try:
+        service = build_answer_service(settings, db, build_encoder(settings))
+        service.index_state.refresh()
+        snap = service.index_state.current()
+        as_of = dt.date(2024, 2, 20)
+        with db.sessions() as session:
+            timings = {}
+            got = service.retriever.retrieve(session, snap, "Who coaches the Harriers?", as_of, 5, timings)
+            base = service.retriever.base.retrieve(session, snap, "Who coaches the Harriers?", as_of, 10)
+        assert service.retriever.name.endswith(info["version"]) and set(timings) == {"first_stage", "rerank"}
+        assert {p.passage_id for p in got} <= {p.passage_id for p in base} and len(got) == min(5, len(base))
+        assert all(p.published <= as_of for p in got)
+    finally:
+        db.close()
+
+
+def test_an_unknown_reranker_kind_is_refused_before_any_work(loaded_settings, new_job):
+    with pytest.raises(ValueError, match="kind 'bert' is unknown"):
+        run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), kind="bert")
