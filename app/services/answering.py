@@ -113,7 +113,7 @@ class AnswerService:
         versions = {"index_snapshot": snapshot.snapshot_id, "encoder": snapshot.manifest.encoder,
                     "reader": reader.name, "retriever": self.retriever.name}
         retrieve_ms = round((t2 - t1) * 1000, 2)
-        if "rerank" in stages:  # retrieve: the first stage; rerank: the cross-encoder
+        if "rerank" in stages:  # retrieve: the first stage; rerank: the re-ranker version
             timings = {"retrieve": round(retrieve_ms - stages["rerank"], 2), "rerank": stages["rerank"]}
         else:
             timings = {"retrieve": retrieve_ms}

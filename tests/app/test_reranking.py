@@ -109,29 +109,12 @@ def test_reranking_retriever_reorders_the_first_stage_within_the_date_filter(loa
         assert [p.passage_id for p in ranked] == [p.passage_id for p in reversed(base)][:3]
         assert all(p.published <= as_of for p in ranked)
         assert set(timings) == {"first_stage", "rerank"}
-    finally:
-        db.close()
-
-
-def test_candidates_past_the_depth_follow_in_the_first_stages_order(loaded_settings):
-    """Asked for more than `depth`, the re-ranked top is the served one and the rest is not re-ranked."""
-    db = open_database(loaded_settings)
-    try:
-        service = build_answer_service(loaded_settings, db, build_encoder(loaded_settings))
-        service.index_state.refresh()
-        snap = service.index_state.current()
-        first = make_retriever("hybrid", service.retriever.encoder)
-        state = RerankerState(loaded_settings.rerankers_dir, lambda folder: ReversingModel(), poll_s=0)
-        _version(loaded_settings.rerankers_dir, "reranker-z")
-        activate_reranker(loaded_settings.rerankers_dir, "reranker-z")
-        retriever = RerankingRetriever(first, state, depth=3)
-        as_of = dt.date(2024, 3, 20)
+        # asked for more than its depth, a re-ranker re-orders its depth and the rest follows in the
+        # first stage's order: a deeper look (a benchmark's recall@50) sees the served top
         with db.sessions() as session:
-            base = [p.passage_id for p in first.retrieve(session, snap, "Who won the harbour regatta?", as_of, 6)]
-            served = [p.passage_id for p in retriever.retrieve(session, snap, "Who won the harbour regatta?", as_of, 2)]
-            deeper = [p.passage_id for p in retriever.retrieve(session, snap, "Who won the harbour regatta?", as_of, 6)]
-        assert len(base) == 6
-        assert deeper == base[:3][::-1] + base[3:] and served == deeper[:2]
+            deeper = RerankingRetriever(first, state, depth=3).retrieve(session, snap, question, as_of, 6)
+        ids = [p.passage_id for p in base]
+        assert len(ids) >= 6 and [p.passage_id for p in deeper] == ids[:3][::-1] + ids[3:6]
     finally:
         db.close()
 
