@@ -267,20 +267,29 @@ def models_list() -> None:
         db.close()
 
 
-@models_cli.command("activate", epilog="Example: sqa models activate gemma-2023-04-01-c3e2b4")
+@models_cli.command("activate", epilog="Example: sqa models activate gemma-2023-04-01-c3e2b4 (or none)")
 @guard
-def models_activate(version: str) -> None:
-    """Make a ready version the active one (servers with SQA_READER=auto switch to it)."""
+def models_activate(version: str = typer.Argument(..., help="a ready version, or none: no trained version "
+                                                   "serves (zero-shot Gemma does)")) -> None:
+    """Make a ready version the active one (servers with SQA_READER=auto switch to it), or none."""
     from app.cli.common import open_database
-    from app.services.reader_registry import activate_version
+    from app.services.reader_registry import activate_version, deactivate_versions
 
     s = settings()
     db = open_database(s)
     try:
         with db.sessions() as session, session.begin():
-            activate_version(session, version, models_dir=s.models_dir)  # unknown / not ready: exit 2
+            if version == "none":
+                was = deactivate_versions(session)
+            else:
+                activate_version(session, version, models_dir=s.models_dir)  # unknown / not ready: exit 2
     finally:
         db.close()
+    if version == "none":
+        typer.echo(f"no reader version is active ({f'was {was}' if was else 'none was'}); servers with "
+                   f"SQA_READER=auto serve zero-shot Gemma within SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s), "
+                   "and the next training after ingest starts from the base model")
+        return
     typer.echo(f"activated reader version {version}; servers with SQA_READER=auto serve it within "
                f"SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s)")
 

@@ -140,5 +140,17 @@ def activate_version(session: Session, version: str, *, models_dir: Path) -> Rea
     return row
 
 
+def deactivate_versions(session: Session) -> str | None:
+    """Make no version active (flushes; commit to publish it): servers with SQA_READER=auto go back to
+    the fallback reader (zero-shot Gemma), and the training after ingest trains from the base again.
+    Returns the version that was active, or None."""
+    row = active_version(session)
+    session.execute(select(ReaderModel.id).with_for_update())
+    session.execute(update(ReaderModel).where(ReaderModel.active.is_(True)).values(active=False)
+                    .execution_options(synchronize_session="fetch"))
+    session.flush()
+    return row.version if row is not None else None
+
+
 # The brief's name; `activate_version` reads better at call sites that also hold an `activate` flag.
 activate = activate_version

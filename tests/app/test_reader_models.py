@@ -517,3 +517,8 @@ def test_cli_models_list_and_activate(sqa):
     lines = sqa("models", "list").output.splitlines()
     assert any(line.startswith("* fid-2024-01-31-aaaaaa") and "2024-01-31" in line for line in lines), lines
     assert any(line.startswith("  fid-training-000002") and "training" in line for line in lines), lines
+    # none: no version serves (the fallback does); said twice, the second says none was active
+    r = sqa("models", "activate", "none")
+    assert r.exit_code == 0 and "was fid-2024-01-31-aaaaaa" in r.output, r.output
+    assert not any(line.startswith("*") for line in sqa("models", "list").output.splitlines())
+    assert "none was" in sqa("models", "activate", "none").output
