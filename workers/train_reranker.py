@@ -174,9 +174,11 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
         extra = {"base": "all-MiniLM-L6-v2"}
     t2 = time.perf_counter()
     first_stage = ranking_figures(val, None)
-    # the recency prior and the first stage's own score join the model's: fitted on the held-back
-    # month, the combination is never blind to what the first stage knew
-    grid = [(w, f) for w in RECENCY_GRID for f in FIRST_STAGE_GRID]
+    # the recency prior and the first stage's own score join a cross-encoder's: fitted on the held-back
+    # month, the combination is never blind to what the first stage knew. A feature model has both
+    # among its features already; weights fitted on top of it gained on the held-back month and lost
+    # on the next quarter (README, "Re-ranking"), so it serves alone.
+    grid = [(0.0, 0.0)] if kind == "features" else [(w, f) for w in RECENCY_GRID for f in FIRST_STAGE_GRID]
     by_weight = {wf: ranking_figures(val, scores, *wf) for wf in grid}
     weight, first_weight = max(grid, key=lambda wf: (by_weight[wf]["recall@5"], by_weight[wf]["mrr"], -wf[0], -wf[1]))
     figures = by_weight[(weight, first_weight)]

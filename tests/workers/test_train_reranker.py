@@ -53,6 +53,8 @@ def test_train_a_feature_reranker_version_that_serves_through_the_first_stage(lo
     info = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
                                   data=data, activate=True, kind="features")
     assert info["kind"] == "features" and info["held_back"] == "2024-02" and info["data"]["questions_used"] > 0
+    # its features hold the first stage's score and the age: no weights are fitted on top of it
+    assert info["recency_weight"] == info["first_stage_weight"] == 0.0 and info["validation"] == info["model_alone"]
     assert set(info["validation"]) == {"recall@1", "recall@5", "recall@10", "mrr"}
     better = (info["validation"]["recall@5"], info["validation"]["mrr"]) > (
         info["first_stage"]["recall@5"], info["first_stage"]["mrr"])
