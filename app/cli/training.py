@@ -267,7 +267,7 @@ def models_list() -> None:
         db.close()
 
 
-@models_cli.command("activate", epilog="Example: sqa models activate gemma-2023-04-01-c3e2b4 (or none)")
+@models_cli.command("activate", epilog="Example: sqa models activate gemma-2023-04-01-c3e2b4")
 @guard
 def models_activate(version: str = typer.Argument(..., help="a ready version, or none: no trained version "
                                                    "serves (zero-shot Gemma does)")) -> None:
