@@ -96,6 +96,12 @@ def candidate_features(question: str, cands: Sequence[dict]) -> np.ndarray:
     return out
 
 
+def learnable(items: Sequence[dict]) -> list[dict]:
+    """The items whose candidates hold both a positive and a negative: the others teach nothing
+    about order."""
+    return [i for i in items if any(c["hit"] for c in i["cands"]) and not all(c["hit"] for c in i["cands"])]
+
+
 class FeatureReranker:
     """A logistic model over `candidate_features`, standardised: score = w . (x - mean) / spread + b."""
 
@@ -117,10 +123,8 @@ class FeatureReranker:
         from sklearn.linear_model import LogisticRegression
 
         xs, ys, ws = [], [], []
-        for item in items:
+        for item in learnable(items):
             hits = [bool(cd["hit"]) for cd in item["cands"]]
-            if not any(hits) or all(hits):
-                continue
             x = candidate_features(item["query"], item["cands"])
             n_pos = sum(hits)
             xs.append(x)
@@ -163,4 +167,4 @@ class FeatureReranker:
                    name=info.get("version", folder.name))
 
 
-__all__ = ["FEATURES", "FeatureReranker", "KIND", "candidate_features"]
+__all__ = ["FEATURES", "FeatureReranker", "KIND", "candidate_features", "learnable"]

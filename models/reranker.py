@@ -168,8 +168,8 @@ def load_reranker(folder: Path | str, *, device: str = "cpu"):
     info_path = folder / INFO_FILE
     if not info_path.exists():
         raise FileNotFoundError(f"{folder} is not a re-ranker version (no {INFO_FILE})")
-    if json.loads(info_path.read_text()).get("kind") == "features":
-        from models.ltr import FeatureReranker
+    from models.ltr import KIND, FeatureReranker  # numpy only: sklearn is imported when fitting
 
+    if json.loads(info_path.read_text()).get("kind") == KIND:
         return FeatureReranker.load(folder)
     return CrossEncoderReranker.load(folder, device=device)

@@ -209,11 +209,11 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
 
 def _train_features(job: JobHandle, items: dict, val: list[dict]):
     """(model, counts, result, validation scores) of a feature re-ranker fitted on the training items."""
-    from models.ltr import FeatureReranker
+    from models.ltr import FeatureReranker, learnable
 
     job.stage("fit", 1)
     t0 = time.perf_counter()
-    usable = [i for i in items["train"] if any(c["hit"] for c in i["cands"]) and not all(c["hit"] for c in i["cands"])]
+    usable = learnable(items["train"])
     if not usable:
         raise ValueError(f"no training questions: none of the {len(items['train'])} questions before the held-back "
                          "month has both a candidate with its answer and one without")
