@@ -140,6 +140,44 @@ def answer_in_text(references: str | Iterable[str], text: str) -> bool:
     return False
 
 
+# Words a question shares with any sentence: they tell nothing about where its answer is.
+_EVIDENCE_STOP = frozenset("""
+a an the and or but if of to in on at by for with from as into about over after before between under
+than then so such that this these those there here is are was were be been being am do does did has
+have had it its he she they them his her their our we you your who whom whose what which when where
+why how many much week weeks year years month months day days last past recent recently new news
+according said says not no will would can could should may might one also more most other this
+""".split())
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]?\s+(?=[A-Z0-9\"'“‘(])")
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in normalize_answer(text).split() if w not in _EVIDENCE_STOP and len(w) > 2}
+
+
+def answer_in_evidence(references: str | Iterable[str], question: str, text: str, *, min_shared: int = 2) -> bool:
+    """Whether `text` holds a reference *as an answer to `question`*: in a sentence that also holds at
+    least `min_shared` of the question's content words (or all of them, for a question with fewer).
+
+    `answer_in_text` alone is a weak sign of evidence for short answers: "4" or "Texas" occurs in
+    most long articles whatever the question. A sentence that holds the answer beside the question's
+    own words is what a reader (or a person) would point to.
+
+    Example:
+        >>> q = "How many astronauts will fly around the Moon on Artemis II?"
+        >>> answer_in_evidence("4", q, "Four crew members were named. The 4 astronauts of Artemis II will fly.")
+        True
+        >>> answer_in_evidence("4", q, "Artemis II will fly around the Moon. It costs 4 billion dollars a year.")
+        False
+    """
+    asked = _content_words(question)
+    need = min(min_shared, len(asked))
+    for sentence in _SENTENCE_END.split(" ".join(text.split())):
+        if answer_in_text(references, sentence) and len(asked & _content_words(sentence)) >= need:
+            return True
+    return False
+
+
 def _as_date(value: date | datetime | str) -> date:
     if isinstance(value, datetime):
         if value.tzinfo is None:

@@ -25,7 +25,7 @@ import httpx
 from urllib.parse import urlencode
 
 from app.server_process import ServerNotReady, free_port, port_is_free, served
-from evaluation.metrics import answer_in_text, exact_match
+from evaluation.metrics import answer_in_evidence, exact_match
 from evaluation.subsets import needs_choices
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +39,11 @@ def run(*args: str) -> None:
 
 def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tuple[str, str, str]]:
     """Three questions (text, date, gold) from different months whose evidence the index holds: the
-    gold answer occurs (as whole words) in the question's own cited article (RealTimeQA's gold URLs), stored and
-    published on or before the question date. Questions without cited articles (the shipped sample)
-    fall back to any passage published by then that holds the answer."""
+    question's own cited article (RealTimeQA's gold URLs), stored and published on or before the
+    question date, holds the gold answer in a sentence that also holds the question's words
+    (evaluation.metrics.answer_in_evidence: "4" somewhere in a long article is no evidence that
+    the article says how many). Questions without cited articles (the shipped sample) fall back to
+    any passage published by then that holds such a sentence."""
     from sqlalchemy import select
 
     from app.core.config import get_settings
@@ -68,9 +70,9 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
 
     def answerable(q, gold: str) -> bool:
         if urls:
-            return any(url in articles and articles[url][0] <= q.asked and answer_in_text(gold, articles[url][1])
-                       for url in cited_urls(q))
-        return any(p.published <= q.asked and answer_in_text(gold, p.text) for p in passages)
+            return any(url in articles and articles[url][0] <= q.asked
+                       and answer_in_evidence(gold, q.text, articles[url][1]) for url in cited_urls(q))
+        return any(p.published <= q.asked and answer_in_evidence(gold, q.text, p.text) for p in passages)
 
     chosen, months = [], set()
     for q in questions:

@@ -5,7 +5,7 @@ from datetime import date, datetime, timezone
 
 import pytest
 
-from evaluation.metrics import answer_in_text, days_between, exact_match, normalize_answer, token_f1
+from evaluation.metrics import answer_in_evidence, answer_in_text, days_between, exact_match, normalize_answer, token_f1
 
 
 def test_normalize_answer_removes_curly_quotes_like_ascii_ones():
@@ -66,6 +66,17 @@ def test_answer_in_text_matches_whole_token_spans_only():
     assert not answer_in_text(["New York"], "flights to new-york")   # hyphen deleted: "newyork"
     assert answer_in_text(["nothing here", "1,200"], "about 1200 people")
     assert not answer_in_text(["", "the"], "the cat")                # empty references never match
+
+
+def test_answer_in_evidence_needs_the_answer_beside_the_questions_words():
+    q = "How many astronauts will fly around the Moon on the Artemis II mission?"
+    beside = "NASA named the crew on Monday. The 4 astronauts of Artemis II will fly around the Moon."
+    apart = "Artemis II astronauts will fly around the Moon next year. The rocket has 4 engines and costs a lot."
+    assert answer_in_text("4", apart)                    # the number is there...
+    assert not answer_in_evidence("4", q, apart)         # ...but in a sentence about something else
+    assert answer_in_evidence(["four", "4"], q, beside)
+    assert not answer_in_evidence("4", q, beside, min_shared=6)  # astronauts artemis fly around moon: 5 shared
+    assert answer_in_evidence("4", "Who?", "He scored 4.")      # no content word to share: the answer alone
 
 
 def test_days_between_signs_and_input_forms():

@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from app.bootstrap import open_database
 from app.db.tables import Article, Question
-from evaluation.metrics import answer_in_text
+from evaluation.metrics import answer_in_evidence, answer_in_text
 from tests.conftest import load_script
 
 
@@ -24,20 +24,21 @@ def _stored(settings):
         db.close()
 
 
-def test_without_cited_articles_it_asks_questions_some_earlier_passage_answers(loaded_settings):
+def test_without_cited_articles_it_asks_questions_some_earlier_passage_gives_evidence_for(loaded_settings):
     chosen = _demo().pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
     _, articles = _stored(loaded_settings)
     assert len(chosen) == 3
     assert len({asked[:7] for _, asked, _ in chosen}) == 3  # one a month
-    for _, asked, gold in chosen:
+    for text, asked, gold in chosen:
         day = dt.date.fromisoformat(asked)
-        assert any(a.published <= day and answer_in_text(gold, a.text) for a in articles), gold
+        assert any(a.published <= day and answer_in_evidence(gold, text, a.text) for a in articles), gold
 
 
 def test_with_cited_articles_it_asks_only_questions_whose_own_article_holds_the_answer(loaded_settings):
     questions, articles = _stored(loaded_settings)
     first = min(questions, key=lambda q: (q.asked, q.qid))
-    holding = next(a for a in articles if a.published <= first.asked and answer_in_text(first.answers[0], a.text))
+    holding = next(a for a in articles
+                   if a.published <= first.asked and answer_in_evidence(first.answers[0], first.text, a.text))
 
     def lacking(q):
         return next(a for a in articles if not answer_in_text(q.answers[0], a.text))
