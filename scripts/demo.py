@@ -38,12 +38,13 @@ def run(*args: str) -> None:
 
 
 def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tuple[str, str, str]]:
-    """Three questions (text, date, gold) from different months whose evidence the index holds: the
-    question's own cited article (RealTimeQA's gold URLs), stored and published on or before the
-    question date, holds the gold answer in a sentence that also holds the question's words
-    (evaluation.metrics.answer_in_evidence: "4" somewhere in a long article is no evidence that
-    the article says how many). Questions without cited articles (the shipped sample) fall back to
-    any passage published by then that holds such a sentence."""
+    """Three questions (text, date, gold) from different months whose evidence the index holds: one of
+    the question's own articles (RealTimeQA's cited gold URLs, else its search results), stored and
+    published on or before the question date, holds the gold answer in a sentence that also holds the
+    question's words (evaluation.metrics.answer_in_evidence: "4" somewhere in a long article is no
+    evidence that the article says how many). A store whose questions name no articles (the shipped
+    sample) falls back to any passage published by then that holds such a sentence.
+    """
     from sqlalchemy import select
 
     from app.core.config import get_settings
@@ -51,7 +52,8 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
     from app.bootstrap import open_database
 
     def cited_urls(q) -> list[str]:
-        return (q.meta or {}).get("gold_urls", [])
+        meta = q.meta or {}
+        return meta.get("gold_urls") or meta.get("search_result_urls") or []
 
     db = open_database(settings or get_settings(), migrate=False)
     try:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from sqlalchemy import select
 
 from app.bootstrap import open_database
@@ -34,7 +36,10 @@ def test_without_cited_articles_it_asks_questions_some_earlier_passage_gives_evi
         assert any(a.published <= day and answer_in_evidence(gold, text, a.text) for a in articles), gold
 
 
-def test_with_cited_articles_it_asks_only_questions_whose_own_article_holds_the_answer(loaded_settings):
+@pytest.mark.parametrize("key", ["gold_urls", "search_result_urls"])
+def test_with_own_articles_it_asks_only_questions_whose_own_article_holds_the_answer(loaded_settings, key):
+    """The cited gold article, or the search results where a question cites none: evidence elsewhere
+    in the index (another story that happens to hold "4") does not make a question answerable."""
     questions, articles = _stored(loaded_settings)
     first = min(questions, key=lambda q: (q.asked, q.qid))
     holding = next(a for a in articles
@@ -47,7 +52,8 @@ def test_with_cited_articles_it_asks_only_questions_whose_own_article_holds_the_
     try:
         with db.sessions() as s:  # every question cites an article without its answer, but the first
             for q in s.scalars(select(Question)).all():
-                q.meta = {**(q.meta or {}), "gold_urls": [holding.url if q.qid == first.qid else lacking(q).url]}
+                meta = {k: v for k, v in (q.meta or {}).items() if k not in ("gold_urls", "search_result_urls")}
+                q.meta = {**meta, key: [holding.url if q.qid == first.qid else lacking(q).url]}
             s.commit()
     finally:
         db.close()
