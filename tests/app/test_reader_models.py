@@ -354,6 +354,23 @@ def test_api_lists_and_activates_versions_without_restart(auto_client, loaded_se
     assert loads == [a, b]  # each loaded once: the refresh after activation reuses the preloaded reader
 
 
+def test_api_activate_none_goes_back_to_the_fallback_at_once(auto_client, loaded_settings, loads):
+    db = auto_client.app.state.db
+    a = make_version(loaded_settings, db, "fid-2024-01-31-aaaaaa")
+    assert auto_client.post(f"/admin/models/{a}/activate", headers=ADMIN).status_code == 200
+    assert reader_used(auto_client) == f"trained-{a}"
+
+    r = auto_client.post("/admin/models/none/activate", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == "none" and r.json()["active"] is False
+    assert r.json()["serving"]["version"] is None and r.json()["notes"] == [f"{a} is no longer active"]
+    assert reader_used(auto_client) == "first-entity"
+    assert not any(v["active"] for v in auto_client.get("/admin/models", headers=ADMIN).json()["versions"])
+    again = auto_client.post("/admin/models/none/activate", headers=ADMIN)
+    assert again.status_code == 200 and again.json()["notes"] == ["no version was active"]
+    assert auto_client.post("/admin/models/none/activate").status_code == 401
+
+
 def test_api_activate_refuses_unknown_not_ready_missing_and_unloadable(auto_client, loaded_settings, loads):
     db = auto_client.app.state.db
     good = make_version(loaded_settings, db, "fid-good-000001")

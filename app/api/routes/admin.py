@@ -13,7 +13,7 @@ from app.api.schemas import (ADMIN_ERRORS, EncoderVersionPublic, FinetuneRequest
 from app.db.tables import Job
 from app.services.errors import ConflictError, InvalidInputError, NotFoundError
 from app.services.reader_registry import (READER_TRAINING_LOCK, activate_version, active_version, check_servable,
-                                          get_version, list_versions)
+                                          deactivate_versions, get_version, list_versions)
 from indexer.dates import InvalidDateError, month_key, parse_month
 from workers.drift import REFERENCES, drift_rows
 from workers.ingest import STAGE_WEIGHTS, IngestParams, check_month_request, ingest_lock, ingest_work
@@ -172,8 +172,18 @@ def list_models(request: Request, session: SessionDep) -> ReaderModelsPublic:
 
 @router.post("/models/{version}/activate", response_model=ReaderActivatedPublic)
 def activate_model(version: str, request: Request, session: SessionDep, settings: SettingsDep) -> ReaderActivatedPublic:
-    """Make a ready version the active one; this process serves it at once, others within a poll."""
+    """Make a ready version the active one; this process serves it at once, others within a poll.
+    `none`: no version is active, and servers with SQA_READER=auto go back to zero-shot Gemma."""
     state = request.app.state.answers.reader_state
+    if version == "none":
+        was = deactivate_versions(session)
+        session.commit()
+        notes = [f"{was} is no longer active" if was else "no version was active"]
+        if state.follows_registry:
+            state.refresh()
+        else:
+            notes.append(f"this process serves a fixed reader (SQA_READER={settings.reader})")
+        return ReaderActivatedPublic(version="none", active=False, serving=_serving(request), notes=notes)
     folder = check_servable(get_version(session, version), settings.models_dir)  # 404, 409
     notes: list[str] = []
     serving = state.current()
