@@ -18,6 +18,9 @@ sample of --max-questions), each asked as of its own date:
   without retrieval; questions without one are left out of that row and counted);
 - a published system's answers on the same question ids (--baseline, GPT-3 + Google search).
 
+`--snapshot ID` measures over a recorded index state instead of the serving one: the index as it stood
+before the window (lag -1Q in StreamingQA's terms) against the serving one (0Q), the reader unchanged.
+
 Every answer is appended to `<out>.partial.jsonl`; a rerun with the same --out reuses the answers of
 the same reader, snapshot and question, so a long run can be killed and resumed.
 """
@@ -147,6 +150,20 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
                             for q in questions}}
 
 
+def open_recorded_snapshot(service, db, snapshot_id: str):
+    """A recorded index state (an older serving snapshot, or a replay's quarter-end one), or None."""
+    from sqlalchemy import select
+
+    from app.db.tables import IndexSnapshot
+
+    with db.sessions() as session:
+        row = session.scalars(select(IndexSnapshot).where(IndexSnapshot.snapshot_id == snapshot_id)).first()
+        if row is None:
+            return None
+        session.expunge(row)
+    return service.index_state.open(row)
+
+
 def print_window(label: str, m: dict, baseline: dict | None) -> None:
     r, e, g, lat = m["recall"], m["end_to_end"], m["gold_passage"], m["latency_ms"]
     print(f"\n{label}: {m['n']} questions (generation subset)")
@@ -170,6 +187,9 @@ def parse_args(argv):
     ap.add_argument("--baseline", default="open_gpt3_gcs_gen", help="a published system ('' for none)")
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA tree holding baseline_results/")
     ap.add_argument("--out", help="write everything here (JSON); answers cached in <out>.partial.jsonl")
+    ap.add_argument("--snapshot", help="measure over this recorded index state instead of the serving one "
+                                       "(`sqa index status` lists them): an index that stopped before the "
+                                       "window, against the serving one, is StreamingQA's lag -1Q against 0Q")
     args = ap.parse_args(argv)
     try:
         args.windows = parse_windows(args.windows)
@@ -205,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no index snapshot in {home}: run `sqa ingest` first", file=sys.stderr)
             return 2
         snap = service.index_state.current()
+        if args.snapshot:
+            snap = open_recorded_snapshot(service, db, args.snapshot)
+            if snap is None:
+                print(f"error: no index snapshot {args.snapshot!r} in {home} (`sqa index status` lists them)",
+                      file=sys.stderr)
+                return 2
         load_s = round(time.perf_counter() - t0, 1)
         reader = service.reader
         print(f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "

@@ -62,3 +62,32 @@ def test_bench_quality_says_when_the_home_is_empty(tmp_path, capsys, monkeypatch
     monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
     assert _main()(["--home", str(tmp_path / "nothing")]) == 2
     assert "holds no database" in capsys.readouterr().err
+
+
+def test_bench_quality_measures_an_older_index_state(served_env, tmp_path, capsys):
+    """--snapshot: the index as it stood after January (lag -1Q for February-March questions) finds
+    no passage of February or March, and an unknown snapshot is refused."""
+    from sqlalchemy import select
+
+    from app.bootstrap import open_database
+    from app.db.tables import IndexSnapshot
+
+    db = open_database(served_env, migrate=False)
+    try:
+        with db.sessions() as s:
+            first = s.scalars(select(IndexSnapshot.snapshot_id).order_by(IndexSnapshot.id)).first()
+    finally:
+        db.close()
+    main = _main()
+    base = ["--home", str(served_env.home), "--windows", "2024-02-01:2024-03-31", "--baseline", ""]
+    assert main([*base, "--out", str(tmp_path / "now.json")]) == 0
+    assert main([*base, "--snapshot", first, "--out", str(tmp_path / "lag.json")]) == 0
+    printed = capsys.readouterr().out
+    assert f"snapshot {first} (newest article 2024-01-" in printed
+    now, lag = (json.loads((tmp_path / f).read_text()) for f in ("now.json", "lag.json"))
+    assert lag["config"]["snapshot"] == first != now["config"]["snapshot"]
+    [w_now], [w_lag] = now["windows"].values(), lag["windows"].values()
+    assert w_lag["recall"]["@50"] < w_now["recall"]["@50"]  # the answers are in February's and March's news
+
+    assert main([*base, "--snapshot", "nope"]) == 2
+    assert "no index snapshot 'nope'" in capsys.readouterr().err
