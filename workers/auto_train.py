@@ -209,8 +209,9 @@ def describe(done: dict) -> str:
     elif r["action"] == "skip":
         head = f"re-ranker skipped ({r['reason']}); "
     else:
+        v, f = r["validation"], r["first_stage"]  # better recall@5 wins; at equal recall@5, the better MRR
         head = (f"re-ranker {r['version']} {'activated' if r['activated'] else 'not activated'} (held-back recall@5 "
-                f"{r['validation']['recall@5']} vs first stage {r['first_stage']['recall@5']}); ")
+                f"{v['recall@5']}, MRR {v['mrr']} vs first stage {f['recall@5']}, MRR {f['mrr']}); ")
     if done.get("action") == "skip":
         return f"{head}reader skipped: {done['reason']}"
     c = done["check"]

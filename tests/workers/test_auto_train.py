@@ -109,3 +109,13 @@ def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_pr
         # the version learnt nothing dated on or after the ingested month
         info = read_reader_info(ctx.models_dir / done["version"])
         assert info["trained_until"] == str(until) and info["data"]["gold"] > 0
+
+
+def test_describe_shows_the_mrr_that_breaks_a_recall_tie():
+    done = {"reranker": {"action": "trained", "version": "reranker-2023-04-01-abc123", "activated": True,
+                         "validation": {"recall@5": 42.0, "mrr": 0.372}, "first_stage": {"recall@5": 42.0, "mrr": 0.349}},
+            "action": "skip", "reason": "no questions"}
+    line = describe(done)
+    assert line.startswith("re-ranker reranker-2023-04-01-abc123 activated (held-back recall@5 42.0, MRR 0.372 "
+                           "vs first stage 42.0, MRR 0.349); ")
+    assert line.endswith("reader skipped: no questions")
