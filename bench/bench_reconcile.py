@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
 import json
 import os
 import random
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from bench.bench_quality import parse_windows
-from evaluation.metrics import exact_match, normalize_answer, token_f1
+from evaluation.bakeoff import score
+from evaluation.metrics import exact_match, normalize_answer
 
 DEFAULT_WINDOWS = "2023-03-01:2023-03-31,2023-04-01:2023-06-30"
 N_WINDOWS = 3
@@ -145,10 +146,10 @@ def pick_learned(train: list[dict], test: list[dict], *, with_candidates: bool, 
 
 
 def em_f1(predictions: list[str], records: list[dict]) -> tuple[float, float]:
-    if not records:
-        return 0.0, 0.0
-    return (round(100 * float(np.mean([exact_match(p, r["answers"]) for p, r in zip(predictions, records)])), 1),
-            round(100 * float(np.mean([token_f1(p, r["answers"]) for p, r in zip(predictions, records)])), 1))
+    """EM and F1 in percent, scored as bench_quality scores (evaluation.bakeoff.score)."""
+    questions = [SimpleNamespace(qid=r["qid"], answers=r["answers"]) for r in records]
+    s = score({r["qid"]: p for p, r in zip(predictions, records)}, questions)
+    return round(100 * s["em"], 1), round(100 * s["f1"], 1)
 
 
 def summarise(label: str, records: list[dict], other: list[dict], other_label: str) -> dict:

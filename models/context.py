@@ -25,14 +25,11 @@ from collections import Counter
 from dataclasses import replace
 from typing import Sequence
 
+from evaluation.metrics import SENTENCE_END
 from models.reader_base import ReaderPassage
 
 # The date prefix every passage starts with: "Thursday, February 7, 2019. "
 _DATE_PREFIX = re.compile(r"^(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), [A-Z][a-z]+ \d{1,2}, \d{4}\. ")
-# A sentence ends at . ! ? (optionally closed by a quote or bracket) before a space and a capital,
-# a digit or an opening quote. Abbreviations ("U.S. President") split wrongly now and then; the
-# cost is a sentence kept in two halves, not a lost word.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]?\s+(?=[A-Z0-9\"'“‘(])")
 _WORD = re.compile(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)?")
 STOPWORDS = frozenset("""
 a an the and or but if of to in on at by for with from as into about over after before between
@@ -57,7 +54,7 @@ def split_passage(text: str) -> tuple[str, list[str]]:
     m = _DATE_PREFIX.match(text)
     prefix = m.group(0) if m else ""
     body = text[len(prefix):]
-    return prefix, [s for s in _SENTENCE_END.split(body) if s.strip()]
+    return prefix, [s for s in SENTENCE_END.split(body) if s.strip()]
 
 
 def select_context(question: str, passages: Sequence[ReaderPassage], *, budget_words: int,
