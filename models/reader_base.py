@@ -119,3 +119,71 @@ def shorten_answer(raw: str, *, question: str = "", max_words: int = 8) -> str:
     if len(words) > max_words:
         text = " ".join(words[:max_words]).rstrip(" .;,:")
     return text
+
+
+# Capitalised words that start a sentence, date a story or give a title: never part of a name that
+# `complete_name` puts before a bare surname ("On Tuesday Biden ..." is not "Tuesday Biden").
+_NOT_NAME = frozenset("""
+The A An In On At But And Or When After Before As If For From By With Of To That This These Those It He She They We
+I His Her Their Its Our While Since So Yet Also Then Now Here There What Who Why How Where Which According Meanwhile
+However Still Like Under Over About Despite During Did Does Do Is Was Were Are Has Have Had Will Would Can Could Should
+Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July August September
+October November December Former Sen. Rep. Gov. Mr. Mrs. Ms. Dr. President Prime Minister Secretary Chief CEO Judge
+Justice King Queen Prince Princess Pope General Gen. Lt. Col. Sgt. St. Coach Director Senator Governor Mayor Speaker
+Leader Vice Attorney Officer Rev. Sir Dame Lord Lady Actor Actress Singer Rapper Star Chairman Chairwoman House Senate
+Team Company Brand Even Get Images Photo
+""".split())
+_NAME_TOKEN = re.compile(r"[^\W_]+(?:['’.&-][^\W_]+)*\.?|[^\w\s]", re.UNICODE)
+
+
+def _name_part(token: str) -> bool:
+    """A word that can stand before a surname: capitalised, not a sentence opener, day or title, not
+    a possessive ("SpaceX's") or a compound like "Wyoming-based", and no sentence's end ("Mario.")
+    unless it is an initial ("E.")."""
+    return (token[:1].isupper() and token not in _NOT_NAME and not re.search(r"['’]s$|-[a-z]", token)
+            and (not token.endswith(".") or re.fullmatch(r"[A-Z]\.", token) is not None))
+
+
+def complete_name(answer: str, texts: Sequence[str]) -> str:
+    """A one-word proper-noun answer completed with the (at most two) name words that stand before it
+    in the passages read, the form they use most: "Pratt" -> "Chris Pratt" when they say "Chris Pratt
+    voices Mario ... Pratt said". A small generator often copies a later mention (the bare surname,
+    "Dolphins" for "Miami Dolphins"), and an exact answer needs the name whole.
+
+    Left as it is: an answer of several words or in lower case, a word the passages also use in lower
+    case (a common noun: "Flour"), and a word the passages use alone at least as often as any longer
+    form.
+
+    Example:
+        >>> complete_name("Carlson", ["Fox News and Tucker Carlson agreed to part ways. Carlson's show ..."])
+        'Tucker Carlson'
+    """
+    words = _NAME_TOKEN.findall(answer)
+    if len(words) != 1 or not words[0][:1].isupper():
+        return answer
+    word = words[0]
+    if any(re.search(rf"\b{re.escape(word.lower())}\b", text) for text in texts):
+        return answer
+    forms: dict[tuple[str, ...], int] = {}
+    for text in texts:
+        tokens = _NAME_TOKEN.findall(text)
+        for i, token in enumerate(tokens):
+            if token != word:
+                continue
+            j = i
+            while j > max(0, i - 2) and _name_part(tokens[j - 1]) and tokens[j - 1] != word:
+                j -= 1
+            form = tuple(tokens[j:i + 1])
+            forms[form] = forms.get(form, 0) + 1
+    longer = {form: n for form, n in forms.items() if len(form) > 1}
+    if not longer:
+        return answer
+    best = max(longer, key=lambda form: (longer[form], len(form)))
+    return " ".join(best) if longer[best] >= forms.get((word,), 0) else answer
+
+
+def final_answer(raw: str, question: str, read: Sequence[ReaderPassage]) -> str:
+    """What a generator's first line becomes for the user: shortened (`shorten_answer`), a bare
+    surname completed from the passages it read (`complete_name`). Serving and a training run's
+    validation both answer through it, so a checkpoint is chosen on the answers users get."""
+    return complete_name(shorten_answer(raw, question=question), [p.text for p in read])

@@ -4,6 +4,7 @@ import datetime as dt
 
 import pytest
 
+from models.reader_base import complete_name, final_answer
 from models.readers import FirstEntityReader, ReaderPassage, dated_question, load_reader, shorten_answer
 
 Q = "Who is the head coach of the Kestrel Bay Harriers?"
@@ -23,6 +24,31 @@ Q = "Who is the head coach of the Kestrel Bay Harriers?"
 ])
 def test_shorten_answer_cuts_to_a_short_phrase(raw, question, expected):
     assert shorten_answer(raw, question=question) == expected
+
+
+OKAFOR = "Thursday, March 7, 2024. Ines Okafor took over the Kestrel Bay Harriers. On Sunday Okafor won."
+
+
+@pytest.mark.parametrize("answer, texts, expected", [
+    ("Okafor", [OKAFOR], "Ines Okafor"),  # the first mention's full name
+    ("Carroll", ["E. Jean Carroll testified. Carroll said so."], "E. Jean Carroll"),  # an initial is a name part
+    ("Okafor", ["On Sunday Okafor won. Okafor said."], "Okafor"),  # a day and a sentence's first word are not
+    ("Starship", ["SpaceX's Starship exploded. Starship flew."], "Starship"),  # nor a possessive
+    ("Okafor", ["Coach Okafor won."], "Okafor"),  # nor a title
+    ("Max", ["Max launched. HBO Max is now Max. Max costs more."], "Max"),  # the bare word is the more common form
+    ("Flour", ["Gold Medal Flour was recalled: the flour may hold salmonella."], "Flour"),  # a common noun
+    ("Ines Okafor", [OKAFOR], "Ines Okafor"),  # several words: left alone
+    ("Okafor", ["Verhoeven resigned."], "Okafor"),  # not in the passages: left alone
+    ("", [OKAFOR], ""),
+])
+def test_complete_name_adds_the_first_names_the_passages_give(answer, texts, expected):
+    assert complete_name(answer, texts) == expected
+
+
+def test_final_answer_shortens_then_completes_from_the_passages_read():
+    read = [ReaderPassage("t", OKAFOR, dt.date(2024, 3, 7))]
+    assert final_answer("Answer: Okafor.\nShe won.", Q, read) == "Ines Okafor"
+    assert final_answer("Answer: Okafor.", Q, []) == "Okafor"
 
 
 def test_dated_question_uses_the_streamingqa_format():
