@@ -105,6 +105,8 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     own = 0
     e2e, gold, times = {}, {}, {"retrieve": [], "rerank": [], "read": [], "total": [], "gold_read": []}
     n_gold = 0
+    held: set[str] = set()  # questions whose answer lies in what the reader reads
+    n_read = service.passages_for(reader)
     with sessions() as session:
         for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
             found = service.retriever.retrieve(session, snap, q.text, q.asked, max(KS))
@@ -113,6 +115,10 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             for k in KS:
                 hits[k] += any(has[:k])
             own += own_article_hit(session, q)
+            top = [ReaderPassage(p.title, p.text, p.published) for p in found[:n_read]]
+            read = reader.context(q.text, top) if hasattr(reader, "context") else top
+            if any(answer_in_text(list(q.answers), passage_body(p.text, p.published)) for p in read):
+                held.add(q.qid)
 
             r = cache.get("e2e", reader.name, snap.snapshot_id, q.qid)
             if r is None:
@@ -142,12 +148,24 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     with_gold = [q for q in questions if q.qid in gold]
     return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
             "own_articles": round(100 * own / n, 1) if n else 0.0,
+            "reader_reads_answer": _split_by(held, e2e, questions),
             "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
             "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
                                 for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
             "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
             "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers)}
                             for q in questions}}
+
+
+def _split_by(held: set[str], predictions: dict, questions) -> dict:
+    """The share of questions whose answer lies in what the reader read, and end-to-end EM on those
+    and on the rest: whether answers are lost in the ranking or in the reading."""
+    inside = [q for q in questions if q.qid in held]
+    outside = [q for q in questions if q.qid not in held]
+    em = {name: round(100 * score(predictions, qs)["em"], 1) if qs else 0.0
+          for name, qs in (("em_when_read", inside), ("em_otherwise", outside))}
+    return {"share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
+            "n": len(inside), **em}
 
 
 def open_recorded_snapshot(service, db, snapshot_id: str):
@@ -170,6 +188,10 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
     print("  retrieval recall " + "  ".join(f"{k} {v:.1f}" for k, v in r.items())
           + f"   own articles {m['own_articles']:.1f}")
     print(f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})")
+    if "reader_reads_answer" in m:
+        h = m["reader_reads_answer"]
+        print(f"  reader reads one  {h['share']:.1f}% of questions (n {h['n']}): EM {h['em_when_read']:.1f} on those, "
+              f"{h['em_otherwise']:.1f} on the rest")
     print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
     if baseline is not None:
         print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions)")

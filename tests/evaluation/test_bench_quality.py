@@ -44,6 +44,11 @@ def test_bench_quality_on_the_sample_measures_the_served_pipeline(served_env, tm
     f1 = 100 * sum(token_f1(p["e2e"], p["answers"]) for p in preds.values()) / 13
     assert window["end_to_end"]["em"] == pytest.approx(em, abs=0.05)
     assert window["end_to_end"]["f1"] == pytest.approx(f1, abs=0.05)
+    split = window["reader_reads_answer"]  # the reader's context holds an answer for n of the 13
+    assert 0 < split["n"] <= 13 and split["share"] == pytest.approx(100 * split["n"] / 13, abs=0.05)
+    assert "reader reads one" in printed
+    whole = (split["em_when_read"] * split["n"] + split["em_otherwise"] * (13 - split["n"])) / 13
+    assert whole == pytest.approx(em, abs=0.1)  # EM on those and on the rest make up the whole
     gold = [p for p in preds.values() if p["gold"] is not None]
     assert window["gold_passage"]["n"] == len(gold) > 0 and window["gold_passage"]["left_out"] == 13 - len(gold)
     assert window["latency_ms"]["total"]["n"] == 13
