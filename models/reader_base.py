@@ -121,8 +121,9 @@ def shorten_answer(raw: str, *, question: str = "", max_words: int = 8) -> str:
     return text
 
 
-# Capitalised words that start a sentence, date a story or give a title: never part of a name that
-# `complete_name` puts before a bare surname ("On Tuesday Biden ..." is not "Tuesday Biden").
+# Capitalised words that start a sentence, date a story, give a title or credit a photo: never part
+# of a name that `complete_name` puts before a bare surname ("On Tuesday Biden ..." is not "Tuesday
+# Biden", "Getty Images Pelé" not a name).
 _NOT_NAME = frozenset("""
 The A An In On At But And Or When After Before As If For From By With Of To That This These Those It He She They We
 I His Her Their Its Our While Since So Yet Also Then Now Here There What Who Why How Where Which According Meanwhile
