@@ -296,9 +296,8 @@ class GemmaModel:
         """Greedy answers, made final like GemmaReader's (`final_answer`), for (question, as_of,
         passages) items: the served prompt (first `n_passages`, `max_passage_words` each), stopping at
         the end of the first line. A question without passages gets "". `batch_size` rows are
-        generated together, left-padded
-        (default: all on an accelerator, one at a time on CPU, where padding measured slower: 8 prompts
-        of ~450 tokens took 20 s together against 14 s one by one)."""
+        generated together, left-padded (default: all on an accelerator, one at a time on CPU, where
+        padding measured slower: 8 prompts of ~450 tokens took 20 s together against 14 s one by one)."""
         live = [i for i, (_, _, ps) in enumerate(items) if ps]
         out = [""] * len(items)
         size = batch_size or (1 if self.device.type == "cpu" else max(1, len(live)))
