@@ -303,17 +303,18 @@ class GemmaModel:
         size = batch_size or (1 if self.device.type == "cpu" else max(1, len(live)))
         for start in range(0, len(live), size):
             chunk = live[start:start + size]
-            for i, raw in zip(chunk, self._generate_rows([items[i] for i in chunk])):
-                question, _, passages = items[i]
-                out[i] = final_answer(raw, question, self.context(question, passages))
+            read = [(items[i][0], items[i][1], self.context(items[i][0], items[i][2])) for i in chunk]
+            for i, (question, _, passages), raw in zip(chunk, read, self._generate_rows(read)):
+                out[i] = final_answer(raw, question, passages)
         return out
 
     def _generate_rows(self, items: Sequence[Item]) -> list[str]:
-        """The raw first lines generated for items that all have passages, as one left-padded batch."""
+        """The raw first lines generated for items whose passages are what the reader reads
+        (`context`, as cut; none empty), as one left-padded batch."""
         from models.gemma import _first_line_stop
 
         cfg = self.config
-        prompts = [self._ids(build_prompt(q, as_of, self.context(q, ps), None), special=True) for q, as_of, ps in items]
+        prompts = [self._ids(build_prompt(q, as_of, ps, None), special=True) for q, as_of, ps in items]
         length = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.full((len(prompts), length), pad, dtype=torch.long)

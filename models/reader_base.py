@@ -121,6 +121,12 @@ def shorten_answer(raw: str, *, question: str = "", max_words: int = 8) -> str:
     return text
 
 
+# The capitalised words of a date (spelled out: calendar's names follow the locale).
+DATE_WORDS = frozenset("""
+Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July August September
+October November December
+""".split())
+
 # Capitalised words that start a sentence, date a story, give a title or credit a photo: never part
 # of a name that `complete_name` puts before a bare surname ("On Tuesday Biden ..." is not "Tuesday
 # Biden", "Getty Images Pelé" not a name).
@@ -128,12 +134,11 @@ _NOT_NAME = frozenset("""
 The A An In On At But And Or When After Before As If For From By With Of To That This These Those It He She They We
 I His Her Their Its Our While Since So Yet Also Then Now Here There What Who Why How Where Which According Meanwhile
 However Still Like Under Over About Despite During Did Does Do Is Was Were Are Has Have Had Will Would Can Could Should
-Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July August September
-October November December Former Sen. Rep. Gov. Mr. Mrs. Ms. Dr. President Prime Minister Secretary Chief CEO Judge
+Former Sen. Rep. Gov. Mr. Mrs. Ms. Dr. President Prime Minister Secretary Chief CEO Judge
 Justice King Queen Prince Princess Pope General Gen. Lt. Col. Sgt. St. Coach Director Senator Governor Mayor Speaker
 Leader Vice Attorney Officer Rev. Sir Dame Lord Lady Actor Actress Singer Rapper Star Chairman Chairwoman House Senate
 Team Company Brand Even Get Images Photo
-""".split())
+""".split()) | DATE_WORDS
 _NAME_TOKEN = re.compile(r"[^\W_]+(?:['’.&-][^\W_]+)*\.?|[^\w\s]", re.UNICODE)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Sequence
 
 from indexer.chunking import passage_body
-from models.reader_base import (BatchedReader, Item, Reader, ReaderAnswer, ReaderPassage, check_passages,
-                                dated_question, shorten_answer, strip_restated_question)
+from models.reader_base import (DATE_WORDS, BatchedReader, Item, Reader, ReaderAnswer, ReaderPassage,
+                                check_passages, dated_question, shorten_answer, strip_restated_question)
 
 __all__ = ["BatchedReader", "Item", "Reader", "ReaderAnswer", "ReaderPassage", "check_passages", "dated_question",
            "shorten_answer", "strip_restated_question", "FirstEntityReader", "load_reader"]
@@ -21,9 +21,6 @@ __all__ = ["BatchedReader", "Item", "Reader", "ReaderAnswer", "ReaderPassage", "
 
 _ENTITY = re.compile(r"\b([A-Z][a-zA-Z0-9'\-]+(?:\s+(?:of\s+|the\s+)?[A-Z][a-zA-Z0-9'\-]+)*)")
 _STOP = {"Today", "The", "A", "An", "In", "On", "He", "She", "It", "They", "This", "That", "But", "And"}
-_DATE_WORDS = {"Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "January",
-               "February", "March", "April", "May", "June", "July", "August", "September", "October",
-               "November", "December"}
 
 
 class FirstEntityReader:
@@ -39,7 +36,7 @@ class FirstEntityReader:
         body = passage_body(passages[0].text, passages[0].published)  # drop the date prefix
         for match in _ENTITY.finditer(body):
             phrase = match.group(1)
-            words = [w for w in phrase.split() if w not in _STOP and w not in _DATE_WORDS]
+            words = [w for w in phrase.split() if w not in _STOP and w not in DATE_WORDS]
             if words and not all(w.lower() in q_words for w in words):
                 answer = " ".join(words)
                 return ReaderAnswer(text=answer, raw=phrase)
