@@ -57,6 +57,50 @@ def split_passage(text: str) -> tuple[str, list[str]]:
     return prefix, [s for s in SENTENCE_END.split(body) if s.strip()]
 
 
+# A site's name after a headline: "Meet Commander Moonikin Campos | CNN", "... - The New York Times".
+_SITE_SUFFIX = re.compile(r"\s+(?:\||-|–|—)\s+[^|]{1,40}$")
+
+
+def clean_title(title: str) -> str:
+    """A headline as a sentence: whitespace normalised, a trailing " | Site" (or " - Site", at most
+    five words) dropped, a full stop added when it ends without one. "" stays ""."""
+    title = " ".join(title.split())
+    m = _SITE_SUFFIX.search(title)
+    if m and len(m.group(0).split()) <= 6 and m.start() > 0:
+        title = title[:m.start()].rstrip()
+    if title and title[-1] not in ".?!":
+        title += "."
+    return title
+
+
+def add_titles(passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
+    """The passages with their article's headline (`clean_title`) after the date prefix, as its first
+    sentence: a headline often states the fact a question asks for ("Trump charged with 34 felony
+    counts") when the passage's sentences do not. A headline is given once, to the first passage
+    with it (passages of one article share it), and not at all when the passage already starts with it.
+
+    Example: title "Nuggets win first NBA title | CNN",
+        text  "Monday, June 12, 2023. Denver beat Miami 94-89."
+        ->    "Monday, June 12, 2023. Nuggets win first NBA title. Denver beat Miami 94-89."
+    """
+    seen: set[str] = set()
+    out = []
+    for p in passages:
+        title = clean_title(p.title)
+        key = title.lower()
+        text = " ".join(p.text.split())
+        m = _DATE_PREFIX.match(text)
+        prefix = m.group(0) if m else ""
+        body = text[len(prefix):]
+        if not title or key in seen or body.lower().startswith(key.rstrip(".?!")):
+            seen.add(key)
+            out.append(p)
+            continue
+        seen.add(key)
+        out.append(replace(p, text=f"{prefix}{title} {body}".rstrip()))
+    return out
+
+
 def select_context(question: str, passages: Sequence[ReaderPassage], *, budget_words: int,
                    max_passages: int) -> list[ReaderPassage]:
     """The first `max_passages` passages cut down to their sentences that matter most for
@@ -96,4 +140,4 @@ def select_context(question: str, passages: Sequence[ReaderPassage], *, budget_w
     return out
 
 
-__all__ = ["content_terms", "select_context", "split_passage", "STOPWORDS"]
+__all__ = ["add_titles", "clean_title", "content_terms", "select_context", "split_passage", "STOPWORDS"]

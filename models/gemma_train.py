@@ -51,6 +51,9 @@ class GemmaConfig(SavedConfig):
     # 0: the first max_passage_words of each of the first n_passages (the original prompt); else the
     # sentences of the first n_passages that bear on the question, this many words in all (models.context)
     context_words: int = 0
+    # Each article's headline after a passage's date (models.context.add_titles). False in configs
+    # saved before it existed: a version reads the prompt it was trained on.
+    titles: bool = False
     method: str = "lora"  # "lora" (peft adapters) | "last-layers" (train the last decoder layers)
     lora_r: int = 16
     lora_alpha: int = 32
@@ -82,32 +85,38 @@ class GemmaConfig(SavedConfig):
 
 
 def fit_prompt(question: str, as_of, passages: Sequence[ReaderPassage], max_words: int, budget: int,
-               count: Callable[[str], int], *, context_words: int = 0) -> str:
+               count: Callable[[str], int], *, context_words: int = 0, titles: bool = False) -> str:
     """`build_prompt` with every passage cut to the same number of words, the most (up to `max_words`)
     that keeps `count(prompt) <= budget`; the question is never cut (without room, passages keep one
     word). `count` is the tokenizer's length of a prompt. With `context_words`, the sentences are
     selected again with a smaller word budget instead (`reader_context`), so that what is cut is
-    what matters least."""
+    what matters least. With `titles`, the passages carry their headlines as served (`reader_context`:
+    the cut applies to the passage's own words)."""
     if context_words:
         words = context_words
         while True:
             kept = reader_context(question, passages, n_passages=len(passages), max_passage_words=max_words,
-                                  context_words=words)
+                                  context_words=words, titles=titles)
             prompt = build_prompt(question, as_of, kept, None)
             n = count(prompt)
             if n <= budget or words <= 8:
                 return prompt
             words = max(8, min(words - 8, int(words * budget / n)))
+
+    def render(words: int, passages=passages) -> str:
+        return build_prompt(question, as_of, reader_context(question, passages, n_passages=len(passages),
+                                                            max_passage_words=words, titles=titles), None)
+
     words = min(max_words, max((len(p.text.split()) for p in passages), default=1))
-    prompt = build_prompt(question, as_of, passages, words)
+    prompt = render(words)
     n = count(prompt)
     if n <= budget or not passages:
         return prompt
-    fixed = count(build_prompt(question, as_of, [], words))  # the question part, never cut
+    fixed = count(render(words, []))  # the question part, never cut
     while n > budget and words > 1:
         # Scale the passages' share to the room left; at least one word less each round.
         words = max(1, min(words - 1, int(words * max(budget - fixed, 0) / max(n - fixed, 1))))
-        prompt = build_prompt(question, as_of, passages, words)
+        prompt = render(words)
         n = count(prompt)
     return prompt
 
@@ -263,7 +272,7 @@ class GemmaModel:
             target = self._ids(build_target(answer), special=False)[: cfg.max_answer_tokens]
             prompt = fit_prompt(question, as_of, list(passages)[: cfg.n_passages], cfg.max_passage_words,
                                 cfg.max_length - len(target), lambda t: len(self._ids(t, special=True)),
-                                context_words=cfg.context_words)
+                                context_words=cfg.context_words, titles=cfg.titles)
             rows.append((self._ids(prompt, special=True), target))
         length = max(len(p) + len(t) for p, t in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -332,7 +341,7 @@ class GemmaModel:
         """What the served reader reads of the ranked passages (GemmaReader.context)."""
         cfg = self.config
         return reader_context(question, passages, n_passages=cfg.n_passages, max_passage_words=cfg.max_passage_words,
-                              context_words=cfg.context_words)
+                              context_words=cfg.context_words, titles=cfg.titles)
 
     # ---- serving ----------------------------------------------------------------------------------
     def into_reader(self, *, name: str, n_passages: int | None = None, answer_beams: int = 1,
@@ -346,7 +355,7 @@ class GemmaModel:
                            n_passages=n_passages or self.config.n_passages,
                            max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens,
                            context_words=self.config.context_words, answer_beams=answer_beams,
-                           vocabulary=vocabulary, precision=precision)
+                           vocabulary=vocabulary, precision=precision, titles=self.config.titles)
 
 
 __all__ = ["GemmaConfig", "GemmaModel", "fit_prompt", "LORA_TARGETS", "METHODS"]

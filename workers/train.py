@@ -43,6 +43,7 @@ class ReaderJobSpec:
     backbone: str = "minilm"  # fid only: minilm | seq2seq
     base: str = ""  # fid seq2seq: a local T5/BART folder
     method: str = "lora"  # gemma only: lora | last-layers (models.gemma_train)
+    titles: bool = False  # gemma only: passages carry their article's headline (models.context.add_titles)
     lr: float = 0.0  # 0: the kind's default
     batch_size: int = 2
     max_epochs: int = 3
@@ -70,7 +71,7 @@ class ReaderJobSpec:
         questions a step, frequent validation and a short warm-up (a step takes seconds, and a
         30-minute budget is a hundred or two of them), fewer self-labeled articles."""
         values = dict(kind="gemma", n_passages=3, infer_passages=3, batch_size=4, eval_every=50, warmup_steps=10,
-                      max_self_articles=300)
+                      max_self_articles=300, titles=True)
         return cls(**{**values, **overrides})
 
     def data_config(self, data: DataConfig | None = None) -> DataConfig:
@@ -85,7 +86,7 @@ def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
     if spec.kind == "gemma":
         from models.gemma_train import GemmaConfig, GemmaModel
 
-        return GemmaModel.from_base(GemmaConfig(n_passages=spec.infer_passages, method=spec.method),
+        return GemmaModel.from_base(GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles),
                                     cache_dir=models_dir / "base" if models_dir is not None else None)
     if spec.kind == "fid":
         from models.fid import FiDConfig, FiDModel

@@ -3,7 +3,7 @@ import datetime as dt
 
 import pytest
 
-from models.context import content_terms, select_context, split_passage
+from models.context import add_titles, clean_title, content_terms, select_context, split_passage
 from models.gemma import build_prompt, reader_context
 from models.reader_base import ReaderPassage
 
@@ -77,3 +77,47 @@ def test_the_prompt_prints_the_selected_context_whole():
 def test_bad_sizes_are_refused(budget, depth):
     with pytest.raises(ValueError, match="at least 1"):
         select_context("q", [passage("x")], budget_words=budget, max_passages=depth)
+
+
+# --- headlines --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, clean", [
+    ("Meet Commander Moonikin Campos, the Artemis I mannequin | CNN", "Meet Commander Moonikin Campos, the Artemis I mannequin."),
+    ("Trump charged with 34 felony counts - The New York Times", "Trump charged with 34 felony counts."),
+    ("  Who   won the NBA title?  ", "Who won the NBA title?"),
+    ("Dolphins - Bills: what we learned in a wild game that went to overtime", "Dolphins - Bills: what we learned in a wild game that went to overtime."),
+    ("", ""),
+])
+def test_clean_title_drops_the_site_and_ends_as_a_sentence(raw, clean):
+    assert clean_title(raw) == clean
+
+
+def test_a_headline_stands_after_the_date_once_per_article():
+    first = passage("Denver beat Miami 94-89.", title="Nuggets win first NBA title | CNN")
+    second = passage("Jokic was the Finals MVP.", title="Nuggets win first NBA title | CNN")
+    other = passage("Rain fell.", title="Storm hits Florida")
+    out = add_titles([first, second, other])
+    assert [p.text for p in out] == [PREFIX + "Nuggets win first NBA title. Denver beat Miami 94-89.",
+                                     PREFIX + "Jokic was the Finals MVP.",
+                                     PREFIX + "Storm hits Florida. Rain fell."]
+    assert [p.title for p in out] == [first.title, second.title, other.title]
+
+
+def test_a_headline_the_passage_already_starts_with_is_not_repeated():
+    p = passage("Storm hits Florida. Rain fell.", title="Storm hits Florida")
+    assert add_titles([p]) == [p]
+    untitled = passage("Rain fell.", title="")
+    assert add_titles([untitled]) == [untitled]
+
+
+def test_reader_context_adds_headlines_on_top_of_the_passage_words():
+    p = passage(" ".join(f"w{i}" for i in range(50)), title="Storm hits Florida")
+    plain = reader_context("Q?", [p], n_passages=1, max_passage_words=20)
+    titled = reader_context("Q?", [p], n_passages=1, max_passage_words=20, titles=True)
+    assert titled[0].text == plain[0].text.replace(PREFIX, PREFIX + "Storm hits Florida. ")
+    # With sentence selection the headline is a sentence like the others: it is kept when it bears
+    # on the question and the budget is small.
+    long = passage(FILLER, title="Storm hits Florida with record rain")
+    kept = reader_context("Which state did the storm hit?", [long], n_passages=1, max_passage_words=100,
+                          context_words=20, titles=True)
+    assert "Storm hits Florida with record rain." in kept[0].text

@@ -11,7 +11,7 @@ import torch
 
 import models.gemma_train as gemma_train
 from indexer.dates import format_long
-from models.gemma import build_prompt, build_target
+from models.gemma import build_prompt, build_target, reader_context
 from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig, GemmaModel, fit_prompt
 from models.reader_base import ReaderPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample
@@ -93,6 +93,16 @@ def test_fit_prompt_cuts_every_passage_to_the_same_length_and_never_the_question
 def test_fit_prompt_without_room_keeps_one_word_a_passage():
     prompt = fit_prompt("Q?", AS_OF, [FILLER, NBA], 100, 3, words)
     assert prompt == build_prompt("Q?", AS_OF, [FILLER, NBA], 1)
+
+
+def test_fit_prompt_with_titles_reads_the_headlines_as_served_and_cuts_only_the_passage_words():
+    titled = [ReaderPassage("Storm hits Florida", FILLER.text, FILLER.published), NBA]
+    served = build_prompt("Q?", AS_OF, reader_context("Q?", titled, n_passages=2, max_passage_words=100,
+                                                      titles=True), None)
+    assert fit_prompt("Q?", AS_OF, titled, 100, 1000, words, titles=True) == served
+    assert "Storm hits Florida." in served and "a title." in served
+    cut = fit_prompt("Q?", AS_OF, titled, 100, 60, words, titles=True)
+    assert words(cut) <= 60 and "Storm hits Florida." in cut and "a title." in cut
 
 
 # --- labels and loss --------------------------------------------------------------------------------
@@ -256,6 +266,22 @@ def test_into_reader_merges_the_adapters_and_reads_as_the_model_does(tiny_base):
     assert reader.name == "gemma:v1" and reader.n_passages == 3 and reader.max_passage_words == 100
     assert not any("lora_" in n for n, _ in reader.model.named_parameters())  # merged into the base
     assert [reader.generate(*item).text for item in ITEMS] == expected
+
+
+def test_a_version_trained_with_titles_serves_with_them_and_an_older_one_without(tmp_path, tiny_base):
+    titled = [ReaderPassage("Storm hits Florida", NBA.text, NBA.published)]
+    (tmp_path / "base").mkdir()
+    tiny(GemmaConfig(lora_r=4, titles=True)).save(tmp_path / "new")
+    config = json.loads((tmp_path / "new" / CONFIG_FILE).read_text())
+    assert config["titles"] is True
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / WEIGHTS_FILE).write_bytes((tmp_path / "new" / WEIGHTS_FILE).read_bytes())
+    del config["titles"]  # a config saved before headlines existed
+    (tmp_path / "old" / CONFIG_FILE).write_text(json.dumps(config))
+    new, old = (GemmaModel.load(tmp_path / v).into_reader(name=v) for v in ("new", "old"))
+    assert new.titles and not old.titles
+    assert new.context("Q?", titled)[0].text.startswith(format_long(NBA.published) + ". Storm hits Florida. The Denver")
+    assert old.context("Q?", titled)[0].text == NBA.text
 
 
 def test_the_served_head_reads_a_compact_input_even_with_frozen_weights():
