@@ -63,10 +63,32 @@ def _paragraphs(text: str, max_chars: int) -> list[str]:
     return [" ".join(line.split()) for line in text[:max_chars].splitlines() if line.strip()]
 
 
+def _full_names(docs: list) -> dict[str, str]:
+    """{surname, lower-cased: the article's full name for it} from its PERSON entities of two or more
+    words ("Chris Pratt" -> {"pratt": "Chris Pratt"}): news names a person in full once, then by the
+    surname, and a question made from a later sentence should still be answered with the name a
+    reader can check. A surname two different full names share is left out (ambiguous)."""
+    forms: dict[str, list[str]] = {}  # surname -> its full forms, in order of first mention
+    for doc in docs:
+        for ent in doc.ents:
+            words = _plain(ent.text).split()
+            if ent.label_ == "PERSON" and len(words) >= 2 and all(w[:1].isupper() for w in words):
+                seen = forms.setdefault(words[-1].lower(), [])
+                if " ".join(words) not in seen:
+                    seen.append(" ".join(words))
+    names = {}
+    for key, seen in forms.items():
+        short = min(seen, key=len)  # "Joe Biden" and "President Joe Biden" are one person, "Joe" and "Jill Biden" two
+        if all(f == short or f.endswith(" " + short) for f in seen):
+            names[key] = short
+    return names
+
+
 def _article_candidates(article: ArticleLike, docs: list, stats: GenerationStats) -> dict[int, list]:
-    """Accepted candidates of one article, by sentence: {sentence number: [(question, fronted)]}."""
+    """Accepted candidates of one article, by sentence: {sentence number: [(question, fronted)]}. A
+    person named by the surname alone is answered with the article's full name (`_full_names`)."""
     by_sentence: dict[int, list] = {}
-    number, conflicts = 0, _label_conflicts(docs)
+    number, conflicts, full = 0, _label_conflicts(docs), _full_names(docs)
     for doc in docs:
         for sent in doc.sents:
             number += 1
@@ -86,8 +108,11 @@ def _article_candidates(article: ArticleLike, docs: list, stats: GenerationStats
                     continue
                 question, fronted = made
                 dollar = "$" if ent.start > 0 and doc[ent.start - 1].text == "$" and ent.label_ == "MONEY" else ""
+                answer = dollar + _plain(ent.text)
+                if ent.label_ == "PERSON" and len(answer.split()) == 1:
+                    answer = full.get(answer.lower(), answer)
                 by_sentence.setdefault(number, []).append((GeneratedQuestion(
-                    question=question, answer=dollar + _plain(ent.text), answer_label=ent.label_,
+                    question=question, answer=answer, answer_label=ent.label_,
                     sentence=sent.text.strip(), published=_day(article.published), url=article.url,
                     title=article.title), fronted))
     return by_sentence

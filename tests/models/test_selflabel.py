@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from app.cli import cli
 from app.core.config import get_settings
 from models.selflabel import RULES, ArticleText, GenerationStats, generate_questions, load_nlp
+from models.selflabel.generate import _full_names
 
 DAY = dt.date(2023, 3, 14)
 
@@ -53,6 +54,20 @@ def test_selflabel_subject_person_becomes_a_who_question(nlp):
     assert (q.answer_label, q.published, q.url, q.title) == ("PERSON", DAY, "https://news.example/a", "A headline")
     assert q.sentence == GOOD_SENTENCES[0]
     assert stats.articles == 1 and stats.accepted == 1
+
+
+@pytest.mark.integration
+def test_selflabel_answers_a_surname_with_the_articles_full_name(nlp):
+    # The question is made from the later sentence, which says "Lopez"; the answer is her full name.
+    named = "Maria Lopez was named head coach of the Denver Broncos on Monday after a two-month search."
+    later = "Team owner Greg Penner said Lopez had impressed the Denver Broncos board during interviews in February."
+    questions, _ = generate(nlp, article(named, later))
+    assert [(q.question, q.answer) for q in questions if q.sentence == later] == [
+        ("Who had impressed the Denver Broncos board during interviews in February?", "Maria Lopez")]
+    # Two people of that surname: the surname stays; a longer form of one name is the same person.
+    assert _full_names([nlp(named), nlp(later)]) == {"lopez": "Maria Lopez", "penner": "Greg Penner"}
+    assert "lopez" not in _full_names([nlp(named), nlp("Singer Jennifer Lopez attended the game."), nlp(later)])
+    assert _full_names([nlp("President Joe Biden met Joe Biden's advisers.")]) == {"biden": "Joe Biden"}
 
 
 @pytest.mark.parametrize("sentence, label, question, answer", [
