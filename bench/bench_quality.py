@@ -106,6 +106,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     e2e, gold, times = {}, {}, {"retrieve": [], "rerank": [], "read": [], "total": [], "gold_read": []}
     n_gold = 0
     held: set[str] = set()  # questions whose answer lies in what the reader reads
+    in_headline: set[str] = set()  # ... of those, only in a headline the reader reads
     n_read = service.passages_for(reader)
     with sessions() as session:
         for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
@@ -116,9 +117,12 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
                 hits[k] += any(has[:k])
             own += own_article_hit(session, q)
             top = [ReaderPassage(p.title, p.text, p.published) for p in found[:n_read]]
-            read = reader.context(q.text, top) if hasattr(reader, "context") else top
-            if any(answer_in_text(list(q.answers), passage_body(p.text, p.published)) for p in read):
+            if _reads_answer(reader, q, top):
                 held.add(q.qid)
+                # Untitled, the same passages: a reader that prints headlines (models.context.add_titles)
+                # reads none, so what it would read without them.
+                if not _reads_answer(reader, q, [ReaderPassage("", p.text, p.published) for p in top]):
+                    in_headline.add(q.qid)
 
             r = cache.get("e2e", reader.name, snap.snapshot_id, q.qid)
             if r is None:
@@ -148,7 +152,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     with_gold = [q for q in questions if q.qid in gold]
     return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
             "own_articles": round(100 * own / n, 1) if n else 0.0,
-            "reader_reads_answer": _split_by(held, e2e, questions),
+            "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
             "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
             "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
                                 for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
@@ -157,15 +161,27 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
                             for q in questions}}
 
 
-def _split_by(held: set[str], predictions: dict, questions) -> dict:
+def _reads_answer(reader, question, passages) -> bool:
+    """Whether a gold answer string lies in what `reader` reads of the ranked `passages` (its
+    context as cut, headlines included where it prints them), date prefixes left out."""
+    read = reader.context(question.text, passages) if hasattr(reader, "context") else passages
+    return any(answer_in_text(list(question.answers), passage_body(p.text, p.published)) for p in read)
+
+
+def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str] = frozenset()) -> dict:
     """The share of questions whose answer lies in what the reader read, and end-to-end EM on those
-    and on the rest: whether answers are lost in the ranking or in the reading."""
+    and on the rest: whether answers are lost in the ranking or in the reading. `headline_only`:
+    those of `held` whose answer the reader sees only in a headline, and EM on them (what printing
+    headlines adds)."""
     inside = [q for q in questions if q.qid in held]
     outside = [q for q in questions if q.qid not in held]
+    titled = [q for q in inside if q.qid in in_headline]
     em = {name: round(100 * score(predictions, qs)["em"], 1) if qs else 0.0
           for name, qs in (("em_when_read", inside), ("em_otherwise", outside))}
     return {"share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
-            "n": len(inside), **em}
+            "n": len(inside), **em,
+            "headline_only": {"n": len(titled),
+                              "em": round(100 * score(predictions, titled)["em"], 1) if titled else 0.0}}
 
 
 def open_recorded_snapshot(service, db, snapshot_id: str):
@@ -192,6 +208,8 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
         h = m["reader_reads_answer"]
         print(f"  reader reads one  {h['share']:.1f}% of questions (n {h['n']}): EM {h['em_when_read']:.1f} on those, "
               f"{h['em_otherwise']:.1f} on the rest")
+        t = h["headline_only"]
+        print(f"    in a headline only: n {t['n']}, EM {t['em']:.1f} on those")
     print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
     if baseline is not None:
         print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions)")

@@ -96,3 +96,27 @@ def test_bench_quality_measures_an_older_index_state(served_env, tmp_path, capsy
 
     assert main([*base, "--snapshot", "nope"]) == 2
     assert "no index snapshot 'nope'" in capsys.readouterr().err
+
+
+
+def test_bench_quality_counts_the_answers_a_reader_sees_only_in_a_headline(served_env, tmp_path, capsys,
+                                                                             monkeypatch):
+    """A reader that prints each article's headline (models.context.add_titles, as the trained Gemma
+    versions do) sees more answers than the same reader without them, and the difference is what the
+    bench reports as seen in a headline only. Both read the first 12 words of each passage."""
+    from models.gemma import reader_context
+    from models.readers import FirstEntityReader
+
+    main = _main()
+    base = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31", "--baseline", ""]
+    results = {}
+    for titles in (False, True):
+        monkeypatch.setattr(FirstEntityReader, "context", raising=False, value=lambda self, q, passages, t=titles:
+                            reader_context(q, passages, n_passages=3, max_passage_words=12, titles=t))
+        assert main([*base, "--out", str(tmp_path / f"{titles}.json")]) == 0
+        [window] = json.loads((tmp_path / f"{titles}.json").read_text())["windows"].values()
+        results[titles] = window["reader_reads_answer"]
+    assert "in a headline only: n " in capsys.readouterr().out
+    plain, titled = results[False], results[True]
+    assert plain["headline_only"] == {"n": 0, "em": 0.0}  # no headline read, none counted
+    assert titled["headline_only"]["n"] == titled["n"] - plain["n"] > 0
