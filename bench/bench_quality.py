@@ -119,8 +119,8 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             top = [ReaderPassage(p.title, p.text, p.published) for p in found[:n_read]]
             if _reads_answer(reader, q, top):
                 held.add(q.qid)
-                # Untitled, the same passages: a reader that prints headlines (models.context.add_titles)
-                # reads none, so what it would read without them.
+                # The same passages without headlines: a reader that prints them (models.context.add_titles)
+                # then reads what it would read without them.
                 if not _reads_answer(reader, q, [ReaderPassage("", p.text, p.published) for p in top]):
                     in_headline.add(q.qid)
 
@@ -173,15 +173,15 @@ def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str
     and on the rest: whether answers are lost in the ranking or in the reading. `headline_only`:
     those of `held` whose answer the reader sees only in a headline, and EM on them (what printing
     headlines adds)."""
+    def em(qs) -> float:
+        return round(100 * score(predictions, qs)["em"], 1) if qs else 0.0
+
     inside = [q for q in questions if q.qid in held]
     outside = [q for q in questions if q.qid not in held]
     titled = [q for q in inside if q.qid in in_headline]
-    em = {name: round(100 * score(predictions, qs)["em"], 1) if qs else 0.0
-          for name, qs in (("em_when_read", inside), ("em_otherwise", outside))}
     return {"share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
-            "n": len(inside), **em,
-            "headline_only": {"n": len(titled),
-                              "em": round(100 * score(predictions, titled)["em"], 1) if titled else 0.0}}
+            "n": len(inside), "em_when_read": em(inside), "em_otherwise": em(outside),
+            "headline_only": {"n": len(titled), "em": em(titled)}}
 
 
 def open_recorded_snapshot(service, db, snapshot_id: str):

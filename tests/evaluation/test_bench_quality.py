@@ -98,7 +98,6 @@ def test_bench_quality_measures_an_older_index_state(served_env, tmp_path, capsy
     assert "no index snapshot 'nope'" in capsys.readouterr().err
 
 
-
 def test_bench_quality_counts_the_answers_a_reader_sees_only_in_a_headline(served_env, tmp_path, capsys,
                                                                              monkeypatch):
     """A reader that prints each article's headline (models.context.add_titles, as the trained Gemma
