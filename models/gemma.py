@@ -191,14 +191,18 @@ def _gguf_read_once() -> Iterator[None]:
 def _load_gguf(gguf: Path):
     """The GGUF de-quantised into a plain float32 model that save_pretrained accepts."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    try:  # dequantize=True even where a GGUF matmul kernel exists: we want dense weights to save
+        from transformers import GgufConfig
+
+        dense = {"quantization_config": GgufConfig(dequantize=True)}
+    except ImportError:  # a transformers without GGUF kernels (a GPU machine's own, say) always de-quantises
+        dense = {}
     _quiet_transformers()
     with _gguf_read_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # dequantize=True even where a GGUF matmul kernel exists: we want dense weights to save.
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                     quantization_config=GgufConfig(dequantize=True))
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **dense)
     quantizer = getattr(model, "hf_quantizer", None)  # transformers drops it itself when dequantize=True
     if quantizer is not None:
         quantizer.remove_quantization_config(model)  # the weights are dense: save_pretrained would refuse

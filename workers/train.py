@@ -52,6 +52,7 @@ class ReaderJobSpec:
     patience: int = 3
     max_minutes: float = 0.0
     max_self_articles: int = 600
+    self_per_article: int = 2  # self-labeled questions asked of each sampled article (at most one a sentence)
     seed: int = 0
     gold: bool = True  # False: learn from self-labeled questions only (workers.reader_data.DataConfig.gold)
 
@@ -77,7 +78,14 @@ class ReaderJobSpec:
     def data_config(self, data: DataConfig | None = None) -> DataConfig:
         """The data settings this spec implies (its passages, articles and seed win)."""
         return replace(data or DataConfig(), n_passages=self.n_passages, max_self_articles=self.max_self_articles,
-                       seed=self.seed, gold=self.gold)
+                       self_per_article=self.self_per_article, seed=self.seed, gold=self.gold)
+
+    def train_config(self) -> TrainConfig:
+        """The training loop's settings this spec implies."""
+        return TrainConfig(lr=self.learning_rate, batch_size=self.batch_size, max_epochs=self.max_epochs,
+                           warmup_steps=self.warmup_steps, eval_every=self.eval_every, patience=self.patience,
+                           max_minutes=self.max_minutes, seed=self.seed, n_passages=self.n_passages,
+                           eval_at_start=self.kind == "gemma")
 
 
 def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
@@ -101,6 +109,28 @@ def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
     raise ValueError(f"reader kind {spec.kind!r} is unknown (use fid, extractive, gemma or ranker)")
 
 
+def _training_data(ctx: JobContext, job: JobHandle, work: Path, make_data) -> tuple[list, list, dict]:
+    """(train, val, counts): reused from `work` when an interrupted run left them there, else built
+    with the served retriever (hybrid by default: the reader learns from the passages it will be
+    given) and saved in `work` first."""
+    work.mkdir(parents=True, exist_ok=True)
+    if (work / "val.jsonl").exists() and (work / "train.jsonl").exists():
+        train, val = load_examples(work / "train.jsonl"), load_examples(work / "val.jsonl")
+        counts = {"train": len(train), "val": len(val), "data": "reused from an interrupted run"}
+    else:
+        encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
+        with ctx.db.sessions() as session:
+            train, val, dc = make_data(session, ctx.make_retriever(encoder), snapshot, job)
+        save_examples(work / "val.jsonl", val)
+        save_examples(work / "train.jsonl", train)
+        counts = {"train": len(train), "val": len(val), **asdict(dc)}
+    log.info("training data: %s", counts)
+    job.update(counts=counts)
+    if not train:
+        raise ValueError("no training examples: are the months before the cut ingested?")
+    return train, val, counts
+
+
 def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec, label: str, work: Path, make_data,
                         model_factory, until: dt.date, month: str | None = None, parent: str | None = None,
                         activate: bool | None = None) -> str:
@@ -110,29 +140,10 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     from models.trained import write_reader_info
 
     db, progress = ctx.db, job
-    work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if (work / "val.jsonl").exists() and (work / "train.jsonl").exists():
-        train, val = load_examples(work / "train.jsonl"), load_examples(work / "val.jsonl")
-        counts = {"train": len(train), "val": len(val), "data": "reused from an interrupted run"}
-    else:
-        # the served retriever (hybrid by default): the reader learns from the passages it will be given
-        encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
-        with db.sessions() as session:
-            train, val, dc = make_data(session, ctx.make_retriever(encoder), snapshot, progress)
-        save_examples(work / "val.jsonl", val)
-        save_examples(work / "train.jsonl", train)
-        counts = {"train": len(train), "val": len(val), **asdict(dc)}
-    log.info("training data: %s", counts)
-    job.update(counts=counts)
-    if not train:
-        raise ValueError("no training examples: are the months before the cut ingested?")
+    train, val, counts = _training_data(ctx, job, work, make_data)
     model = model_factory()
-    tcfg = TrainConfig(lr=spec.learning_rate, batch_size=spec.batch_size, max_epochs=spec.max_epochs,
-                       warmup_steps=spec.warmup_steps, eval_every=spec.eval_every,
-                       patience=spec.patience, max_minutes=spec.max_minutes, seed=spec.seed,
-                       n_passages=spec.n_passages, eval_at_start=spec.kind == "gemma")
-    trainer = ReaderTrainer(model, spec.kind, tcfg, work / "run")
+    trainer = ReaderTrainer(model, spec.kind, spec.train_config(), work / "run")
     t1 = time.perf_counter()
     report = fraction_reporter(progress, log)
 
@@ -158,6 +169,22 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     return version
 
 
+def _first_training_data(until: dt.date, data: DataConfig):
+    """make_data for a first training: gold questions from the index's first day to the month before
+    `until`, validated on that month, plus self-labeled questions of the articles before `until`."""
+    val_from = month_start(until - dt.timedelta(days=1))
+
+    def make_data(session, retriever, snapshot, progress):
+        first = indexed_start(snapshot)
+        if first >= val_from:
+            raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
+                             f"(validation uses {month_key(val_from)})")
+        return build_datasets(session, retriever, snapshot, train_from=first, until=until, val_from=val_from,
+                              cfg=data, progress=progress)
+
+    return make_data
+
+
 def run_train_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec: ReaderJobSpec | None = None,
                   data: DataConfig | None = None, activate: bool | None = None) -> str:
     """`sqa train reader --until D`: a new version trained on what is dated before `until`.
@@ -168,19 +195,42 @@ def run_train_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec: Read
         from workers.train_ranker import run_ranker_job
 
         return run_ranker_job(ctx, job, until=until, spec=spec, data=data, activate=activate)
-    val_from = month_start(until - dt.timedelta(days=1))
     work = ctx.work_dir / "train" / f"{spec.kind}-{until}-{digest(spec, data)}"
-
-    def make_data(session, retriever, snapshot, progress):
-        first = indexed_start(snapshot)
-        if first >= val_from:
-            raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
-                             f"(validation uses {month_key(val_from)})")
-        return build_datasets(session, retriever, snapshot, train_from=first, until=until, val_from=val_from,
-                              cfg=data, progress=progress)
-
-    return _train_and_register(ctx, job, spec=spec, label=str(until), work=work, make_data=make_data,
+    return _train_and_register(ctx, job, spec=spec, label=str(until), work=work,
+                               make_data=_first_training_data(until, data),
                                model_factory=lambda: _new_model(spec, ctx.models_dir), until=until, activate=activate)
+
+
+def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Path,
+                   spec: ReaderJobSpec | None = None) -> dict:
+    """`sqa train reader --kind gemma --until D --export DIR`: the data `run_train_job` would train
+    on (built the same way, resumable the same way), written to `dest` with the settings a training
+    elsewhere needs (`models.train_exported`, e.g. on a GPU machine that has neither the store nor
+    the index); `sqa models import` brings the trained version back. Returns the job file's content."""
+    import json
+
+    spec = spec or ReaderJobSpec.for_gemma()
+    if spec.kind != "gemma":
+        raise ValueError(f"--export trains elsewhere with models.train_exported, which trains gemma readers only "
+                         f"(got {spec.kind})")
+    data = spec.data_config()
+    work = ctx.work_dir / "train" / f"{spec.kind}-{until}-{digest(spec, data)}"
+    train, val, counts = _training_data(ctx, job, work, _first_training_data(until, data))
+    dest.mkdir(parents=True, exist_ok=True)
+    save_examples(dest / "train.jsonl", train)
+    save_examples(dest / "val.jsonl", val)
+    from models.gemma_train import GemmaConfig
+    from models.train_exported import JOB_FILE
+
+    info = {"kind": spec.kind, "label": str(until), "trained_until": str(until), "spec": asdict(spec), "data": counts,
+            "model": GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles).to_json(),
+            "train": asdict(spec.train_config())}
+    tmp = dest / (JOB_FILE + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2, default=str))
+    tmp.replace(dest / JOB_FILE)
+    shutil.rmtree(work, ignore_errors=True)
+    job.update(counts={"train": len(train), "val": len(val), "exported_to": str(dest)})
+    return info
 
 
 def run_finetune_job(ctx: JobContext, job: JobHandle, *, month: str, spec: ReaderJobSpec | None = None,

@@ -54,14 +54,38 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                      False, "--activate/--no-activate", help="make it the active version when done"),
                  gold: bool = typer.Option(True, "--gold/--no-gold", help="learn from the imported questions with "
                                            "answers too (--no-gold: only from questions generated from the news, "
-                                           "validated on the last month's)")
+                                           "validated on the last month's)"),
+                 self_articles: Optional[int] = typer.Option(None, min=0, help="articles sampled for self-labeled "
+                                                             "questions (default: the kind's, 300 for gemma)"),
+                 self_per_article: int = typer.Option(2, min=1, max=50, help="self-labeled questions asked of each "
+                                                      "sampled article (at most one a sentence)"),
+                 export: Optional[Path] = typer.Option(None, help="gemma: write the training data and settings to "
+                                                       "this folder instead of training, for `python -m "
+                                                       "models.train_exported` on another machine (a GPU)")
                  ) -> None:
     """Train a reader version; run the same command again to resume an interrupted run."""
+    from dataclasses import replace
+
     from app.services.reader_registry import READER_TRAINING_LOCK
-    from workers.train import run_train_job
+    from workers.train import run_export_job, run_train_job
 
     cut = day_option(until, "--until")
     spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed, gold)
+    spec = replace(spec, self_per_article=self_per_article,
+                   **({} if self_articles is None else {"max_self_articles": self_articles}))
+    if export is not None:
+        if kind != "gemma":
+            fail("--export is for --kind gemma (models.train_exported trains Gemma readers)")
+        if export.exists() and not export.is_dir():
+            fail(f"--export {export} is a file: name a folder")
+        info = run_job("export-training-data", {"until": str(cut), "kind": kind, "to": str(export)},
+                       lambda ctx, job: run_export_job(ctx, job, until=cut, dest=export, spec=spec))
+        d = info["data"]
+        typer.echo(f"exported {d['train']} training examples ({d.get('gold', '?')} gold, "
+                   f"{d.get('self_labeled', '?')} self-labeled) and {d['val']} validation questions to {export}; "
+                   f"train them with `python -m models.train_exported {export} --out VERSION_DIR --device cuda`, "
+                   f"then `sqa models import VERSION_DIR`")
+        return
     version = run_job("train", {"until": str(cut), "kind": kind, **({} if gold else {"gold": False})},
                       lambda ctx, job: run_train_job(ctx, job, until=cut, spec=spec, activate=activate),
                       result_key="version", lock=READER_TRAINING_LOCK)
@@ -292,6 +316,45 @@ def models_activate(version: str = typer.Argument(..., help="a ready version, or
         return
     typer.echo(f"activated reader version {version}; servers with SQA_READER=auto serve it within "
                f"SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s)")
+
+
+@models_cli.command("import", epilog="Example: sqa models import gemma-version --activate")
+@guard
+def models_import(folder: Path = typer.Argument(..., help="a version folder trained elsewhere (`python -m "
+                                                 "models.train_exported`)"),
+                  activate: bool = typer.Option(False, "--activate/--no-activate", help="make it the active "
+                                                "version")) -> None:
+    """Register a reader version trained on another machine: the folder is checked (the tensors must
+    load onto the model), copied into SQA_HOME/models under a new version name, and listed."""
+    from app.cli.common import open_database
+    from app.services.reader_registry import import_version
+    from models.trained import load_trained_model, read_reader_info
+
+    s = settings()
+
+    def check(path: Path) -> None:
+        try:
+            if read_reader_info(path)["kind"] == "gemma":  # on the base this SQA_HOME serves (converted once)
+                from models.gemma_train import GemmaModel
+
+                GemmaModel.load(path, cache_dir=s.models_dir / "base")
+            else:
+                load_trained_model(path)
+        except (FileNotFoundError, ValueError, RuntimeError, KeyError) as exc:
+            raise ValueError(f"{path} does not load as a trained reader: {exc}") from exc
+
+    db = open_database(s)
+    try:
+        with db.sessions() as session, session.begin():
+            row = import_version(session, folder, models_dir=s.models_dir, activate=activate, check=check)
+            version, val = row.version, (row.metrics or {}).get("validation") or {}
+    except ValueError as exc:
+        fail(str(exc))
+    finally:
+        db.close()
+    typer.echo(f"imported {folder} as reader version {version} (validation EM {val.get('em', '-')} F1 "
+               f"{val.get('f1', '-')}); " + ("it is the active version" if activate else
+                                             f"`sqa models activate {version}` serves it"))
 
 
 @cli.command("selflabel", epilog="Example: sqa selflabel --month 2023-03")

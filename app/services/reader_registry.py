@@ -154,3 +154,54 @@ def deactivate_versions(session: Session) -> str | None:
 
 # The brief's name; `activate_version` reads better at call sites that also hold an `activate` flag.
 activate = activate_version
+
+
+def import_version(session: Session, folder: Path, *, models_dir: Path, activate: bool = False,
+                   check=None) -> ReaderModel:
+    """Register a version folder trained elsewhere (`python -m models.train_exported`): its
+    reader.json says the kind, the cut-off and the scores; `check(folder)` (default: nothing) loads
+    it to prove the tensors fit the model. The folder is copied under `models_dir` with a new
+    version name (the original is left alone); the copy is registered in `session` (flushes; commit
+    to publish it), and made the active version with `activate`.
+
+    Raises:
+        ValueError for a folder that is not a trained reader (or whose tensors do not fit).
+    """
+    import shutil
+
+    from models.trained import read_reader_info, write_reader_info
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder")
+    try:
+        info = read_reader_info(folder)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from exc
+    until = info.get("trained_until")
+    try:
+        trained_until = dt.date.fromisoformat(str(until)[:10]) if until else None
+    except ValueError as exc:
+        raise ValueError(f"{folder}: trained_until {until!r} is not a date") from exc
+    if check is not None:
+        check(folder)
+    version = new_version_name(info["kind"], str(info.get("label") or until or "imported"))
+    dest = models_dir / version
+    tmp = models_dir / f".{version}.importing"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    write_reader_info(tmp, {**info, "version": version, "imported_from": str(folder.resolve())})
+    tmp.replace(dest)
+    try:
+        row = register_version(session, version=version, kind=info["kind"], path=version,
+                               parent_version=info.get("parent_version"), trained_until=trained_until,
+                               month=info.get("month"), activate=activate, models_dir=models_dir,
+                               metrics={"validation": info.get("validation"), "steps": info.get("steps"),
+                                        "stopped": info.get("stopped"), "train": (info.get("data") or {}).get("train"),
+                                        "val": (info.get("data") or {}).get("val"),
+                                        "trained_elsewhere": info.get("trained_elsewhere")})
+    except Exception:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return row

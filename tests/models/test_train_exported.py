@@ -1,0 +1,102 @@
+"""Training a Gemma reader from an exported data set (`python -m models.train_exported`), as a GPU
+machine without the store runs it: a tiny random Gemma 3 stands in for the packaged one."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from unittest.mock import patch
+
+import pytest
+import torch
+
+import models.train_exported as te
+from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig, GemmaModel
+from models.trained import INFO_FILE, read_reader_info
+from models.training import TrainConfig, TrainExample, save_examples
+from tests.models.test_gemma_train import NBA, CharTokenizer, tiny_lm
+
+DAY = dt.date(2023, 6, 14)
+
+
+def export(folder, n_train: int = 6, kind: str = "gemma"):
+    """What workers.train.run_export_job writes: the examples and the job's settings."""
+    folder.mkdir()
+    ex = [TrainExample(f"q{i}", "Who won the NBA championship?", DAY, ("Denver Nuggets",), (NBA,), "self")
+          for i in range(n_train)]
+    save_examples(folder / "train.jsonl", ex)
+    save_examples(folder / "val.jsonl", ex[:2])
+    job = {"kind": kind, "label": "2023-06-15", "trained_until": "2023-06-15", "spec": {"kind": kind, "lr": 0.0},
+           "data": {"train": n_train, "val": 2, "gold": 0, "self_labeled": n_train},
+           "model": GemmaConfig(max_length=400, lora_r=4, precision="float32").to_json(),
+           "train": dataclasses.asdict(TrainConfig(lr=1e-3, batch_size=2, max_epochs=1, eval_every=100,
+                                                   eval_at_start=True))}
+    (folder / te.JOB_FILE).write_text(json.dumps(job))
+    return folder
+
+
+@pytest.fixture
+def tiny_base():
+    """GemmaModel.from_base builds a tiny random Gemma (the packaged one takes a minute to convert)."""
+    made: list[GemmaModel] = []
+
+    def from_base(config=None, *, cache_dir=None, device="cpu"):
+        made.append(GemmaModel(tiny_lm(), CharTokenizer(), config).to(device))
+        return made[-1]
+
+    with patch.object(GemmaModel, "from_base", side_effect=from_base):
+        yield made
+
+
+def test_train_exported_writes_a_version_folder_with_the_overrides(tmp_path, tiny_base):
+    data = export(tmp_path / "data")
+    out = tmp_path / "version"
+    seen: list[str] = []
+    info = te.train_exported(data, out, overrides={"batch_size": 3, "max_epochs": 2},
+                             model_overrides={"lora_r": 2}, progress=lambda f, m: seen.append(m))
+    assert sorted(p.name for p in out.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE, INFO_FILE])
+    assert info == read_reader_info(out)
+    assert info["kind"] == "gemma" and info["trained_until"] == "2023-06-15" and info["label"] == "2023-06-15"
+    assert info["steps"] == 4 and info["stopped"] == "epochs"  # 6 examples, 3 a step, 2 epochs
+    assert info["spec"]["batch_size"] == 3 and info["spec"]["max_epochs"] == 2
+    assert info["trained_elsewhere"]["device"] == "cpu" and info["trained_elsewhere"]["train"]["lr"] == 1e-3
+    assert info["history"][0]["step"] == 0 and seen and "validation" in seen[0]
+    assert json.loads((out / CONFIG_FILE).read_text())["lora_r"] == 2 and tiny_base[0].config.lora_r == 2
+    assert not (tmp_path / "version.run").exists() and not (tmp_path / "version.tmp").exists()
+    # the saved tensors are the trained LoRA matrices of the model that trained
+    from safetensors.torch import load_file
+
+    saved = load_file(out / WEIGHTS_FILE)
+    assert saved and all("lora_" in name for name in saved)
+
+
+def test_train_exported_refuses_what_is_not_an_export(tmp_path, tiny_base):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "train.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"not an exported training set \(job.json, val.jsonl missing\)"):
+        te.train_exported(tmp_path / "half", tmp_path / "out")
+    with pytest.raises(ValueError, match="kind 'fid' cannot be trained here"):
+        te.train_exported(export(tmp_path / "fid", kind="fid"), tmp_path / "out")
+    with pytest.raises(ValueError, match="holds no example"):
+        te.train_exported(export(tmp_path / "none", n_train=0), tmp_path / "out")
+    assert not tiny_base and not (tmp_path / "out").exists()
+
+
+def test_main_says_what_is_wrong_and_exits_2(tmp_path, tiny_base, capsys):
+    assert te.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "v")]) == 2
+    assert "is not an exported training set" in capsys.readouterr().err
+    data = export(tmp_path / "data")
+    assert te.main([str(data), "--out", str(tmp_path / "v"), "--batch-size", "0"]) == 2
+    assert "--batch-size 0 is out of range" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert te.main([str(data), "--out", str(tmp_path / "v"), "--device", "cuda"]) == 2
+        assert "torch sees no GPU here" in capsys.readouterr().err
+    assert not tiny_base and not (tmp_path / "v").exists()
+
+
+def test_main_trains_and_names_the_import_command(tmp_path, tiny_base, capsys):
+    data = export(tmp_path / "data")
+    assert te.main([str(data), "--out", str(tmp_path / "v"), "--device", "cpu", "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "trained on cpu: 3 steps" in out and f"sqa models import {tmp_path / 'v'}" in out
+    assert (tmp_path / "v" / WEIGHTS_FILE).exists()
