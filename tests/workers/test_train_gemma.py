@@ -74,3 +74,46 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     finally:
         db.close()
     assert read_reader_info(loaded_production_settings.models_dir / second)["spec"]["lr"] == pytest.approx(1e-4)
+
+
+@pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
+def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_settings, new_job, gemma_cache, tmp_path):
+    """What a GPU machine is for: the store exports the job's data, `models.train_exported` trains it
+    without the store (here on the CPU), and `import_version` registers what comes back."""
+    from app.services.reader_registry import get_version, import_version
+    from models.gemma_train import GemmaModel
+    from models.train_exported import train_exported
+    from models.training import load_examples
+    from workers.train import run_export_job
+
+    torch.set_num_threads(1)
+    spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=100, max_self_articles=6, self_per_article=3)
+    info = run_export_job(*new_job(loaded_production_settings, "export"), until=dt.date(2024, 3, 1),
+                          dest=tmp_path / "data", spec=spec)
+    train, val = load_examples(tmp_path / "data" / "train.jsonl"), load_examples(tmp_path / "data" / "val.jsonl")
+    assert (info["data"]["train"], info["data"]["val"]) == (len(train), len(val)) and train and val
+    assert {ex.source for ex in train} == {"gold", "self"} and max(ex.as_of for ex in train) < dt.date(2024, 3, 1)
+    assert all(dt.date(2024, 2, 1) <= ex.as_of < dt.date(2024, 3, 1) for ex in val)  # the held-back month
+    assert info["model"]["titles"] is True and info["train"]["lr"] == spec.learning_rate
+    assert not list((loaded_production_settings.work_dir / "train").glob("gemma-2024-03-01-*"))  # work folder gone
+
+    out = tmp_path / "version"
+    trained = train_exported(tmp_path / "data", out, base_cache=gemma_cache, overrides={"batch_size": 8})
+    assert trained["steps"] == math.ceil(len(train) / 8) and trained["trained_until"] == "2024-03-01"
+    db = open_database(loaded_production_settings)
+    models_dir = loaded_production_settings.models_dir
+    try:
+        with db.sessions() as session, session.begin():
+            version = import_version(session, out, models_dir=models_dir, activate=True,
+                                     check=lambda f: GemmaModel.load(f, cache_dir=gemma_cache)).version
+        with db.sessions() as session:
+            assert active_version(session).version == version
+            assert get_version(session, version).trained_until == dt.date(2024, 3, 1)
+    finally:
+        db.close()
+    models_dir.joinpath("base").symlink_to(gemma_cache)
+    reader = load_trained_reader(models_dir / version)
+    day = dt.date(2024, 2, 2)
+    p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    answer = reader.generate("Who coaches the Harriers?", day, [p]).text
+    assert answer and "\n" not in answer
