@@ -92,8 +92,9 @@ def gold_questions(session: Session, first: dt.date, before: dt.date) -> tuple[l
 
 
 def self_labeled(session: Session, first: dt.date, before: dt.date, cfg: DataConfig, *, per_article: int | None = None,
-                 max_articles: int | None = None):
-    """Self-labeled questions from a seeded sample of the articles published in [first, before)."""
+                 max_articles: int | None = None, progress=None):
+    """Self-labeled questions from a seeded sample of the articles published in [first, before);
+    `progress` gets a "self-label" stage advanced article by article (spaCy reads ~8 a second)."""
     from models.selflabel import generate_questions
 
     ids = list(session.scalars(select(Article.id).where(Article.published >= first, Article.published < before)
@@ -102,7 +103,16 @@ def self_labeled(session: Session, first: dt.date, before: dt.date, cfg: DataCon
     rng.shuffle(ids)
     ids = sorted(ids[: max_articles if max_articles is not None else cfg.max_self_articles])
     articles = session.scalars(select(Article).where(Article.id.in_(ids))).all() if ids else []
-    return list(generate_questions(articles, max_per_article=per_article or cfg.self_per_article, seed=cfg.seed))
+
+    def counted(items):
+        for item in items:
+            yield item
+            progress.advance()
+
+    if progress:
+        progress.stage("self-label", len(articles))
+    return list(generate_questions(counted(articles) if progress else articles,
+                                   max_per_article=per_article or cfg.self_per_article, seed=cfg.seed))
 
 
 def asked_after(published: dt.date, rng: random.Random, last_day: dt.date, lag_days: int = 6) -> dt.date:
@@ -134,7 +144,7 @@ def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date
     random.Random(cfg.seed).shuffle(val_q)
     val_q = val_q[: cfg.max_val]
     train_q = [q for q in golds if q.asked < val_from]
-    selfq = self_labeled(session, self_from or train_from, until, cfg)
+    selfq = self_labeled(session, self_from or train_from, until, cfg, progress=progress)
     total = len(train_q) + len(val_q) + len(selfq)
     if progress:
         progress.stage("retrieve", total)

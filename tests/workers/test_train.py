@@ -25,7 +25,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def _datasets(settings, until: dt.date, val_from: dt.date, *, gold: bool = True):
+def _datasets(settings, until: dt.date, val_from: dt.date, *, gold: bool = True, progress=None):
     from app.bootstrap import build_encoder
     from app.services.retrieval import DenseRetriever
     from app.services.index_state import IndexState
@@ -38,7 +38,7 @@ def _datasets(settings, until: dt.date, val_from: dt.date, *, gold: bool = True)
         with db.sessions() as session:
             return build_datasets(session, DenseRetriever(encoder), state.current(), train_from=dt.date(2024, 1, 1),
                                   until=until, val_from=val_from,
-                                  cfg=DataConfig(n_passages=2, max_self_articles=12, gold=gold))
+                                  cfg=DataConfig(n_passages=2, max_self_articles=12, gold=gold), progress=progress)
     finally:
         db.close()
 
@@ -58,6 +58,25 @@ def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
         assert all(p.published <= ex.as_of for p in ex.passages), ex.qid
         assert len(ex.passages) <= 2
         assert any(answer_in_text(list(ex.answers), passage_body(p.text, p.published)) for p in ex.passages), ex.qid
+
+
+def test_building_the_data_reports_the_self_labeling_article_by_article_then_the_retrieval(loaded_settings):
+    class Recorder:
+        def __init__(self) -> None:
+            self.stages: list[list] = []  # [name, total, advanced]
+
+        def stage(self, name: str, total: int) -> None:
+            self.stages.append([name, total, 0])
+
+        def advance(self, n: int = 1) -> None:
+            self.stages[-1][2] += n
+
+    progress = Recorder()
+    train, val, counts = _datasets(loaded_settings, dt.date(2024, 3, 1), dt.date(2024, 2, 1), progress=progress)
+    (label, articles, labeled), (retrieve, questions, retrieved) = progress.stages
+    assert (label, retrieve) == ("self-label", "retrieve")
+    assert 0 < articles <= 12 and labeled == articles  # every sampled article counted once, as spaCy reads it
+    assert retrieved == questions == len(train) + len(val) + counts.skipped_no_gold_passage
 
 
 def test_without_gold_the_data_are_self_labeled_only_and_validate_on_the_last_month(loaded_settings):
