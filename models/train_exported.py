@@ -28,7 +28,38 @@ import time
 from pathlib import Path
 
 JOB_FILE = "job.json"
+TOKENIZER_DIR = "tokenizer"  # the exporting machine's tokenizer files
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 log = logging.getLogger(__name__)
+
+
+def save_tokenizer(base_folder: Path, dest: Path, text: str) -> dict:
+    """Copy the converted base's tokenizer files into `dest/tokenizer/` and return the check that
+    goes into the job file: `text` and the ids this tokenizer gives it. The tokenizer travels with the
+    data because another machine's transformers may convert the GGUF's tokenizer differently: one
+    GPU machine's (transformers 5.17) split every word into characters, and the adapters it trained
+    learnt to read characters."""
+    from transformers import AutoTokenizer
+
+    out = dest / TOKENIZER_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (base_folder / name).exists():
+            shutil.copy2(base_folder / name, out / name)
+    ids = list(AutoTokenizer.from_pretrained(base_folder)(text)["input_ids"])
+    return {"text": text, "ids": ids}
+
+
+def check_tokenizer(tokenizer, check: dict | None) -> None:
+    """ValueError unless `tokenizer` gives the export's check text the export's ids."""
+    if not check:
+        return
+    got = list(tokenizer(check["text"])["input_ids"])
+    if got != list(check["ids"]):
+        raise ValueError(f"the tokenizer here splits text unlike the one the data were exported with ({len(got)} "
+                         f"ids against {len(check['ids'])}; first {got[:6]} against {list(check['ids'])[:6]}): "
+                         f"the adapters would learn the wrong tokens. Export again (the export carries its "
+                         f"tokenizer in {TOKENIZER_DIR}/) or install the transformers version of the exporting machine")
 
 
 def read_job(folder: Path) -> dict:
@@ -73,6 +104,11 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
         raise ValueError(f"--device {device}: torch sees no GPU here")
     t0 = time.perf_counter()
     model = GemmaModel.from_base(mcfg, cache_dir=base_cache, device=device)
+    if (folder / TOKENIZER_DIR).is_dir():  # the exporting machine's, not this machine's conversion of the GGUF
+        from transformers import AutoTokenizer
+
+        model.tokenizer = AutoTokenizer.from_pretrained(folder / TOKENIZER_DIR)
+    check_tokenizer(model.tokenizer, job.get("tokenizer_check"))
     load_s = time.perf_counter() - t0
     run_dir = out.with_name(out.name + ".run")
     trainer = ReaderTrainer(model, "gemma", tcfg, run_dir)

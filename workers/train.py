@@ -219,12 +219,17 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     dest.mkdir(parents=True, exist_ok=True)
     save_examples(dest / "train.jsonl", train)
     save_examples(dest / "val.jsonl", val)
+    from models.gemma import build_prompt, gemma_folder
     from models.gemma_train import GemmaConfig
-    from models.train_exported import JOB_FILE
+    from models.train_exported import JOB_FILE, save_tokenizer
 
+    model = GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles)
+    first = train[0]
+    job.update(message="copying the tokenizer (converting the packaged Gemma on first use)")
+    check = save_tokenizer(gemma_folder(ctx.models_dir / "base"), dest,
+                           build_prompt(first.question, first.as_of, first.passages, model.max_passage_words))
     info = {"kind": spec.kind, "label": str(until), "trained_until": str(until), "spec": asdict(spec), "data": counts,
-            "model": GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles).to_json(),
-            "train": asdict(spec.train_config())}
+            "model": model.to_json(), "train": asdict(spec.train_config()), "tokenizer_check": check}
     tmp = dest / (JOB_FILE + ".tmp")
     tmp.write_text(json.dumps(info, indent=2, default=str))
     tmp.replace(dest / JOB_FILE)

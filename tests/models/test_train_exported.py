@@ -100,3 +100,18 @@ def test_main_trains_and_names_the_import_command(tmp_path, tiny_base, capsys):
     out = capsys.readouterr().out
     assert "trained on cpu: 3 steps" in out and f"sqa models import {tmp_path / 'v'}" in out
     assert (tmp_path / "v" / WEIGHTS_FILE).exists()
+
+
+def test_a_tokenizer_that_splits_the_check_text_otherwise_is_refused_before_training(tmp_path, tiny_base):
+    # What one GPU machine's transformers did to the GGUF's tokenizer: every word split into characters.
+    data = export(tmp_path / "data")
+    job = json.loads((data / te.JOB_FILE).read_text())
+    good = {"text": "ab", "ids": [2, ord("a") + 4, ord("b") + 4]}  # CharTokenizer: <bos>, then one id a character
+    te.check_tokenizer(CharTokenizer(), good)
+    te.check_tokenizer(CharTokenizer(), None)  # an export without a check (older) is not refused
+    (data / te.JOB_FILE).write_text(json.dumps({**job, "tokenizer_check": {"text": "ab", "ids": [2, 9999]}}))
+    with pytest.raises(ValueError, match=r"splits text unlike the one the data were exported with \(3 ids against 2"):
+        te.train_exported(data, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.run").exists()
+    (data / te.JOB_FILE).write_text(json.dumps({**job, "tokenizer_check": good}))
+    assert te.train_exported(data, tmp_path / "out")["steps"] == 3

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from unittest.mock import patch
+
 import pytest
 import torch
 
@@ -84,9 +86,17 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     from models.gemma_train import GemmaModel
     from models.train_exported import train_exported
     from models.training import load_examples
+    from models.gemma_train import _load_base
     from workers.train import run_export_job
 
+    class CharSplitter:  # a tokenizer that gives one id a character
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
     torch.set_num_threads(1)
+    models_dir = loaded_production_settings.models_dir
+    models_dir.mkdir(parents=True, exist_ok=True)
+    (models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
     spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=100, max_self_articles=6, self_per_article=3)
     info = run_export_job(*new_job(loaded_production_settings, "export"), until=dt.date(2024, 3, 1),
                           dest=tmp_path / "data", spec=spec)
@@ -95,13 +105,18 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     assert {ex.source for ex in train} == {"gold", "self"} and max(ex.as_of for ex in train) < dt.date(2024, 3, 1)
     assert all(dt.date(2024, 2, 1) <= ex.as_of < dt.date(2024, 3, 1) for ex in val)  # the held-back month
     assert info["model"]["titles"] is True and info["train"]["lr"] == spec.learning_rate
+    # The tokenizer travels with the data, with a check of what it makes of the first prompt.
+    assert (tmp_path / "data" / "tokenizer" / "tokenizer.json").exists()
+    check = info["tokenizer_check"]
+    assert check["text"].startswith("Passage: ") and train[0].question in check["text"] and len(check["ids"]) > 20
     assert not list((loaded_production_settings.work_dir / "train").glob("gemma-2024-03-01-*"))  # work folder gone
 
     out = tmp_path / "version"
-    trained = train_exported(tmp_path / "data", out, base_cache=gemma_cache, overrides={"batch_size": 8})
+    # A machine whose own conversion of the GGUF splits text otherwise still trains with the export's tokenizer.
+    with patch("models.gemma_train._load_base", side_effect=lambda cache: (_load_base(cache)[0], CharSplitter())):
+        trained = train_exported(tmp_path / "data", out, base_cache=gemma_cache, overrides={"batch_size": 8})
     assert trained["steps"] == math.ceil(len(train) / 8) and trained["trained_until"] == "2024-03-01"
     db = open_database(loaded_production_settings)
-    models_dir = loaded_production_settings.models_dir
     try:
         with db.sessions() as session, session.begin():
             version = import_version(session, out, models_dir=models_dir, activate=True,
@@ -111,7 +126,6 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
             assert get_version(session, version).trained_until == dt.date(2024, 3, 1)
     finally:
         db.close()
-    models_dir.joinpath("base").symlink_to(gemma_cache)
     reader = load_trained_reader(models_dir / version)
     day = dt.date(2024, 2, 2)
     p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
