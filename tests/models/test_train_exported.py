@@ -115,3 +115,16 @@ def test_a_tokenizer_that_splits_the_check_text_otherwise_is_refused_before_trai
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.run").exists()
     (data / te.JOB_FILE).write_text(json.dumps({**job, "tokenizer_check": good}))
     assert te.train_exported(data, tmp_path / "out")["steps"] == 3
+
+
+def test_main_trains_the_last_layers_with_their_smaller_learning_rate(tmp_path, tiny_base, capsys):
+    data = export(tmp_path / "data")
+    assert te.main([str(data), "--out", str(tmp_path / "v"), "--method", "last-layers", "--last-layers", "3"]) == 0
+    info = read_reader_info(tmp_path / "v")
+    assert info["trained_elsewhere"]["train"]["lr"] == 2e-5 and info["spec"]["lr"] == 2e-5
+    config = json.loads((tmp_path / "v" / CONFIG_FILE).read_text())
+    assert (config["method"], config["last_layers"]) == ("last-layers", 3)
+    from safetensors.torch import load_file
+
+    names = load_file(tmp_path / "v" / WEIGHTS_FILE)
+    assert names and not any("lora_" in n for n in names) and not any("embed_tokens" in n for n in names)
