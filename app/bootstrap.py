@@ -130,7 +130,7 @@ def load_builtin_reader(settings: Settings, name: str) -> Reader:
     return load_reader(name, device=resolve_device(settings), max_passages=settings.reader_passages or 3,
                        cache_dir=settings.models_dir / "base", context_words=settings.reader_context_words,
                        answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary,
-                       precision=settings.reader_precision)
+                       precision=settings.reader_precision, echo_beams=settings.reader_echo_beams)
 
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
@@ -143,7 +143,7 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
             raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
     return load_trained_reader(folder, device=resolve_device(settings), max_passages=settings.reader_passages or None,
                                answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary,
-                               precision=settings.reader_precision)
+                               precision=settings.reader_precision, echo_beams=settings.reader_echo_beams)
 
 
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:

@@ -345,7 +345,7 @@ class GemmaModel:
 
     # ---- serving ----------------------------------------------------------------------------------
     def into_reader(self, *, name: str, n_passages: int | None = None, answer_beams: int = 1,
-                    vocabulary: str = "full", precision: str = "float32") -> GemmaReader:
+                    vocabulary: str = "full", precision: str = "float32", echo_beams: int = 0) -> GemmaReader:
         """A GemmaReader (the served prompt and decoding) over this model. LoRA adapters are merged
         into the base weights first (serving costs what the base costs), so the model is for serving
         only afterwards: do not train it again."""
@@ -355,7 +355,8 @@ class GemmaModel:
                            n_passages=n_passages or self.config.n_passages,
                            max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens,
                            context_words=self.config.context_words, answer_beams=answer_beams,
-                           vocabulary=vocabulary, precision=precision, titles=self.config.titles)
+                           vocabulary=vocabulary, precision=precision, titles=self.config.titles,
+                           echo_beams=echo_beams)
 
 
 __all__ = ["GemmaConfig", "GemmaModel", "fit_prompt", "LORA_TARGETS", "METHODS"]

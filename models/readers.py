@@ -45,7 +45,7 @@ class FirstEntityReader:
 
 def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None,
                 context_words: int = 0, answer_beams: int = 1, vocabulary: str = "full",
-                precision: str = "float32") -> Reader:
+                precision: str = "float32", echo_beams: int = 0) -> Reader:
     """Build a reader from a setting: "gemma" or "first-entity". `cache_dir` is where
     "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
     sentence selection budget (0: none) and `vocabulary` what its answers may be written with
@@ -58,5 +58,5 @@ def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_
 
         return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages,
                                 context_words=context_words, answer_beams=answer_beams, vocabulary=vocabulary,
-                                precision=precision)
+                                precision=precision, echo_beams=echo_beams)
     raise ValueError(f"reader {spec!r} is unknown (use 'gemma' or 'first-entity')")

@@ -138,6 +138,10 @@ class Settings(BaseSettings):
     # Gemma readers (packaged or trained): 1 decodes greedily; N keeps N beams and answers with the
     # best one the passages read contain (models.gemma.grounded), else the best beam.
     reader_answer_beams: int = Field(default=1, ge=1, le=16)
+    # Gemma readers, greedy: when the answer is only words of the question ("Latvia" for "Which
+    # country will send troops to Latvia?"), N beams are searched and the best grounded answer that is
+    # not an echo wins (models.gemma.GemmaReader); 0 keeps the echo.
+    reader_echo_beams: int = Field(default=0, ge=0, le=16)
     # Gemma readers, greedy: "read" writes the answer with the words of the passages read and the
     # question only (models.gemma.greedy_within: each token then skips the 262k-word output head);
     # "full" may use any token.

@@ -149,6 +149,60 @@ def test_with_beams_and_no_grounded_answer_the_best_beam_stays():
     assert answer.text == "Boston Celtics"
 
 
+class EchoModel:
+    """Greedy gives one row, beam search `num_return_sequences` rows; records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def generate(self, input_ids, **kwargs):
+        import torch
+
+        self.calls.append(kwargs)
+        n = kwargs.get("num_return_sequences", 1)
+        return torch.cat([input_ids.repeat(n, 1), torch.zeros(n, 2, dtype=torch.long)], dim=1)
+
+
+class EchoTokenizer(FakeTokenizer):
+    def __init__(self, greedy: str, beams: list[str]) -> None:
+        super().__init__()
+        self.greedy, self.beams = greedy, beams
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [self.greedy] if len(rows) == 1 else self.beams[:len(rows)]
+
+
+def test_echoes_question_is_an_answer_made_only_of_the_questions_words():
+    assert gemma.echoes_question("NBA", NBA_Q) and gemma.echoes_question("the nba", NBA_Q)
+    assert not gemma.echoes_question("Denver Nuggets", NBA_Q) and not gemma.echoes_question("NBA finals", NBA_Q)
+    assert not gemma.echoes_question("", NBA_Q)
+
+
+def test_an_echo_of_the_question_is_searched_again_and_the_best_grounded_other_beam_wins():
+    model = EchoModel()
+    beams = [" NBA\n", " Boston Celtics\n", " Denver Nuggets\n", " Nuggets\n"]  # echo, not read, the answer
+    answer = GemmaReader(model, EchoTokenizer(" NBA\n", beams), n_passages=1, echo_beams=4).generate(NBA_Q, AS_OF, [NBA])
+    assert answer.text == "Denver Nuggets"
+    greedy, search = model.calls
+    assert "num_beams" not in greedy and search["num_beams"] == 4 and search["num_return_sequences"] == 4
+
+
+def test_an_echo_stays_when_no_other_beam_is_grounded_and_other_answers_are_not_searched_again():
+    model = EchoModel()
+    answer = GemmaReader(model, EchoTokenizer(" NBA\n", [" NBA\n", " Lakers\n"]), n_passages=1,
+                         echo_beams=2).generate(NBA_Q, AS_OF, [NBA])
+    assert answer.text == "NBA" and len(model.calls) == 2
+    model = EchoModel()
+    answer = GemmaReader(model, EchoTokenizer(" Denver Nuggets\n", []), n_passages=1, echo_beams=4).generate(
+        NBA_Q, AS_OF, [NBA])
+    assert answer.text == "Denver Nuggets" and len(model.calls) == 1  # no echo: greedy alone
+    model = EchoModel()
+    answer = GemmaReader(model, EchoTokenizer(" NBA\n", beams=[]), n_passages=1).generate(NBA_Q, AS_OF, [NBA])
+    assert answer.text == "NBA" and len(model.calls) == 1  # echo_beams 0: off
+    with pytest.raises(ValueError, match="echo_beams must be 0"):
+        GemmaReader(model=None, tokenizer=None, echo_beams=-1)
+
+
 def test_grounded_matches_whole_words_in_order_case_and_punctuation_aside():
     assert gemma.grounded("denver nuggets", "The Denver Nuggets, champions.")
     assert not gemma.grounded("Nuggets Denver", "The Denver Nuggets")
