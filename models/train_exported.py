@@ -97,6 +97,10 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
     from models.training import ReaderTrainer, TrainConfig, load_examples
 
     job = read_job(folder)
+    if out.resolve() == folder.resolve() or out.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(f"--out {out} is the export {folder} or inside it: name another folder")
+    if out.exists() and not (out / "reader.json").exists():
+        raise ValueError(f"--out {out} exists and is no version folder: name a new folder")
     tcfg = dataclasses.replace(TrainConfig(**job["train"]), **(overrides or {}))
     mcfg = GemmaConfig.from_json({**job["model"], **(model_overrides or {})})
     train, val = load_examples(folder / "train.jsonl"), load_examples(folder / "val.jsonl")
@@ -113,6 +117,15 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
     check_tokenizer(model.tokenizer, job.get("tokenizer_check"))
     load_s = time.perf_counter() - t0
     run_dir = out.with_name(out.name + ".run")
+    # Resume only the same run: the same data and settings (else the checkpoint's step and best score
+    # would be read against other data), else start again.
+    key = json.dumps({"job": job, "train": dataclasses.asdict(tcfg), "model": mcfg.to_json(),
+                      "examples": [len(train), len(val)]}, sort_keys=True, default=str)
+    if run_dir.exists() and (run_dir / "run.json").exists() and (run_dir / "run.json").read_text() != key:
+        log.info("%s holds another run's checkpoints (other data or settings): starting again", run_dir)
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(key)
     trainer = ReaderTrainer(model, "gemma", tcfg, run_dir)
     result = trainer.train(train, val, progress)
     tmp = out.with_name(out.name + ".tmp")
@@ -122,7 +135,9 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
             "trained_until": job["trained_until"], "month": None,
             "spec": {**job["spec"], **{k: v for k, v in (overrides or {}).items()
                                        if k in ("lr", "batch_size", "max_epochs", "warmup_steps", "eval_every",
-                                                "patience", "max_minutes", "seed")}},
+                                                "patience", "max_minutes", "seed")},
+                     **{k: v for k, v in (model_overrides or {}).items() if k == "method"}},
+            "model_overrides": model_overrides or {},
             "data": {**job["data"], "train": len(train), "val": len(val)}, "validation": result.best,
             "history": result.history, "stopped": result.stopped, "steps": result.steps,
             "train_seconds": result.seconds,
@@ -179,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {flag} {value} is out of range", file=sys.stderr)
             return 2
         overrides[name] = value
+    if args.last_layers is not None and args.method != "last-layers":
+        print("error: --last-layers goes with --method last-layers", file=sys.stderr)
+        return 2
     model_overrides = {name: value for name, value in (("lora_r", args.lora_r), ("method", args.method),
-                                                       ("last_layers", args.last_layers)) if value}
+                                                       ("last_layers", args.last_layers)) if value is not None}
     if args.method == "last-layers" and args.lr is None:
         overrides["lr"] = 2e-5  # pretrained layers want a smaller step than fresh adapters (workers.train)
 
@@ -190,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = train_exported(args.folder, args.out, device=device, base_cache=args.base_cache, overrides=overrides,
                               model_overrides=model_overrides, progress=progress)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError, RuntimeError, TypeError) as exc:  # no Gemma package, an unreadable tokenizer...
         print(f"error: {exc}", file=sys.stderr)
         return 2
     best = info["validation"]

@@ -209,19 +209,23 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     the index); `sqa models import` brings the trained version back. Returns the job file's content."""
     import json
 
+    from models.train_exported import JOB_FILE
+
     spec = spec or ReaderJobSpec.for_gemma()
     if spec.kind != "gemma":
         raise ValueError(f"--export trains elsewhere with models.train_exported, which trains gemma readers only "
                          f"(got {spec.kind})")
     data = spec.data_config()
-    work = ctx.work_dir / "train" / f"{spec.kind}-{until}-{digest(spec, data)}"
+    # Its own work folder: a training's of the same spec holds checkpoints that must outlive an export.
+    work = ctx.work_dir / "export" / f"{spec.kind}-{until}-{digest(spec, data)}"
     train, val, counts = _training_data(ctx, job, work, _first_training_data(until, data))
     dest.mkdir(parents=True, exist_ok=True)
+    (dest / JOB_FILE).unlink(missing_ok=True)  # written last: without it the folder is no export
     save_examples(dest / "train.jsonl", train)
     save_examples(dest / "val.jsonl", val)
     from models.gemma import build_prompt, gemma_folder
     from models.gemma_train import GemmaConfig
-    from models.train_exported import JOB_FILE, save_tokenizer
+    from models.train_exported import save_tokenizer
 
     model = GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles)
     first = train[0]

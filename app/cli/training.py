@@ -76,6 +76,9 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
     if export is not None:
         if kind != "gemma":
             fail("--export is for --kind gemma (models.train_exported trains Gemma readers)")
+        if activate:
+            fail("--activate does not go with --export (nothing is trained here): `sqa models import DIR "
+                 "--activate` activates the version trained elsewhere")
         if export.exists() and not export.is_dir():
             fail(f"--export {export} is a file: name a folder")
         info = run_job("export-training-data", {"until": str(cut), "kind": kind, "to": str(export)},
@@ -340,16 +343,23 @@ def models_import(folder: Path = typer.Argument(..., help="a version folder trai
                 GemmaModel.load(path, cache_dir=s.models_dir / "base")
             else:
                 load_trained_model(path)
-        except (FileNotFoundError, ValueError, RuntimeError, KeyError) as exc:
+        except Exception as exc:  # a truncated copy raises safetensors' own error
             raise ValueError(f"{path} does not load as a trained reader: {exc}") from exc
 
     db = open_database(s)
+    version = None
     try:
         with db.sessions() as session, session.begin():
             row = import_version(session, folder, models_dir=s.models_dir, activate=activate, check=check)
             version, val = row.version, (row.metrics or {}).get("validation") or {}
     except ValueError as exc:
         fail(str(exc))
+    except Exception:
+        if version is not None:  # copied but not committed: no folder without its row
+            import shutil
+
+            shutil.rmtree(s.models_dir / version, ignore_errors=True)
+        raise
     finally:
         db.close()
     typer.echo(f"imported {folder} as reader version {version} (validation EM {val.get('em', '-')} F1 "

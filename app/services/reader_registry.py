@@ -183,16 +183,20 @@ def import_version(session: Session, folder: Path, *, models_dir: Path, activate
         trained_until = dt.date.fromisoformat(str(until)[:10]) if until else None
     except ValueError as exc:
         raise ValueError(f"{folder}: trained_until {until!r} is not a date") from exc
-    if check is not None:
-        check(folder)
     version = new_version_name(info["kind"], str(info.get("label") or until or "imported"))
+    if check is not None:  # the slow check last
+        check(folder)
     dest = models_dir / version
     tmp = models_dir / f".{version}.importing"
     models_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(folder, tmp)
-    write_reader_info(tmp, {**info, "version": version, "imported_from": str(folder.resolve())})
-    tmp.replace(dest)
+    try:
+        shutil.copytree(folder, tmp)
+        write_reader_info(tmp, {**info, "version": version, "imported_from": str(folder.resolve())})
+        tmp.replace(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         row = register_version(session, version=version, kind=info["kind"], path=version,
                                parent_version=info.get("parent_version"), trained_until=trained_until,

@@ -598,13 +598,28 @@ def test_cli_models_import_refuses_a_folder_that_is_not_a_version(sqa, tmp_path)
     (tmp_path / "empty").mkdir()
     r = sqa("models", "import", str(tmp_path / "empty"))
     assert r.exit_code == 2 and "reader.json is missing" in r.output, r.output
-    # Tensors that are not safetensors: the check loads the folder onto the model, and refuses it.
+    # A folder that does not load (a ranker without its ranker.json): the check loads it, and refuses it.
     r = sqa("models", "import", str(trained_elsewhere(tmp_path / "junk", kind="ranker")))
     assert r.exit_code == 2 and "does not load as a trained reader" in r.output, r.output
     assert "no trained reader versions yet" in sqa("models", "list").output
 
 
+def test_registry_import_that_fails_to_register_leaves_no_folder(settings, db, tmp_path, monkeypatch):
+    src = trained_elsewhere(tmp_path / "from-gpu")
+
+    def refuse(*args, **kwargs):
+        raise ConflictError("reader version is already registered")
+
+    monkeypatch.setattr(registry, "register_version", refuse)
+    with db.sessions() as session, session.begin():
+        with pytest.raises(ConflictError):
+            registry.import_version(session, src, models_dir=settings.models_dir)
+    assert list(settings.models_dir.iterdir()) == []
+
+
 def test_cli_train_reader_export_is_for_gemma_only(sqa, tmp_path):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--export", str(tmp_path / "x"), "--activate")
+    assert r.exit_code == 2 and "--activate does not go with --export" in r.output, r.output
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "fid", "--export", str(tmp_path / "x"))
     assert r.exit_code == 2 and "--export is for --kind gemma" in r.output, r.output
     (tmp_path / "file").write_text("")

@@ -88,6 +88,13 @@ def test_main_says_what_is_wrong_and_exits_2(tmp_path, tiny_base, capsys):
     data = export(tmp_path / "data")
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--batch-size", "0"]) == 2
     assert "--batch-size 0 is out of range" in capsys.readouterr().err
+    assert te.main([str(data), "--out", str(tmp_path / "v"), "--last-layers", "2"]) == 2
+    assert "--last-layers goes with --method last-layers" in capsys.readouterr().err
+    assert te.main([str(data), "--out", str(data / "v")]) == 2
+    assert "is the export" in capsys.readouterr().err and not (data / "v").exists()
+    (tmp_path / "notes").mkdir()
+    assert te.main([str(data), "--out", str(tmp_path / "notes")]) == 2
+    assert "exists and is no version folder" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert te.main([str(data), "--out", str(tmp_path / "v"), "--device", "cuda"]) == 2
         assert "torch sees no GPU here" in capsys.readouterr().err
@@ -122,9 +129,21 @@ def test_main_trains_the_last_layers_with_their_smaller_learning_rate(tmp_path, 
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--method", "last-layers", "--last-layers", "3"]) == 0
     info = read_reader_info(tmp_path / "v")
     assert info["trained_elsewhere"]["train"]["lr"] == 2e-5 and info["spec"]["lr"] == 2e-5
+    assert info["spec"]["method"] == "last-layers" and info["model_overrides"] == {"method": "last-layers",
+                                                                                 "last_layers": 3}
     config = json.loads((tmp_path / "v" / CONFIG_FILE).read_text())
     assert (config["method"], config["last_layers"]) == ("last-layers", 3)
     from safetensors.torch import load_file
 
     names = load_file(tmp_path / "v" / WEIGHTS_FILE)
     assert names and not any("lora_" in n for n in names) and not any("embed_tokens" in n for n in names)
+
+
+def test_a_run_folder_of_other_data_or_settings_is_not_resumed(tmp_path, tiny_base):
+    data = export(tmp_path / "data")
+    run = tmp_path / "version.run"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "state.pt").write_bytes(b"another run's state")  # would not load
+    (run / "run.json").write_text('{"job": "another"}')
+    info = te.train_exported(data, tmp_path / "version")
+    assert info["steps"] == 3 and info["history"][0]["step"] == 0 and not run.exists()

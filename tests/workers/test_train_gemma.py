@@ -109,7 +109,7 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     assert (tmp_path / "data" / "tokenizer" / "tokenizer.json").exists()
     check = info["tokenizer_check"]
     assert check["text"].startswith("Passage: ") and train[0].question in check["text"] and len(check["ids"]) > 20
-    assert not list((loaded_production_settings.work_dir / "train").glob("gemma-2024-03-01-*"))  # work folder gone
+    assert not list((loaded_production_settings.work_dir / "export").glob("gemma-2024-03-01-*"))  # work folder gone
 
     out = tmp_path / "version"
     # A machine whose own conversion of the GGUF splits text otherwise still trains with the export's tokenizer.
