@@ -94,7 +94,7 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
 
     from models.gemma_train import GemmaConfig, GemmaModel
     from models.trained import write_reader_info
-    from models.training import ReaderTrainer, TrainConfig, load_examples
+    from models.training import ReaderTrainer, TrainConfig, _write_folder, load_examples
 
     job = read_job(folder)
     if out.resolve() == folder.resolve() or out.resolve().is_relative_to(folder.resolve()):
@@ -128,9 +128,6 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
     (run_dir / "run.json").write_text(key)
     trainer = ReaderTrainer(model, "gemma", tcfg, run_dir)
     result = trainer.train(train, val, progress)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(trainer.best_dir, tmp)
     info = {"kind": "gemma", "version": None, "parent_version": None, "label": job["label"],
             "trained_until": job["trained_until"], "month": None,
             "spec": {**job["spec"], **{k: v for k, v in (overrides or {}).items()
@@ -144,9 +141,12 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
             "trained_elsewhere": {"device": device_name(device), "torch": torch.__version__,
                                   "train": dataclasses.asdict(tcfg), "base_load_seconds": round(load_s, 1),
                                   "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}}
-    write_reader_info(tmp, info)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+
+    def write(tmp: Path) -> None:
+        shutil.copytree(trainer.best_dir, tmp, dirs_exist_ok=True)
+        write_reader_info(tmp, info)
+
+    _write_folder(out, write)  # beside `out`, then in its place: a crash leaves no half version
     shutil.rmtree(run_dir, ignore_errors=True)
     return info
 

@@ -209,7 +209,9 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     the index); `sqa models import` brings the trained version back. Returns the job file's content."""
     import json
 
-    from models.train_exported import JOB_FILE
+    from models.gemma import build_prompt, gemma_folder
+    from models.gemma_train import GemmaConfig
+    from models.train_exported import JOB_FILE, save_tokenizer
 
     spec = spec or ReaderJobSpec.for_gemma()
     if spec.kind != "gemma":
@@ -221,12 +223,8 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     train, val, counts = _training_data(ctx, job, work, _first_training_data(until, data))
     dest.mkdir(parents=True, exist_ok=True)
     (dest / JOB_FILE).unlink(missing_ok=True)  # written last: without it the folder is no export
-    save_examples(dest / "train.jsonl", train)
-    save_examples(dest / "val.jsonl", val)
-    from models.gemma import build_prompt, gemma_folder
-    from models.gemma_train import GemmaConfig
-    from models.train_exported import save_tokenizer
-
+    for name in ("train.jsonl", "val.jsonl"):  # what _training_data saved: copied, not written again
+        shutil.copy2(work / name, dest / name)
     model = GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles)
     first = train[0]
     job.update(message="copying the tokenizer (converting the packaged Gemma on first use)")
