@@ -94,7 +94,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "realtimeqa"),
                     help="RealTimeQA repository clone or slice (default ../shared/data/realtimeqa)")
-    ap.add_argument("--train-from", default="2023-01-01", help="the first day of news and questions imported")
+    # The whole slice (2022-06 on): older articles answer recent questions too (recall@5 of 2023-04..06
+    # 47.0 with news since 2022-06 against 41.6 since 2022-11-20; README, "Training elsewhere").
+    ap.add_argument("--train-from", default="2022-06-01", help="the first day of news and questions imported")
     ap.add_argument("--since", default="2023-04-01", help="the first day asked about (training stops before it)")
     ap.add_argument("--until", default="2023-06-30")
     ap.add_argument("--train-minutes", type=float, default=10.0, help="the reader's training budget")
