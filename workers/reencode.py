@@ -68,7 +68,9 @@ def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job: JobHandle) -> No
                            counts={"snapshot": None, "encoder": encoder.name})
             return
         sources = [(e, *shard_rows(session, e)) for e in old.shards]
-    progress.stage("encode", sum(len(texts) for _, _, texts in sources))
+    # encode_with_checkpoints opens an "encode" stage per shard: each shard is one round of the
+    # weighted stages, so the fraction reaches 1 with the last shard, not the first
+    job.progress.rounds(len(sources))
     entries, works = [], []
     for entry, ids, texts in sources:
         digest = hashlib.sha256(f"{encoder.name}\x00{entry.key}\x00{entry.build}".encode()).hexdigest()[:16]

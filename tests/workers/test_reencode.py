@@ -59,6 +59,31 @@ def test_reencode_commits_one_snapshot_whose_every_shard_records_the_new_encoder
         db.close()
 
 
+def test_reencode_progress_grows_shard_by_shard(loaded_settings, monkeypatch):
+    """Each shard opens its own "encode" stage: the job's fraction must count shards done, not read
+    100% once the first shard is encoded."""
+    import workers.reencode as reencode_module
+
+    seen = []
+    real = reencode_module.encode_with_checkpoints
+
+    def spy(encoder, texts, work, cfg, progress):
+        seen.append(progress.progress.fraction)  # before this shard
+        out = real(encoder, texts, work, cfg, progress)
+        seen.append(progress.progress.fraction)  # after it
+        return out
+
+    monkeypatch.setattr(reencode_module, "encode_with_checkpoints", spy)
+    _, before = _serving(loaded_settings)
+    assert len(before.shards) >= 2
+    job = _reencode(loaded_settings, HashEncoder(256))
+    assert job.state == "succeeded" and job.progress == 1.0
+    n = len(before.shards)
+    assert len(seen) == 2 * n
+    assert seen == sorted(seen) and seen[0] == 0.0
+    assert seen[1] < 1.0 / n + 1e-9 and seen[-1] < 1.0  # one shard is 1/n of the work
+
+
 def test_passage_rows_outlive_the_snapshot_that_wrote_them(loaded_settings):
     """A re-encoded shard points at the old shard's rows: garbage collection must keep them."""
     from workers.ingest import ingest
