@@ -112,7 +112,7 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
     val_q = val_q[: cfg.max_val]
     selfq = self_labeled(session, train_from, val_from,
                          DataConfig(max_self_articles=cfg.max_self_articles, self_per_article=cfg.self_per_article,
-                                    seed=cfg.seed))
+                                    seed=cfg.seed), progress=progress)  # minutes of spaCy: shown
     if progress:
         progress.stage("data", len(train_q) + len(selfq) + len(val_q))
     pairs, missing = [], {"gold": 0, "self": 0}

@@ -128,8 +128,11 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
     loaded_settings = sqlite_settings  # one database is enough: this trains a real MiniLM
     load_sample(loaded_settings)
     job = new_job(loaded_settings, "train-retriever")
+    stages, open_stage = [], job[1].progress.stage
+    job[1].progress.stage = lambda name, total: (stages.append(name), open_stage(name, total))
     version = run_train_retriever_job(*job, until=dt.date(2024, 3, 1), cfg=TINY,
                                       data=RetrieverDataConfig(max_self_articles=12, max_val=10))
+    assert stages[:3] == ["self-label", "data", "train"]  # the minutes of spaCy show as a stage of their own
     folder = loaded_settings.encoders_dir / version
     info = read_encoder_info(folder)
     assert info["trained_until"] == "2024-03-01" and info["data"]["gold_pairs"] + info["data"]["self_pairs"] >= 4
