@@ -101,6 +101,13 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
         raise ValueError(f"--out {out} is the export {folder} or inside it: name another folder")
     if out.exists() and not (out / "reader.json").exists():
         raise ValueError(f"--out {out} exists and is no version folder: name a new folder")
+    exported = int(job["train"].get("n_passages") or job["model"].get("n_passages") or 0)
+    wanted = (model_overrides or {}).get("n_passages")
+    if wanted is not None and exported and not 1 <= wanted <= exported:
+        raise ValueError(f"--n-passages {wanted}: the export holds {exported} passages a question (export with "
+                         f"`--n-passages {wanted}` or more to train on {wanted})")
+    if wanted is not None:  # the loop cuts each example's passages to this, and the version serves as many
+        overrides = {**(overrides or {}), "n_passages": wanted}
     tcfg = dataclasses.replace(TrainConfig(**job["train"]), **(overrides or {}))
     mcfg = GemmaConfig.from_json({**job["model"], **(model_overrides or {})})
     train, val = load_examples(folder / "train.jsonl"), load_examples(folder / "val.jsonl")
@@ -133,7 +140,9 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
             "spec": {**job["spec"], **{k: v for k, v in (overrides or {}).items()
                                        if k in ("lr", "batch_size", "max_epochs", "warmup_steps", "eval_every",
                                                 "patience", "max_minutes", "seed")},
-                     **{k: v for k, v in (model_overrides or {}).items() if k == "method"}},
+                     **{k: v for k, v in (model_overrides or {}).items() if k == "method"},
+                     **({"n_passages": mcfg.n_passages, "infer_passages": mcfg.n_passages}
+                        if "n_passages" in (model_overrides or {}) else {})},
             "model_overrides": model_overrides or {},
             "data": {**job["data"], "train": len(train), "val": len(val)}, "validation": result.best,
             "history": result.history, "stopped": result.stopped, "steps": result.steps,
@@ -173,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="what trains (the job's: lora); last-layers with --last-layers 18 trains every decoder "
                         "layer (the tied embeddings stay frozen): a GPU's full fine-tuning, a 400 MB version")
     p.add_argument("--last-layers", type=int, default=None, help="with --method last-layers: how many (of 18)")
+    p.add_argument("--n-passages", type=int, default=None, help="read the first N of each example's passages, in "
+                   "training and when serving (at most what the export holds: one export serves several runs)")
     return p
 
 
@@ -197,8 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.last_layers is not None and args.method != "last-layers":
         print("error: --last-layers goes with --method last-layers", file=sys.stderr)
         return 2
+    if args.n_passages is not None and args.n_passages < 1:
+        print(f"error: --n-passages {args.n_passages} is out of range", file=sys.stderr)
+        return 2
     model_overrides = {name: value for name, value in (("lora_r", args.lora_r), ("method", args.method),
-                                                       ("last_layers", args.last_layers)) if value is not None}
+                                                       ("last_layers", args.last_layers),
+                                                       ("n_passages", args.n_passages)) if value is not None}
     if args.method == "last-layers" and args.lr is None:
         overrides["lr"] = 2e-5  # pretrained layers want a smaller step than fresh adapters (workers.train)
 

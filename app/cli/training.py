@@ -28,7 +28,7 @@ def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | N
     if kind == "gemma":  # reads the same number of passages in training and serving
         if base:
             fail("--base is for --kind fid only (gemma fine-tunes the packaged Gemma 3 270M)")
-        n = n_passages or 3
+        n = n_passages or ReaderJobSpec.for_gemma().n_passages
         return ReaderJobSpec.for_gemma(max_minutes=max_minutes, max_epochs=epochs, n_passages=n, infer_passages=n,
                                        seed=seed, gold=gold)
     if base and not Path(base).is_dir():
@@ -48,8 +48,8 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                  max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none); the best checkpoint is kept"),
                  epochs: int = typer.Option(3, min=1),
                  n_passages: Optional[int] = typer.Option(None, min=1, max=100, help="passages per training "
-                                                          "question (default 5; ranker: 10 and gemma: 3, also "
-                                                          "when serving)"),
+                                                          "question (default 5; ranker: 10; ranker and gemma "
+                                                          "read as many when serving)"),
                  seed: int = typer.Option(0), activate: bool = typer.Option(
                      False, "--activate/--no-activate", help="make it the active version when done"),
                  gold: bool = typer.Option(True, "--gold/--no-gold", help="learn from the imported questions with "

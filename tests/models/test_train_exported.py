@@ -147,3 +147,38 @@ def test_a_run_folder_of_other_data_or_settings_is_not_resumed(tmp_path, tiny_ba
     (run / "run.json").write_text('{"job": "another"}')
     info = te.train_exported(data, tmp_path / "version")
     assert info["steps"] == 3 and info["history"][0]["step"] == 0 and not run.exists()
+
+
+def test_n_passages_trains_and_serves_the_first_n_of_an_export_of_more(tmp_path, tiny_base, capsys):
+    # One export of 4 passages a question serves runs on fewer: the loop reads the first N, the version
+    # serves N, and more than the export holds is refused before the base loads.
+    data = tmp_path / "data"
+    data.mkdir()
+    others = tuple(dataclasses.replace(NBA, title=f"Other {i}") for i in range(3))
+    ex = [TrainExample(f"q{i}", "Who won the NBA championship?", DAY, ("Denver Nuggets",), (NBA, *others), "self")
+          for i in range(4)]
+    save_examples(data / "train.jsonl", ex)
+    save_examples(data / "val.jsonl", ex[:2])
+    job = json.loads((export(tmp_path / "job") / te.JOB_FILE).read_text())
+    job["model"]["n_passages"] = job["train"]["n_passages"] = 4
+    (data / te.JOB_FILE).write_text(json.dumps(job))
+
+    assert te.main([str(data), "--out", str(tmp_path / "v5"), "--n-passages", "5"]) == 2
+    assert "--n-passages 5: the export holds 4 passages a question" in capsys.readouterr().err
+    assert te.main([str(data), "--out", str(tmp_path / "v0"), "--n-passages", "0"]) == 2
+    assert not tiny_base and not (tmp_path / "v5").exists()
+
+    seen: list[int] = []
+    real = GemmaModel.loss
+
+    def counting(self, items, answers):
+        seen.extend(len(passages) for _, _, passages in items)
+        return real(self, items, answers)
+
+    with patch.object(GemmaModel, "loss", counting):
+        assert te.main([str(data), "--out", str(tmp_path / "v2"), "--n-passages", "2"]) == 0
+    info = read_reader_info(tmp_path / "v2")
+    assert json.loads((tmp_path / "v2" / CONFIG_FILE).read_text())["n_passages"] == 2
+    assert info["spec"]["n_passages"] == info["spec"]["infer_passages"] == 2
+    assert info["trained_elsewhere"]["train"]["n_passages"] == 2
+    assert seen and set(seen) == {2}

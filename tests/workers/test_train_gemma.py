@@ -21,7 +21,7 @@ from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
 def test_gemma_spec_defaults():
     spec = ReaderJobSpec.for_gemma(max_minutes=30)
     assert (spec.kind, spec.n_passages, spec.infer_passages, spec.batch_size, spec.eval_every, spec.warmup_steps) == (
-        "gemma", 3, 3, 4, 50, 10)
+        "gemma", 5, 5, 4, 50, 10)
     assert spec.learning_rate == 2e-4 and ReaderJobSpec.for_gemma(method="last-layers").learning_rate == 2e-5
     assert ReaderJobSpec(kind="extractive").learning_rate == 5e-5  # the other kinds keep theirs
 
@@ -60,7 +60,7 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     # The version reloads and reads: a few steps on the invented sample say nothing of its quality
     # (they once turned "Ines Okafor" into "I coach the harriers"), so check the answer's form.
     reader = load_trained_reader(folder)
-    assert reader.name == f"gemma:{version}" and reader.n_passages == 3
+    assert reader.name == f"gemma:{version}" and reader.n_passages == 5
     day = dt.date(2024, 2, 2)
     p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
     answer = reader.generate("Who coaches the Harriers?", day, [p]).text
