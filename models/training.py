@@ -114,10 +114,11 @@ class ReaderTrainer:
     """Trains a FiDModel, a SpanModel or a GemmaModel; `kind` picks how a batch becomes a loss or
     predictions."""
 
-    def __init__(self, model, kind: str, cfg: TrainConfig, out_dir: Path) -> None:
+    def __init__(self, model, kind: str, cfg: TrainConfig, out_dir: Path, clock=time.monotonic) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r} is unknown")
         self.model, self.kind, self.cfg, self.out_dir = model, kind, cfg, Path(out_dir)
+        self.clock = clock  # seconds, for the budget and the timings (tests pass their own)
         self.n = cfg.n_passages or model.config.n_passages
 
     # ---- the kinds ----------------------------------------------------------------------
@@ -176,7 +177,7 @@ class ReaderTrainer:
         step = state["step"]
         metrics = self.evaluate(val) if val else {"n": 0, "em": 0.0, "f1": 0.0}
         metrics.update(step=step, loss=round(float(loss.item()) if loss is not None else 0.0, 4),
-                       minutes=round((time.monotonic() - t0) / 60, 2),
+                       minutes=round((self.clock() - t0) / 60, 2),
                        s_per_step=round(state.get("step_seconds", 0.0) / step, 2) if step else 0.0)
         state["history"].append(metrics)
         log.info("eval %s", metrics)
@@ -187,7 +188,7 @@ class ReaderTrainer:
             self._save_best()
         else:
             state["bad_evals"] += 1
-        state["seconds"] = time.monotonic() - t0
+        state["seconds"] = self.clock() - t0
 
     def train(self, train: Sequence[TrainExample], val: Sequence[TrainExample],
               progress: Progress | None = None) -> TrainResult:
@@ -213,7 +214,7 @@ class ReaderTrainer:
             sched.load_state_dict(saved.pop("sched"))
             state.update(saved)
             log.info("resuming from step %d", state["step"])
-        t0 = time.monotonic() - state["seconds"]
+        t0 = self.clock() - state["seconds"]
         if cfg.eval_at_start and val and state["step"] == 0 and not state["history"]:
             self._validate(val, state, None, t0, total, progress)  # step 0: the score before training
         stopped = "epochs"
@@ -224,7 +225,7 @@ class ReaderTrainer:
             self.model.train()
             for s in range(offset, steps_per_epoch):
                 batch = [train[i] for i in order[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
-                t_step = time.monotonic()
+                t_step = self.clock()
                 loss = self.batch_loss(batch)
                 if loss is not None:
                     loss.backward()
@@ -232,12 +233,21 @@ class ReaderTrainer:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
                 sched.step()
-                state["step_seconds"] += time.monotonic() - t_step
+                state["step_seconds"] += self.clock() - t_step
                 state["step"] += 1
                 step = state["step"]
                 if progress and step % 10 == 0:
                     progress(step / total, f"step {step}/{total} loss {loss.item() if loss is not None else 0:.3f}")
-                over_budget = cfg.max_minutes and time.monotonic() - t0 > cfg.max_minutes * 60
+                over_budget = cfg.max_minutes and self.clock() - t0 > cfg.max_minutes * 60
+                since = step - state["history"][-1]["step"] if state["history"] else step
+                if over_budget and state["history"] and step < total and since < max(1, cfg.eval_every // 5):
+                    # The budget ran out a few steps after a validation: another would cost as long as
+                    # many steps (minutes for Gemma on a CPU) to score a model barely moved; the best
+                    # scored so far stands. The checkpoint keeps these steps for a resumed run.
+                    state["seconds"] = self.clock() - t0
+                    self._save_checkpoint(opt, sched, state)
+                    stopped = "budget"
+                    break
                 if step % cfg.eval_every == 0 or step == total or over_budget:
                     self._validate(val, state, loss, t0, total, progress)
                     self._save_checkpoint(opt, sched, state)
@@ -252,5 +262,5 @@ class ReaderTrainer:
                 break
         return TrainResult(steps=state["step"], epochs_done=round(state["step"] / steps_per_epoch, 2),
                            best_step=state["best_step"], best=state["best"], history=state["history"],
-                           stopped=stopped, seconds=round(time.monotonic() - t0, 1))
+                           stopped=stopped, seconds=round(self.clock() - t0, 1))
 

@@ -392,3 +392,45 @@ def test_a_few_steps_lower_the_loss_and_the_saved_version_answers(gemma_cache, t
     assert reader.name == "gemma:gemma-v1"
     answer = reader.generate("Who was named the Finals MVP?", AS_OF, [OTHERS[0], NBA])
     assert "jokic" in answer.text.lower() and "\n" not in answer.raw.strip()
+
+
+def _timed_trainer(tmp_path, *, step_s: float, validate_s: float, eval_at_start: bool = True):
+    """A trainer on a clock that moves only by what each step and each validation are said to cost."""
+    examples = [TrainExample(str(i), q, a_of, (ans,), tuple(ps)) for i, ((q, a_of, ps), ans)
+                in enumerate(zip(ITEMS, ANSWERS))]
+    now = [0.0]
+    trainer = ReaderTrainer(tiny(GemmaConfig(max_new_tokens=2, lora_r=4)), "gemma",
+                            TrainConfig(lr=1e-3, batch_size=1, max_epochs=50, eval_every=10, patience=100,
+                                        max_minutes=1, eval_at_start=eval_at_start),
+                            tmp_path / "run", clock=lambda: now[0])
+    loss, evaluate = trainer.batch_loss, trainer.evaluate
+
+    def step(batch):
+        now[0] += step_s
+        return loss(batch)
+
+    def validate(val):
+        now[0] += validate_s
+        return evaluate(val)
+
+    trainer.batch_loss, trainer.evaluate = step, validate
+    return trainer, examples
+
+
+def test_a_budget_that_ends_just_after_a_validation_is_not_spent_on_another(tmp_path):
+    # The demo's 10 minutes: 4.6 spent scoring zero-shot Gemma, then one more validation for one step.
+    trainer, examples = _timed_trainer(tmp_path, step_s=0.0, validate_s=100.0)
+    result = trainer.train(examples, examples)
+    assert result.stopped == "budget" and result.steps == 1
+    assert [h["step"] for h in result.history] == [0]  # the step-0 score stands, no second validation
+    assert (tmp_path / "run" / "best" / WEIGHTS_FILE).exists() and (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_a_budget_that_ends_well_after_a_validation_scores_the_last_steps(tmp_path):
+    trainer, examples = _timed_trainer(tmp_path, step_s=7.0, validate_s=0.0)  # over 60 s at step 9
+    result = trainer.train(examples, examples)
+    assert result.stopped == "budget" and [h["step"] for h in result.history] == [0, 9]
+    # without a score yet, the budget never ends a run unscored
+    trainer, examples = _timed_trainer(tmp_path / "b", step_s=100.0, validate_s=0.0, eval_at_start=False)
+    result = trainer.train(examples, examples)
+    assert result.steps == 1 and [h["step"] for h in result.history] == [1]
