@@ -239,8 +239,8 @@ class ReaderTrainer:
                 if progress and step % 10 == 0:
                     progress(step / total, f"step {step}/{total} loss {loss.item() if loss is not None else 0:.3f}")
                 over_budget = cfg.max_minutes and self.clock() - t0 > cfg.max_minutes * 60
-                since = step - state["history"][-1]["step"] if state["history"] else step
-                if over_budget and state["history"] and step < total and since < max(1, cfg.eval_every // 5):
+                if (over_budget and state["history"] and step < total
+                        and step - state["history"][-1]["step"] < max(1, cfg.eval_every // 5)):
                     # The budget ran out a few steps after a validation: another would cost as long as
                     # many steps (minutes for Gemma on a CPU) to score a model barely moved; the best
                     # scored so far stands. The checkpoint keeps these steps for a resumed run.

@@ -297,9 +297,14 @@ def test_the_served_head_reads_a_compact_input_even_with_frozen_weights():
     assert seen and all(x.dim() == 3 and x.is_contiguous() and x.stride(0) == x.shape[1] * x.shape[2] for x in seen)
 
 
+def _examples() -> list[TrainExample]:
+    """ITEMS with their ANSWERS, as training examples."""
+    return [TrainExample(str(i), q, a_of, (ans,), tuple(ps)) for i, ((q, a_of, ps), ans)
+            in enumerate(zip(ITEMS, ANSWERS))]
+
+
 def test_trainer_scores_validation_before_the_first_step(tmp_path):
-    examples = [TrainExample(str(i), q, a_of, (ans,), tuple(ps)) for i, ((q, a_of, ps), ans)
-                in enumerate(zip(ITEMS, ANSWERS))]
+    examples = _examples()
     trainer = ReaderTrainer(tiny(GemmaConfig(max_new_tokens=4, lora_r=4)), "gemma",
                             TrainConfig(lr=1e-3, batch_size=2, max_epochs=2, eval_every=1, eval_at_start=True),
                             tmp_path / "run")
@@ -396,8 +401,7 @@ def test_a_few_steps_lower_the_loss_and_the_saved_version_answers(gemma_cache, t
 
 def _timed_trainer(tmp_path, *, step_s: float, validate_s: float, eval_at_start: bool = True):
     """A trainer on a clock that moves only by what each step and each validation are said to cost."""
-    examples = [TrainExample(str(i), q, a_of, (ans,), tuple(ps)) for i, ((q, a_of, ps), ans)
-                in enumerate(zip(ITEMS, ANSWERS))]
+    examples = _examples()
     now = [0.0]
     trainer = ReaderTrainer(tiny(GemmaConfig(max_new_tokens=2, lora_r=4)), "gemma",
                             TrainConfig(lr=1e-3, batch_size=1, max_epochs=50, eval_every=10, patience=100,
