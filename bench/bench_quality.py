@@ -78,6 +78,18 @@ class AnswerCache:
                 fh.write(json.dumps(record) + "\n")
 
 
+def window_questions(db, first: dt.date, last: dt.date, max_questions: int, seed: int):
+    """(questions, left out by reason): RealTimeQA's generation subset of the questions asked in
+    [first, last], a `seed` sample of `max_questions` of them (0: all), by date."""
+    from workers.bakeoff import load_questions
+
+    kept, left_out = generation_subset(load_questions(db.sessions, first, last))
+    questions = sorted(kept, key=lambda q: (q.asked, q.qid))
+    if max_questions and len(questions) > max_questions:
+        questions = sorted(random.Random(seed).sample(questions, max_questions), key=lambda q: (q.asked, q.qid))
+    return questions, left_out
+
+
 def own_article_hit(session, question) -> bool:
     """Does any stored article of the question's own (its gold and search-result articles, published
     by its date) hold a gold answer?"""
@@ -254,7 +266,6 @@ def main(argv: list[str] | None = None) -> int:
     from app.bootstrap import build_answer_service, build_encoder, open_database
     from app.core.config import Settings
     from indexer.records import ImportReport
-    from workers.bakeoff import load_questions
 
     settings = Settings(home=home)  # the environment's SQA_* settings, as `sqa serve` reads them
     db = open_database(settings, migrate=False)
@@ -280,11 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         cache = AnswerCache(Path(args.out + ".partial.jsonl") if args.out else None)
         results = {}
         for first, last in args.windows:
-            kept, left_out = generation_subset(load_questions(db.sessions, first, last))
-            questions = sorted(kept, key=lambda q: (q.asked, q.qid))
-            if args.max_questions and len(questions) > args.max_questions:
-                questions = sorted(random.Random(args.seed).sample(questions, args.max_questions),
-                                   key=lambda q: (q.asked, q.qid))
+            questions, left_out = window_questions(db, first, last, args.max_questions, args.seed)
             label = f"{first}..{last}"
             if not questions:
                 print(f"\n{label}: no questions in this window (imported?)")
