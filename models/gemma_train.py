@@ -11,8 +11,8 @@ its own, with <bos>), followed by the target " <answer>\\n" tokenized on its own
     ids     <bos> Passage: ... Question (asked on ...): ... Short answer: | ▁Denver ▁Nuggets \\n
     labels  -100  -100 ...                                          -100 | ▁Denver ▁Nuggets \\n
 
-When the example is longer than `max_length` tokens the passages are cut (all to the same number of
-words), never the question or the answer. The loss is cross-entropy on the answer tokens only, and
+With `max_length` 0 the prompt is the served one whole; with N, an example longer than N tokens has
+its passages cut (all to the same number of words), never the question or the answer. The loss is cross-entropy on the answer tokens only, and
 the logits are computed only there: 168M of the 268M parameters are the 262k-token vocabulary, so
 the full B x L x 262k output head would cost three times the rest of the step. The embeddings (tied
 to the output head) stay frozen.
@@ -45,7 +45,9 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class GemmaConfig(SavedConfig):
     n_passages: int = 3  # passages read per question, in training and serving
     max_passage_words: int = 100  # per passage, its date prefix counted (the served prompt's cut)
-    max_length: int = 320  # training tokens per example (<bos> + prompt + answer); passages are cut to fit
+    # Training tokens per example (<bos> + prompt + answer): passages are cut to fit. 0: none are cut,
+    # training reads the served prompt whole (five 100-word passages are ~750 tokens).
+    max_length: int = 320
     max_answer_tokens: int = 24  # training target, newline included
     max_new_tokens: int = 16  # generation
     # 0: the first max_passage_words of each of the first n_passages (the original prompt); else the
@@ -79,7 +81,9 @@ class GemmaConfig(SavedConfig):
             raise ValueError(f"context_words must be 0 or positive, got {self.context_words}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.max_length < 2 * self.max_answer_tokens:
+        if self.max_length < 0:
+            raise ValueError(f"max_length must be 0 (the served prompt whole) or positive, got {self.max_length}")
+        if self.max_length and self.max_length < 2 * self.max_answer_tokens:
             raise ValueError(f"max_length {self.max_length} leaves no room for the passages and question "
                              f"(max_answer_tokens is {self.max_answer_tokens})")
 
@@ -264,15 +268,18 @@ class GemmaModel:
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
     def encode_examples(self, items: Sequence[Item], answers: Sequence[str]):
-        """(ids, mask, labels), each B x L with L <= max_length, right-padded: <bos> + the prompt as
-        served (passages cut to fit) + the target; labels are -100 except on the target tokens."""
+        """(ids, mask, labels), each B x L with L <= max_length (when set), right-padded: <bos> + the
+        prompt as served (passages cut to fit max_length) + the target; labels are -100 except on the target tokens."""
         cfg = self.config
         rows = []
         for (question, as_of, passages), answer in zip(items, answers):
             target = self._ids(build_target(answer), special=False)[: cfg.max_answer_tokens]
-            prompt = fit_prompt(question, as_of, list(passages)[: cfg.n_passages], cfg.max_passage_words,
-                                cfg.max_length - len(target), lambda t: len(self._ids(t, special=True)),
-                                context_words=cfg.context_words, titles=cfg.titles)
+            if cfg.max_length:
+                prompt = fit_prompt(question, as_of, list(passages)[: cfg.n_passages], cfg.max_passage_words,
+                                    cfg.max_length - len(target), lambda t: len(self._ids(t, special=True)),
+                                    context_words=cfg.context_words, titles=cfg.titles)
+            else:  # what the served reader reads, whole
+                prompt = build_prompt(question, as_of, self.context(question, passages), None)
             rows.append((self._ids(prompt, special=True), target))
         length = max(len(p) + len(t) for p, t in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -184,6 +184,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--last-layers", type=int, default=None, help="with --method last-layers: how many (of 18)")
     p.add_argument("--n-passages", type=int, default=None, help="read the first N of each example's passages, in "
                    "training and when serving (at most what the export holds: one export serves several runs)")
+    p.add_argument("--max-length", type=int, default=None, help="training tokens per example, passages cut to fit "
+                   "(the job's: 320; 0: the served prompt whole, no cut)")
     return p
 
 
@@ -208,12 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.last_layers is not None and args.method != "last-layers":
         print("error: --last-layers goes with --method last-layers", file=sys.stderr)
         return 2
+    if args.max_length is not None and args.max_length < 0:
+        print(f"error: --max-length {args.max_length} is out of range", file=sys.stderr)
+        return 2
     if args.n_passages is not None and args.n_passages < 1:
         print(f"error: --n-passages {args.n_passages} is out of range", file=sys.stderr)
         return 2
     model_overrides = {name: value for name, value in (("lora_r", args.lora_r), ("method", args.method),
                                                        ("last_layers", args.last_layers),
-                                                       ("n_passages", args.n_passages)) if value is not None}
+                                                       ("n_passages", args.n_passages),
+                                                       ("max_length", args.max_length)) if value is not None}
     if args.method == "last-layers" and args.lr is None:
         overrides["lr"] = 2e-5  # pretrained layers want a smaller step than fresh adapters (workers.train)
 

@@ -44,6 +44,7 @@ class ReaderJobSpec:
     base: str = ""  # fid seq2seq: a local T5/BART folder
     method: str = "lora"  # gemma only: lora | last-layers (models.gemma_train)
     titles: bool = False  # gemma only: passages carry their article's headline (models.context.add_titles)
+    max_length: int = 320  # gemma only: training tokens per example, passages cut to fit (0: the served prompt whole)
     lr: float = 0.0  # 0: the kind's default
     batch_size: int = 2
     max_epochs: int = 3
@@ -76,6 +77,14 @@ class ReaderJobSpec:
                       max_self_articles=300, titles=True)
         return cls(**{**values, **overrides})
 
+    def gemma_config(self):
+        """The Gemma model settings this spec implies (gemma only): its passages as served, method,
+        headlines and training length."""
+        from models.gemma_train import GemmaConfig
+
+        return GemmaConfig(n_passages=self.infer_passages, method=self.method, titles=self.titles,
+                           max_length=self.max_length)
+
     def data_config(self, data: DataConfig | None = None) -> DataConfig:
         """The data settings this spec implies (its passages, articles and seed win)."""
         return replace(data or DataConfig(), n_passages=self.n_passages, max_self_articles=self.max_self_articles,
@@ -93,10 +102,9 @@ def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
     """An untrained model of the spec's kind; Gemma's base is converted into `models_dir/base` (where
     the serving fallback keeps it too, and where its versions look for it)."""
     if spec.kind == "gemma":
-        from models.gemma_train import GemmaConfig, GemmaModel
+        from models.gemma_train import GemmaModel
 
-        return GemmaModel.from_base(GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles),
-                                    cache_dir=models_dir / "base" if models_dir is not None else None)
+        return GemmaModel.from_base(spec.gemma_config(), cache_dir=models_dir / "base" if models_dir is not None else None)
     if spec.kind == "fid":
         from models.fid import FiDConfig, FiDModel
 
@@ -211,7 +219,6 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     import json
 
     from models.gemma import build_prompt, gemma_folder
-    from models.gemma_train import GemmaConfig
     from models.train_exported import JOB_FILE, save_tokenizer
 
     spec = spec or ReaderJobSpec.for_gemma()
@@ -226,7 +233,7 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     (dest / JOB_FILE).unlink(missing_ok=True)  # written last: without it the folder is no export
     for name in ("train.jsonl", "val.jsonl"):  # what _training_data saved: copied, not written again
         shutil.copy2(work / name, dest / name)
-    model = GemmaConfig(n_passages=spec.infer_passages, method=spec.method, titles=spec.titles)
+    model = spec.gemma_config()
     first = train[0]
     job.update(message="copying the tokenizer (converting the packaged Gemma on first use)")
     check = save_tokenizer(gemma_folder(ctx.models_dir / "base"), dest,

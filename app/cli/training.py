@@ -59,6 +59,9 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                                                              "questions (default: the kind's, 300 for gemma)"),
                  self_per_article: int = typer.Option(2, min=1, max=50, help="self-labeled questions asked of each "
                                                       "sampled article (at most one a sentence)"),
+                 max_length: Optional[int] = typer.Option(None, min=0, help="gemma: training tokens per example, "
+                                                          "passages cut to fit (default 320; 0: the served prompt "
+                                                          "whole, no cut)"),
                  export: Optional[Path] = typer.Option(None, help="gemma: write the training data and settings to "
                                                        "this folder instead of training, for `python -m "
                                                        "models.train_exported` on another machine (a GPU)")
@@ -71,8 +74,11 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
 
     cut = day_option(until, "--until")
     spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed, gold)
+    if max_length is not None and kind != "gemma":
+        fail("--max-length is for --kind gemma")
     spec = replace(spec, self_per_article=self_per_article,
-                   **({} if self_articles is None else {"max_self_articles": self_articles}))
+                   **({} if self_articles is None else {"max_self_articles": self_articles}),
+                   **({} if max_length is None else {"max_length": max_length}))
     if export is not None:
         if kind != "gemma":
             fail("--export is for --kind gemma (models.train_exported trains Gemma readers)")

@@ -625,3 +625,10 @@ def test_cli_train_reader_export_is_for_gemma_only(sqa, tmp_path):
     (tmp_path / "file").write_text("")
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--export", str(tmp_path / "file"))
     assert r.exit_code == 2 and "is a file: name a folder" in r.output, r.output
+
+
+def test_cli_train_reader_max_length_is_for_gemma_only_and_never_negative(sqa):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", "--max-length", "0")
+    assert r.exit_code == 2 and "--max-length is for --kind gemma" in r.output, r.output
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--max-length", "-5")
+    assert r.exit_code == 2 and "--max-length" in r.output, r.output

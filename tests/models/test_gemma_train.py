@@ -172,6 +172,30 @@ def test_bfloat16_training_computes_in_bfloat16_and_keeps_float32_weights_and_gr
     assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32 for p in trainable)
 
 
+def test_encode_examples_with_max_length_0_train_on_the_served_prompt_whole():
+    """A prompt far over what a cut would allow is kept whole: the example is the served context
+    (the reader's n_passages, max_passage_words each, headlines as served) and the target."""
+    titled = [ReaderPassage("Storm hits Florida", FILLER.text, FILLER.published), NBA, NBA]
+    model = tiny(GemmaConfig(max_length=0, n_passages=2, lora_r=4, titles=True))
+    ids, mask, labels = model.encode_examples([("Who won?", AS_OF, titled)], ["Denver Nuggets"])
+    served = build_prompt("Who won?", AS_OF, model.context("Who won?", titled), None)
+    target = model.tokenizer(build_target("Denver Nuggets"), add_special_tokens=False)["input_ids"]
+    assert ids[0].tolist() == model.tokenizer(served)["input_ids"] + target
+    assert ids.shape[1] > 300 and served.count("Passage:") == 2 and "Storm hits Florida." in served
+    cut = tiny(GemmaConfig(max_length=300, n_passages=2, lora_r=4, titles=True))
+    assert cut.encode_examples([("Who won?", AS_OF, titled)], ["Denver Nuggets"])[0].shape[1] <= 300
+
+
+def test_config_refuses_a_negative_max_length_and_a_train_spec_passes_its_own_on():
+    from workers.train import ReaderJobSpec
+
+    with pytest.raises(ValueError, match="max_length must be 0"):
+        GemmaConfig(max_length=-1)
+    cfg = ReaderJobSpec.for_gemma(max_length=0).gemma_config()
+    assert cfg.max_length == 0 and cfg.n_passages == 5 and cfg.titles
+    assert ReaderJobSpec.for_gemma().gemma_config().max_length == ReaderJobSpec.for_gemma().max_length
+
+
 def test_config_refuses_an_unknown_method_and_round_trips_through_json():
     with pytest.raises(ValueError, match="method 'full' is unknown"):
         GemmaConfig(method="full")

@@ -90,6 +90,8 @@ def test_main_says_what_is_wrong_and_exits_2(tmp_path, tiny_base, capsys):
     assert "--batch-size 0 is out of range" in capsys.readouterr().err
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--last-layers", "2"]) == 2
     assert "--last-layers goes with --method last-layers" in capsys.readouterr().err
+    assert te.main([str(data), "--out", str(tmp_path / "v"), "--max-length", "-1"]) == 2
+    assert "--max-length -1 is out of range" in capsys.readouterr().err
     assert te.main([str(data), "--out", str(data / "v")]) == 2
     assert "is the export" in capsys.readouterr().err and not (data / "v").exists()
     (tmp_path / "notes").mkdir()
@@ -182,3 +184,5 @@ def test_n_passages_trains_and_serves_the_first_n_of_an_export_of_more(tmp_path,
     assert info["spec"]["n_passages"] == info["spec"]["infer_passages"] == 2
     assert info["trained_elsewhere"]["train"]["n_passages"] == 2
     assert seen and set(seen) == {2}
+    assert te.main([str(data), "--out", str(tmp_path / "whole"), "--n-passages", "2", "--max-length", "0"]) == 0
+    assert json.loads((tmp_path / "whole" / CONFIG_FILE).read_text())["max_length"] == 0
