@@ -26,7 +26,6 @@ window and writes the figures to --out as JSON.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -38,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_quality import own_article_hit, parse_windows, window_questions
+from bench.bench_quality import (NotReady, each_window, open_served, own_article_hit, parsed_windows,
+                                 question_arguments)
 from evaluation.metrics import answer_in_text, normalize_answer
 from indexer.chunking import passage_body
 
@@ -245,56 +245,30 @@ def print_window(label: str, m: dict) -> None:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("SQA_HOME", ".sqa"),
-                    help="SQA_HOME with the questions imported and the windows' months ingested")
-    ap.add_argument("--windows", default=DEFAULT_WINDOWS, help="FIRST:LAST question days, comma-separated")
-    ap.add_argument("--max-questions", type=int, default=400, help="a --seed sample per window (0: all)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = question_arguments(__doc__, DEFAULT_WINDOWS, 400)
     ap.add_argument("--deep", type=int, default=200, help="the depth of the BM25 / dense / union row")
     ap.add_argument("--recent-days", type=int, default=7)
     ap.add_argument("--out", help="write the figures here (JSON)")
-    args = ap.parse_args(argv)
-    try:
-        args.windows = parse_windows(args.windows)
-    except ValueError as exc:
-        ap.error(str(exc))
-    if args.max_questions < 0 or args.deep < max(KS) or args.recent_days < 0:
-        ap.error(f"--max-questions and --recent-days must be >= 0 and --deep >= {max(KS)}")
+    args = parsed_windows(ap, argv)
+    if args.deep < max(KS) or args.recent_days < 0:
+        ap.error(f"--recent-days must be >= 0 and --deep >= {max(KS)}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
     home = Path(args.home)
-    if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
-        print(f"error: {home} holds no database: import and ingest the RealTimeQA slice first "
-              "(../shared/data/realtimeqa; see README)", file=sys.stderr)
-        return 2
-
-    from app.bootstrap import build_answer_service, build_encoder, open_database
-    from app.core.config import Settings
-
-    settings = Settings(home=home)
-    db = open_database(settings, migrate=False)
     try:
-        service = build_answer_service(settings, db, build_encoder(settings))
-        if not service.index_state.refresh() and service.index_state.current() is None:
-            print(f"error: no index snapshot in {home}: run `sqa ingest` first", file=sys.stderr)
-            return 2
-        snap = service.index_state.current()
+        db, service, snap = open_served(home)
+    except NotReady as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         print(f"served pipeline: retriever {service.retriever.name}, reader {service.reader.name} "
               f"({service.passages_for(service.reader)} passages), snapshot {snap.snapshot_id}")
         results = {}
-        for first, last in args.windows:
-            questions, _ = window_questions(db, first, last, args.max_questions, args.seed)
-            label = f"{first}..{last}"
-            if not questions:
-                print(f"\n{label}: no questions in this window (imported?)")
-                continue
+        for label, _, questions, _ in each_window(db, args):
             t0 = time.perf_counter()
             m = measure_window(service, db, snap, questions, deep=args.deep, recent_days=args.recent_days, bar=bar)
             m["seconds"] = round(time.perf_counter() - t0, 1)

@@ -78,6 +78,46 @@ class AnswerCache:
                 fh.write(json.dumps(record) + "\n")
 
 
+def each_window(db, args):
+    """(label, last day, questions, left out by reason) for each of `args.windows` (window_questions
+    with --max-questions and --seed); a window without questions is said and skipped."""
+    for first, last in args.windows:
+        questions, left_out = window_questions(db, first, last, args.max_questions, args.seed)
+        label = f"{first}..{last}"
+        if not questions:
+            print(f"\n{label}: no questions in this window (imported?)")
+            continue
+        yield label, last, questions, left_out
+
+
+class NotReady(Exception):
+    """A home that cannot serve yet: no database, or no index snapshot (the message says what to run)."""
+
+
+def open_served(home: Path):
+    """(db, service, serving snapshot) as `sqa serve` builds them over `home`, from the environment's
+    SQA_* settings with their defaults; NotReady without a database or an index snapshot. The caller
+    closes db."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
+        raise NotReady(f"{home} holds no database: import and ingest the RealTimeQA slice first "
+                       "(../shared/data/realtimeqa; see README)")
+    from app.bootstrap import build_answer_service, build_encoder, open_database
+    from app.core.config import Settings
+
+    settings = Settings(home=home)
+    db = open_database(settings, migrate=False)
+    try:
+        service = build_answer_service(settings, db, build_encoder(settings))
+        if not service.index_state.refresh() and service.index_state.current() is None:
+            raise NotReady(f"no index snapshot in {home}: run `sqa ingest` first")
+    except BaseException:
+        db.close()
+        raise
+    return db, service, service.index_state.current()
+
+
 def window_questions(db, first: dt.date, last: dt.date, max_questions: int, seed: int):
     """(questions, left out by reason): RealTimeQA's generation subset of the questions asked in
     [first, last], a `seed` sample of `max_questions` of them (0: all), by date."""
@@ -229,19 +269,20 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
                                              if v["n"]))
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def question_arguments(description: str, windows: str, max_questions: int) -> argparse.ArgumentParser:
+    """A parser with the options every benchmark over a home's questions takes: --home, --windows,
+    --max-questions and --seed (`parsed_windows` checks them)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--home", default=os.environ.get("SQA_HOME", ".sqa"),
                     help="SQA_HOME with the questions imported and the windows' months ingested")
-    ap.add_argument("--windows", default=DEFAULT_WINDOWS, help="FIRST:LAST question days, comma-separated")
-    ap.add_argument("--max-questions", type=int, default=150, help="a --seed sample per window (0: all)")
+    ap.add_argument("--windows", default=windows, help="FIRST:LAST question days, comma-separated")
+    ap.add_argument("--max-questions", type=int, default=max_questions, help="a --seed sample per window (0: all)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--baseline", default="open_gpt3_gcs_gen", help="a published system ('' for none)")
-    ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA tree holding baseline_results/")
-    ap.add_argument("--out", help="write everything here (JSON); answers cached in <out>.partial.jsonl")
-    ap.add_argument("--snapshot", help="measure over this recorded index state instead of the serving one "
-                                       "(`sqa index status` lists them): an index that stopped before the "
-                                       "window, against the serving one, is StreamingQA's lag -1Q against 0Q")
+    return ap
+
+
+def parsed_windows(ap: argparse.ArgumentParser, argv):
+    """`ap`'s arguments with --windows parsed; a bad window or a negative --max-questions exits 2."""
     args = ap.parse_args(argv)
     try:
         args.windows = parse_windows(args.windows)
@@ -252,30 +293,30 @@ def parse_args(argv):
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
-    home = Path(args.home)
-    if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
-        print(f"error: {home} holds no database: import and ingest the RealTimeQA slice first "
-              "(../shared/data/realtimeqa; see README)", file=sys.stderr)
-        return 2
+def parse_args(argv):
+    ap = question_arguments(__doc__, DEFAULT_WINDOWS, 150)
+    ap.add_argument("--baseline", default="open_gpt3_gcs_gen", help="a published system ('' for none)")
+    ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA tree holding baseline_results/")
+    ap.add_argument("--out", help="write everything here (JSON); answers cached in <out>.partial.jsonl")
+    ap.add_argument("--snapshot", help="measure over this recorded index state instead of the serving one "
+                                       "(`sqa index status` lists them): an index that stopped before the "
+                                       "window, against the serving one, is StreamingQA's lag -1Q against 0Q")
+    return parsed_windows(ap, argv)
 
-    from app.bootstrap import build_answer_service, build_encoder, open_database
-    from app.core.config import Settings
+
+def main(argv: list[str] | None = None) -> int:
     from indexer.records import ImportReport
 
-    settings = Settings(home=home)  # the environment's SQA_* settings, as `sqa serve` reads them
-    db = open_database(settings, migrate=False)
+    args = parse_args(argv)
+    bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
+    home = Path(args.home)
+    t0 = time.perf_counter()
     try:
-        t0 = time.perf_counter()
-        service = build_answer_service(settings, db, build_encoder(settings))
-        if not service.index_state.refresh() and service.index_state.current() is None:
-            print(f"error: no index snapshot in {home}: run `sqa ingest` first", file=sys.stderr)
-            return 2
-        snap = service.index_state.current()
+        db, service, snap = open_served(home)
+    except NotReady as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         if args.snapshot:
             snap = open_recorded_snapshot(service, db, args.snapshot)
             if snap is None:
@@ -290,12 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline = load_baseline_predictions(Path(args.data), args.baseline, ImportReport()) if args.baseline else {}
         cache = AnswerCache(Path(args.out + ".partial.jsonl") if args.out else None)
         results = {}
-        for first, last in args.windows:
-            questions, left_out = window_questions(db, first, last, args.max_questions, args.seed)
-            label = f"{first}..{last}"
-            if not questions:
-                print(f"\n{label}: no questions in this window (imported?)")
-                continue
+        for label, last, questions, left_out in each_window(db, args):
             if snap.newest_day is not None and snap.newest_day < last:
                 print(f"note: the index ends on {snap.newest_day}, before {last}: is the window ingested?")
             m = measure_window(service, db.sessions, snap, questions, cache, bar=bar)
