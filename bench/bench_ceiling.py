@@ -21,7 +21,7 @@ that bench_quality takes), asked as of its own date:
   embedding (Rocchio, weight 1), BM25's query with their 10 most frequent new words, and both; each
   fused and re-ranked as served, recall@1/5/10/20/50.
 
-Retrieval only: no answer is generated (about 0.5 s a question on 2 cores). It prints a table per
+Retrieval only: no answer is generated (about 0.25 s a question on 2 idle cores). It prints a table per
 window and writes the figures to --out as JSON.
 """
 from __future__ import annotations
@@ -37,12 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_quality import (NotReady, each_window, open_served, own_article_hit, parsed_windows,
+from bench.bench_quality import (KS, NotReady, each_window, open_served, own_article_hit, parsed_windows,
                                  question_arguments)
 from evaluation.metrics import answer_in_text, normalize_answer
 from indexer.chunking import passage_body
 
-KS = (1, 5, 10, 20, 50)
 DEFAULT_WINDOWS = "2023-04-01:2023-06-30"
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'-]+")
 
@@ -73,11 +72,13 @@ class Stages:
 
     def __init__(self, service, snap) -> None:
         from app.services.reranking import RerankingRetriever
-        from app.services.retrieval import Bm25Retriever, DenseRetriever
+        from app.services.retrieval import Bm25Retriever, DenseRetriever, HybridRetriever
 
-        self.service, self.snap = service, snap
+        self.snap = snap
         served = service.retriever
         self.first = served.base if isinstance(served, RerankingRetriever) else served
+        # feedback is fused as the served hybrid fuses (a dense or BM25 first stage: hybrid's defaults)
+        self.fusion = self.first if isinstance(self.first, HybridRetriever) else HybridRetriever(served.encoder)
         self.model = served.state.current()[0] if isinstance(served, RerankingRetriever) else None
         self.depth = served.depth if isinstance(served, RerankingRetriever) else 0
         self.bm25, self.dense = Bm25Retriever(served.encoder), DenseRetriever(served.encoder)
@@ -90,16 +91,10 @@ class Stages:
             return found
         return rerank(self.model, question, as_of, found[:self.depth]) + found[self.depth:]
 
-    def fuse(self, dense_hits, lexical_hits, k: int):
-        from indexer.fusion import reciprocal_rank_fusion, weighted_fusion
-
-        if getattr(self.first, "fusion", "weighted") == "rrf":
-            return reciprocal_rank_fusion([[i for i, _ in dense_hits], [i for i, _ in lexical_hits]], k)
-        w = getattr(self.first, "dense_weight", 0.5)
-        return weighted_fusion([dense_hits, lexical_hits], [w, 1.0 - w], k)
-
-    def feedback(self, session, question: str, as_of: dt.date, served: list, k: int) -> dict[str, list]:
-        """The served order again after pseudo-relevance feedback from the served top 3."""
+    def feedback(self, session, question: str, as_of: dt.date, served: list, dense: list, lexical: list,
+                 k: int) -> dict[str, list]:
+        """The served order again after pseudo-relevance feedback from the served top 3; `dense` and
+        `lexical` are the question's own (faiss id, score) hits, the first k of each taken."""
         from app.services.retrieval import dated_question, fetch_passages, lexical_index
 
         top = served[:3]
@@ -115,12 +110,11 @@ class Stages:
         expanded = f"{question} {' '.join(feedback_terms(question, top))}"
         scores, ids = lexical_index(self.snap).search([expanded], as_of, k)
         lexical_fb = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
-        dense = self.dense.search(self.snap, question, as_of, k)
-        lexical = self.bm25.search(self.snap, question, as_of, k)
+        dense, lexical = dense[:k], lexical[:k]
         out = {}
         for name, (d, b) in {"dense feedback": (dense_fb, lexical), "BM25 feedback": (dense, lexical_fb),
                              "both": (dense_fb, lexical_fb)}.items():
-            out[name] = self.reranked(question, as_of, fetch_passages(session, self.fuse(d, b, k), as_of))
+            out[name] = self.reranked(question, as_of, fetch_passages(session, self.fusion.fuse(d, b, as_of, k), as_of))
         return out
 
 
@@ -188,6 +182,7 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
     from tqdm import tqdm
 
     from app.db.tables import Passage
+    from app.services.retrieval import fetch_passages
 
     stages = Stages(service, snap)
     last = max(q.asked for q in questions)
@@ -204,13 +199,15 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
             where[f"in one published within {recent_days} days before it"] += recent_hit
             where["in the question's own articles"] += own_article_hit(session, q)
             k = max(KS)
-            lexical = stages.bm25.retrieve(session, snap, q.text, q.asked, deep)
-            dense = stages.dense.retrieve(session, snap, q.text, q.asked, deep)
+            lexical_hits = stages.bm25.search(snap, q.text, q.asked, deep)
+            dense_hits = stages.dense.search(snap, q.text, q.asked, deep)
+            lexical, dense = fetch_passages(session, lexical_hits, q.asked), fetch_passages(session, dense_hits, q.asked)
             fused = stages.first.retrieve(session, snap, q.text, q.asked, max(k, stages.depth))
             served = stages.reranked(q.text, q.asked, fused)
             runs = {"BM25": lexical, "dense": dense, "fused (first stage)": fused, "served": served,
                     **{f"feedback: {name}": found
-                       for name, found in stages.feedback(session, q.text, q.asked, served, k).items()}}
+                       for name, found in stages.feedback(session, q.text, q.asked, served, dense_hits, lexical_hits,
+                                                          k).items()}}
             for name, found in runs.items():
                 ranks.setdefault(name, []).append(first_hit(q.answers, found[:k]))
             deep_b, deep_d = first_hit(q.answers, lexical), first_hit(q.answers, dense)

@@ -12,10 +12,10 @@ its own, with <bos>), followed by the target " <answer>\\n" tokenized on its own
     labels  -100  -100 ...                                          -100 | ▁Denver ▁Nuggets \\n
 
 With `max_length` 0 the prompt is the served one whole; with N, an example longer than N tokens has
-its passages cut (all to the same number of words), never the question or the answer. The loss is cross-entropy on the answer tokens only, and
-the logits are computed only there: 168M of the 268M parameters are the 262k-token vocabulary, so
-the full B x L x 262k output head would cost three times the rest of the step. The embeddings (tied
-to the output head) stay frozen.
+its passages cut (all to the same number of words), never the question or the answer. The loss is
+cross-entropy on the answer tokens only, and the logits are computed only there: 168M of the 268M
+parameters are the 262k-token vocabulary, so the full B x L x 262k output head would cost three
+times the rest of the step. The embeddings (tied to the output head) stay frozen.
 """
 from __future__ import annotations
 
@@ -269,7 +269,8 @@ class GemmaModel:
 
     def encode_examples(self, items: Sequence[Item], answers: Sequence[str]):
         """(ids, mask, labels), each B x L with L <= max_length (when set), right-padded: <bos> + the
-        prompt as served (passages cut to fit max_length) + the target; labels are -100 except on the target tokens."""
+        prompt as served (passages cut to fit max_length) + the target; labels are -100 except on the
+        target tokens."""
         cfg = self.config
         rows = []
         for (question, as_of, passages), answer in zip(items, answers):

@@ -162,6 +162,13 @@ class HybridRetriever:
         depth = max(k, self.depth)
         lexical = self.lexical.search(snapshot, question, as_of, depth)  # raises first if BM25 is missing
         dense = self.dense.search(snapshot, question, as_of, depth)
+        return self.fuse(dense, lexical, as_of, k)
+
+    def fuse(self, dense: list[tuple[int, float]], lexical: list[tuple[int, float]], as_of: dt.date,
+             k: int) -> list[tuple[int, float]]:
+        """The top k of dense and BM25 (faiss id, score) hits fused as this retriever fuses them
+        (and with its recency prior)."""
+        depth = max(k, self.depth)
         n = k if not self.recency else 2 * depth  # with a prior, every candidate may still rise
         if self.fusion == "rrf":
             fused = reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]], n)
