@@ -137,13 +137,13 @@ class ReaderTrainer:
 
     def predict(self, examples: Sequence[TrainExample], batch_size: int = 8) -> list[str]:
         self.model.eval()
+        if self.kind == "gemma":  # in one call: it batches by itself (on a CPU, one served copy answers all)
+            return self.model.generate(self._items(examples))
         out: list[str] = []
         for i in range(0, len(examples), batch_size):
             items = self._items(examples[i:i + batch_size])
             if self.kind == "fid":
                 out.extend(self.model.generate(items, self.n))
-            elif self.kind == "gemma":
-                out.extend(self.model.generate(items))
             else:
                 out.extend(t for t, _ in self.model.extract(items, self.n))
         return out

@@ -281,6 +281,21 @@ def test_generate_in_a_batch_answers_as_one_at_a_time():
     assert batch[:2] == [model.generate([item])[0] for item in ITEMS] == model.generate(ITEMS)  # CPU: one by one
 
 
+def test_on_a_cpu_validation_answers_through_one_served_copy_and_the_model_trains_on(tmp_path):
+    model = tiny(GemmaConfig(max_new_tokens=6, lora_r=4, precision="float32"))
+    _train_a_step(model)
+    trainer = ReaderTrainer(model, "gemma", TrainConfig(), tmp_path)
+    examples = [TrainExample(f"q{i}", q, day, ("x",), tuple(ps)) for i, (q, day, ps) in enumerate(ITEMS * 6)]
+    with patch.object(GemmaModel, "served_copy", wraps=model.served_copy) as copies:
+        answers = trainer.predict(examples)  # 12 questions: the trainer used to ask 8 at a time
+    assert copies.call_count == 1
+    assert answers == model.generate(ITEMS, batch_size=1) * 6  # what the unmerged model says, row by row
+    assert any("lora_" in n for n, _ in model.net.named_parameters())  # its own adapters are not merged
+    before = {n: p.clone() for n, p in model.named_trainable()}
+    _train_a_step(model)
+    assert any(not torch.equal(before[n], p) for n, p in model.named_trainable())  # and it trains on
+
+
 def test_into_reader_merges_the_adapters_and_reads_as_the_model_does(tiny_base):
     model = tiny(GemmaConfig(max_new_tokens=6, lora_r=4, precision="float32"))  # the reader's default too
     _train_a_step(model)
