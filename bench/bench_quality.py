@@ -16,7 +16,8 @@ sample of --max-questions), each asked as of its own date:
 - end to end: `service.answer(question, as_of)` as the API runs it (EM/F1, and timings_ms per stage);
 - gold passage: the same reader given only the stored passage that holds the answer (reading
   without retrieval; questions without one are left out of that row and counted);
-- a published system's answers on the same question ids (--baseline, GPT-3 + Google search).
+- a published system's answers on the same question ids (--baseline, GPT-3 + Google search), also
+  split by whether our reader reads an answer: where the gap to it lies, in reading or in finding.
 
 `--snapshot ID` measures over a recorded index state instead of the serving one: the index as it stood
 before the window (lag -1Q in StreamingQA's terms) against the serving one (0Q), the reader unchanged.
@@ -209,8 +210,8 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
                                 for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
             "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
-            "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers)}
-                            for q in questions}}
+            "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers),
+                                    "read": q.qid in held} for q in questions}}
 
 
 def _reads_answer(reader, question, passages) -> bool:
@@ -234,6 +235,14 @@ def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str
     return {"share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
             "n": len(inside), "em_when_read": em(inside), "em_otherwise": em(outside),
             "headline_only": {"n": len(titled), "em": em(titled)}}
+
+
+def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
+    """A published system's EM on the questions whose answer our reader reads and on the rest
+    (`measure_window`'s split): whether the gap to it is in reading or in what we find."""
+    held = {qid for qid, p in m["predictions"].items() if p["read"]}
+    split = _split_by(held, baseline, questions)
+    return {"em_when_read": split["em_when_read"], "em_otherwise": split["em_otherwise"]}
 
 
 def open_recorded_snapshot(service, db, snapshot_id: str):
@@ -264,7 +273,9 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
         print(f"    in a headline only: n {t['n']}, EM {t['em']:.1f} on those")
     print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
     if baseline is not None:
-        print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions)")
+        print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "
+              f"EM {baseline['em_when_read']:.1f} where our reader reads an answer, {baseline['em_otherwise']:.1f} "
+              "on the rest")
     print("  latency ms        " + "  ".join(f"{s} p50 {v['p50_ms']} p95 {v['p95_ms']}" for s, v in lat.items()
                                              if v["n"]))
 
@@ -339,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             if baseline:
                 s = score(baseline, questions)
                 base = {"system": args.baseline, "em": round(100 * s["em"], 1), "f1": round(100 * s["f1"], 1),
-                        "answered": s["answered"]}
+                        "answered": s["answered"], **baseline_split(m, baseline, questions)}
             m.update(left_out_of_subset=dict(left_out), baseline=base)
             print_window(label, m, base)
             results[label] = m

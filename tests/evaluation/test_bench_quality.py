@@ -119,3 +119,31 @@ def test_bench_quality_counts_the_answers_a_reader_sees_only_in_a_headline(serve
     plain, titled = results[False], results[True]
     assert plain["headline_only"] == {"n": 0, "em": 0.0}  # no headline read, none counted
     assert titled["headline_only"]["n"] == titled["n"] - plain["n"] > 0
+
+
+def test_bench_quality_splits_the_published_system_by_what_our_reader_reads(served_env, tmp_path, capsys):
+    """--baseline: the published system's EM on the questions whose answer our reader reads and on
+    the rest. A system right exactly where ours reads an answer scores 100 there and 0 elsewhere."""
+    import gzip
+
+    main = _main()
+    base = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31"]
+    assert main([*base, "--baseline", "", "--out", str(tmp_path / "first.json")]) == 0
+    [window] = json.loads((tmp_path / "first.json").read_text())["windows"].values()
+    preds = window["predictions"]
+    read = {qid for qid, p in preds.items() if p["read"]}
+    assert 0 < len(read) < len(preds) and len(read) == window["reader_reads_answer"]["n"]
+
+    data = tmp_path / "data" / "baseline_results" / "2024"
+    data.mkdir(parents=True)
+    lines = [json.dumps({"question_id": qid, "prediction": p["answers"][0] if qid in read else "no such thing"})
+             for qid, p in preds.items()]
+    with gzip.open(data / "20240105_qa_fake_gen.jsonl.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    assert main([*base, "--baseline", "fake_gen", "--data", str(tmp_path / "data"),
+                 "--out", str(tmp_path / "second.json")]) == 0
+    assert "EM 100.0 where our reader reads an answer, 0.0 on the rest" in capsys.readouterr().out
+    [window] = json.loads((tmp_path / "second.json").read_text())["windows"].values()
+    b = window["baseline"]
+    assert (b["em_when_read"], b["em_otherwise"]) == (100.0, 0.0)
+    assert b["em"] == pytest.approx(100 * len(read) / len(preds), abs=0.05)
