@@ -3,11 +3,6 @@
 Plain PyTorch: AdamW with linear warm-up and decay, gradient clipping, validation by EM/F1 every
 `eval_every` steps, early stopping on validation F1, a wall-clock budget, and checkpoints that
 resume exactly (model, optimiser, scheduler, step, data order, best score).
-
-With a budget (`max_minutes`), the learning rate decays with whichever runs out first, the steps of
-`max_epochs` or the minutes, so it reaches zero when the run ends either way (`lr_factor`). Decaying
-over the steps alone, a CPU run that the budget stops at a fifth of its epochs stopped at 80% of
-its peak rate.
 """
 from __future__ import annotations
 
@@ -80,14 +75,6 @@ class TrainConfig:
     seed: int = 0
     n_passages: int = 0  # passages per question in training (0: the model's own setting)
     eval_at_start: bool = False  # validate before the first step too (the zero-shot score, for a pretrained LM)
-
-
-def lr_factor(step: int, *, warmup: int, total: int, budget_used: float = 0.0) -> float:
-    """The learning rate's share of its peak at `step`: linear warm-up over `warmup` steps, then a
-    linear decay to zero at `total` steps or at the end of the budget (`budget_used`, the share of
-    `max_minutes` spent, 0 without one), whichever comes first."""
-    done = max(step / max(1, total), min(1.0, budget_used))
-    return min(1.0, (step + 1) / max(1, warmup)) * max(0.0, 1.0 - done)
 
 
 @dataclass
@@ -185,12 +172,11 @@ class ReaderTrainer:
 
     # ---- the loop -----------------------------------------------------------------------
     def _validate(self, val: Sequence[TrainExample], state: dict, loss: torch.Tensor | None, t0: float,
-                  total: int, progress: Progress | None, lr: float) -> None:
-        """Score the validation set at the current step, record it (with the learning rate the last step
-        took), keep the model in best/ if better."""
+                  total: int, progress: Progress | None) -> None:
+        """Score the validation set at the current step, record it, keep the model in best/ if better."""
         step = state["step"]
         metrics = self.evaluate(val) if val else {"n": 0, "em": 0.0, "f1": 0.0}
-        metrics.update(step=step, loss=round(float(loss.item()) if loss is not None else 0.0, 4), lr=float(f"{lr:.4g}"),
+        metrics.update(step=step, loss=round(float(loss.item()) if loss is not None else 0.0, 4),
                        minutes=round((self.clock() - t0) / 60, 2),
                        s_per_step=round(state.get("step_seconds", 0.0) / step, 2) if step else 0.0)
         state["history"].append(metrics)
@@ -216,13 +202,8 @@ class ReaderTrainer:
         total = steps_per_epoch * cfg.max_epochs
         opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
                                 weight_decay=0.01)
-        clock = {"t0": self.clock()}  # the budget's start; moved back by the seconds a resumed run spent
-
-        def budget_used() -> float:
-            return (self.clock() - clock["t0"]) / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
-
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_factor(s, warmup=cfg.warmup_steps, total=total, budget_used=budget_used()))
+            opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - s / max(1, total)))
         state = {"step": 0, "best_f1": -1.0, "best_step": 0, "best": {}, "bad_evals": 0, "history": [],
                  "seconds": 0.0, "step_seconds": 0.0}
         if (self.ckpt_dir / "state.pt").exists():
@@ -233,9 +214,9 @@ class ReaderTrainer:
             sched.load_state_dict(saved.pop("sched"))
             state.update(saved)
             log.info("resuming from step %d", state["step"])
-        t0 = clock["t0"] = self.clock() - state["seconds"]
+        t0 = self.clock() - state["seconds"]
         if cfg.eval_at_start and val and state["step"] == 0 and not state["history"]:
-            self._validate(val, state, None, t0, total, progress, 0.0)  # step 0: the score before training
+            self._validate(val, state, None, t0, total, progress)  # step 0: the score before training
         stopped = "epochs"
         while state["step"] < total:
             epoch, offset = divmod(state["step"], steps_per_epoch)
@@ -245,7 +226,6 @@ class ReaderTrainer:
             for s in range(offset, steps_per_epoch):
                 batch = [train[i] for i in order[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
                 t_step = self.clock()
-                lr = opt.param_groups[0]["lr"]
                 loss = self.batch_loss(batch)
                 if loss is not None:
                     loss.backward()
@@ -269,7 +249,7 @@ class ReaderTrainer:
                     stopped = "budget"
                     break
                 if step % cfg.eval_every == 0 or step == total or over_budget:
-                    self._validate(val, state, loss, t0, total, progress, lr)
+                    self._validate(val, state, loss, t0, total, progress)
                     self._save_checkpoint(opt, sched, state)
                     self.model.train()
                     if state["bad_evals"] >= cfg.patience:

@@ -14,7 +14,7 @@ from indexer.dates import format_long
 from models.gemma import build_prompt, build_target, reader_context
 from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig, GemmaModel, fit_prompt
 from models.reader_base import ReaderPassage
-from models.training import ReaderTrainer, TrainConfig, TrainExample, lr_factor
+from models.training import ReaderTrainer, TrainConfig, TrainExample
 
 AS_OF = dt.date(2023, 6, 14)
 
@@ -477,24 +477,3 @@ def test_a_budget_that_ends_well_after_a_validation_scores_the_last_steps(tmp_pa
     trainer, examples = _timed_trainer(tmp_path / "b", step_s=100.0, validate_s=0.0, eval_at_start=False)
     result = trainer.train(examples, examples)
     assert result.steps == 1 and [h["step"] for h in result.history] == [1]
-
-
-def test_the_learning_rate_warms_up_then_decays_with_the_steps_or_the_budget_whichever_runs_out_first():
-    assert lr_factor(0, warmup=10, total=100) == pytest.approx(0.1)
-    assert lr_factor(9, warmup=10, total=100) == pytest.approx(0.91)  # warmed up, 9 of 100 steps done
-    assert lr_factor(50, warmup=10, total=100) == pytest.approx(0.5)
-    assert lr_factor(50, warmup=10, total=100, budget_used=0.75) == pytest.approx(0.25)  # the minutes lead
-    assert lr_factor(80, warmup=10, total=100, budget_used=0.25) == pytest.approx(0.2)  # the steps lead
-    assert lr_factor(20, warmup=10, total=1000, budget_used=1.3) == 0.0  # over budget: nothing more to learn
-    assert lr_factor(100, warmup=10, total=100) == 0.0
-
-
-def test_a_budgeted_run_anneals_to_zero_by_the_end_of_its_minutes(tmp_path):
-    """7 s a step against a 60 s budget: the run takes 9 of its 1,000 steps, and the rate it trains the
-    last one at is already near zero; a decay over the steps alone would still be at 99% of its peak."""
-    trainer, examples = _timed_trainer(tmp_path, step_s=7.0, validate_s=0.0)
-    result = trainer.train(examples, examples)
-    assert result.stopped == "budget" and result.steps == 9
-    last = result.history[-1]
-    assert last["step"] == 9 and 0.0 < last["lr"] <= 1e-3 * (1 - 56 / 60) + 1e-9  # 56 s of 60 spent before it
-    assert result.history[0]["lr"] == 0.0  # the zero-shot score, before any step
