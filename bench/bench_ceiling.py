@@ -95,12 +95,13 @@ class Stages:
                  k: int) -> dict[str, list]:
         """The served order again after pseudo-relevance feedback from the served top 3; `dense` and
         `lexical` are the question's own (faiss id, score) hits, the first k of each taken."""
-        from app.services.retrieval import dated_question, fetch_passages, lexical_index
+        from app.services.retrieval import fetch_passages, lexical_index
+        from models.encoders import query_text
 
         top = served[:3]
         if not top:
             return {"dense feedback": [], "BM25 feedback": [], "both": []}
-        q = self.encoder.encode_queries([dated_question(question, as_of)])
+        q = self.encoder.encode_queries([query_text(self.encoder, question, as_of)])
         q = q / max(np.linalg.norm(q), 1e-9)
         centre = self.encoder.encode_passages([p.text for p in top]).mean(axis=0, keepdims=True)
         moved = q + centre / max(np.linalg.norm(centre), 1e-9)

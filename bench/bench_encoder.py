@@ -80,9 +80,9 @@ def onnx_ceiling(tower, texts: list[str], batch_size: int) -> float:
 def recall(vectors: np.ndarray, days: np.ndarray, texts: list[str], questions, encoder, ks=(1, 5, 20)) -> dict:
     from evaluation.metrics import answer_in_text
     from indexer.chunking import passage_body
-    from models.readers import dated_question
+    from models.encoders import query_text
 
-    qv = encoder.encode_queries([dated_question(q.text, q.asked) for q in questions])
+    qv = encoder.encode_queries([query_text(encoder, q.text, q.asked) for q in questions])
     hits = {k: 0 for k in ks}
     for q, v in zip(questions, qv):
         allowed = np.flatnonzero(days <= q.asked.toordinal())

@@ -240,7 +240,9 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
     t1 = time.perf_counter()
     result = train_biencoder(model, pairs, run, validate, metric=METRIC, report=report)
     version = f"dpr-{until}-{cfg.towers}-{key}"
-    info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "trained_until": until.isoformat(),
+    # trained and validated on dated questions (Pair.query, ValItem.query): serving asks it the same way
+    info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "query_format": "dated",
+            "trained_until": until.isoformat(),
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "data": counts,
             "data_config": asdict(data), "validation": {"best": result.best, "bm25": bm25_figures,
                                                          "untuned": result.history[0] if result.history else {}},

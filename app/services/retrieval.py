@@ -21,8 +21,7 @@ from app.services.index_state import LoadedSnapshot
 from indexer.dates import day_number
 from indexer.fusion import FUSIONS, reciprocal_rank_fusion, recency_prior, weighted_fusion
 from indexer.lexical import LexicalIndex
-from models.encoders import TextEncoder
-from models.readers import dated_question
+from models.encoders import TextEncoder, query_text
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,8 @@ class Retriever(Protocol):
 
 
 class DenseRetriever:
-    """Encodes the dated question and searches the snapshot's shards up to as_of.
+    """Encodes the question (`models.encoders.query_text`: bare for the packaged MiniLM, dated for a
+    DPR version trained so) and searches the snapshot's shards up to as_of.
 
     Other retrievers (BM25, hybrid: `app.services.retrieval`) have the same two methods.
     """
@@ -73,7 +73,7 @@ class DenseRetriever:
     def search(self, snapshot: LoadedSnapshot, question: str, as_of: dt.date, k: int) -> list[tuple[int, float]]:
         """(faiss id, score) hits, best first."""
         encoder = snapshot.encoder or self.encoder  # the snapshot's own encoder version when it carries one
-        qvec = encoder.encode_queries([dated_question(question, as_of)])  # (1, dim)
+        qvec = encoder.encode_queries([query_text(encoder, question, as_of)])  # (1, dim)
         scores, ids = snapshot.index.search(qvec, as_of, k)  # (1, k) each, -1 padded
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
 

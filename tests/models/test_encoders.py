@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import datetime as dt
+import json
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from models.encoders import HashEncoder, load_encoder
+from models.encoders import DualEncoder, HashEncoder, load_encoder, packaged_minilm_path, query_text
+
+ASKED = dt.date(2023, 4, 4)
 
 
 def test_hash_encoder_is_deterministic_normalised_and_lexical():
@@ -30,3 +36,51 @@ def test_load_encoder_rejects_bad_specs(spec, fragment):
 def test_load_encoder_hash_options():
     enc = load_encoder("hash:dim=64,delay_ms=0")
     assert enc.dim == 64 and enc.name == "hash-64"
+
+
+class _RecordingEncoder(HashEncoder):
+    def __init__(self, dated_queries: bool | None = None) -> None:
+        super().__init__(16)
+        self.seen: list[str] = []
+        if dated_queries is not None:
+            self.dated_queries = dated_queries
+
+    def encode_queries(self, texts):
+        self.seen += list(texts)
+        return super().encode_queries(texts)
+
+
+@pytest.mark.parametrize("dated, expected", [
+    (None, "Who won?"),  # the packaged MiniLM and every encoder that says nothing: the bare question
+    (False, "Who won?"),
+    (True, "Today is Tuesday, April 4, 2023. Who won?"),  # a version trained on dated questions
+])
+def test_the_dense_retriever_asks_the_encoder_in_the_form_it_reads(dated, expected):
+    from app.services.retrieval import DenseRetriever
+
+    encoder = _RecordingEncoder(dated)
+    index = SimpleNamespace(search=lambda q, as_of, k: (np.zeros((1, k), np.float32), np.full((1, k), -1)))
+    assert DenseRetriever(encoder).search(SimpleNamespace(encoder=None, index=index), " Who won? ", ASKED, 3) == []
+    assert encoder.seen == [expected] == [query_text(encoder, " Who won? ", ASKED)]
+
+
+def _version(tmp_path, **info) -> DualEncoder:
+    folder = tmp_path / "dpr-v"
+    folder.mkdir()
+    (folder / "shared").symlink_to(packaged_minilm_path(), target_is_directory=True)
+    (folder / "encoder.json").write_text(json.dumps({"version": "dpr-v", "towers": "shared", **info}))
+    return DualEncoder(folder)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("info, dated", [({}, True), ({"query_format": "dated"}, True), ({"query_format": "bare"}, False)])
+def test_a_trained_version_says_which_question_form_it_reads(tmp_path, info, dated):
+    # versions saved before query_format existed were all trained on dated questions
+    enc = _version(tmp_path, **info)
+    assert enc.dated_queries is dated
+    assert query_text(enc, "Who won?", ASKED).startswith("Today is Tuesday") is dated
+
+
+def test_a_version_with_an_unknown_question_form_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="query_format 'weekday' must be one of"):
+        _version(tmp_path, query_format="weekday")

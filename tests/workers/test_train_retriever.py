@@ -137,6 +137,7 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
     info = read_encoder_info(folder)
     assert info["trained_until"] == "2024-03-01" and info["data"]["gold_pairs"] + info["data"]["self_pairs"] >= 4
     assert {"bm25", "untuned", "best"} <= set(info["validation"]) and info["validation"]["best"]["recall@20"] >= 0
+    assert info["query_format"] == "dated"  # trained on dated questions, so served them (models.encoders.query_text)
     assert not list((loaded_settings.work_dir / "train-retriever").glob("run-*"))  # checkpoints go after success
     data = next((loaded_settings.work_dir / "train-retriever").glob("data-*/pairs.jsonl"))  # kept for reuse
     import json
