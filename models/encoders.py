@@ -120,8 +120,13 @@ _TOKEN = re.compile(r"[a-z0-9]+")
 class HashEncoder:
     """Deterministic bag-of-words hashing encoder for tests: no model, shared words -> similar.
 
-    `delay_ms` sleeps per passage so a test can interrupt a long ingest.
+    `delay_ms` sleeps per passage so a test can interrupt a long ingest. It reads the dated question
+    (`dated_queries`), as every encoder did before the packaged MiniLM was asked the bare one: with
+    bag-of-words vectors the date words favour passages of the question's day and month, which the
+    tests' invented news is written around.
     """
+
+    dated_queries = True
 
     def __init__(self, dim: int = 384, *, delay_ms: float = 0.0) -> None:
         if not 1 <= dim <= 4096 or delay_ms < 0:

@@ -38,16 +38,17 @@ def test_load_encoder_hash_options():
     assert enc.dim == 64 and enc.name == "hash-64"
 
 
-class _RecordingEncoder(HashEncoder):
+class _RecordingEncoder:
+    name, dim = "recording", 16
+
     def __init__(self, dated_queries: bool | None = None) -> None:
-        super().__init__(16)
         self.seen: list[str] = []
         if dated_queries is not None:
             self.dated_queries = dated_queries
 
     def encode_queries(self, texts):
         self.seen += list(texts)
-        return super().encode_queries(texts)
+        return np.ones((len(texts), self.dim), dtype=np.float32) / 4
 
 
 @pytest.mark.parametrize("dated, expected", [
@@ -84,3 +85,7 @@ def test_a_trained_version_says_which_question_form_it_reads(tmp_path, info, dat
 def test_a_version_with_an_unknown_question_form_is_refused(tmp_path):
     with pytest.raises(ValueError, match="query_format 'weekday' must be one of"):
         _version(tmp_path, query_format="weekday")
+
+
+def test_the_hash_fake_reads_the_dated_question_the_test_news_is_written_around():
+    assert query_text(HashEncoder(), " Who won? ", ASKED) == "Today is Tuesday, April 4, 2023. Who won?"
