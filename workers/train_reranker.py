@@ -13,11 +13,13 @@ MRR against the first stage's own order. The final score adds the first stage's 
 recency prior, `ce + f * first_stage - w * log1p(age days)`, with f and w fitted on those questions
 from a small grid (f = w = 0 is the cross-encoder alone, also reported). The version is activated when asked to (or by
 the training that follows ingestion) only if its recall@5 beats the first stage's there.
-Candidates are cached in the job's work folder: running the same command again reuses them.
+Candidates are cached in the job's work folder, keyed by the data config, the index snapshot and the
+first stage (`first_stage_key`): running the same command again reuses them, after a new ingest it does not.
 """
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 import math
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from app.services.reranking import candidate_of
 from evaluation.metrics import answer_in_text
+from indexer.atomic import write_atomic
 from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
 from workers.progress import fraction_reporter
@@ -63,13 +66,26 @@ def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers
             for p in found]
 
 
-def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig) -> dict:
-    """{"train": [{query, cands}], "val": [...], "counts": {...}} from the first stage's candidates."""
+def first_stage_key(ctx: JobContext, encoder, snapshot) -> str:
+    """What a question's candidates depend on beyond the data config: the index snapshot, the first
+    stage (SQA_RETRIEVER with its fusion settings), the encoder and the form of the question it reads
+    (`models.encoders.query_text`). A cache of candidates is reused only under the same key."""
+    from models.encoders import query_text
+
+    form = query_text(encoder, "Q?", dt.date(2000, 1, 3))
+    text = f"{snapshot.snapshot_id}|{ctx.retriever}|{encoder.name}|{form}"
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig,
+                served: tuple | None = None) -> dict:
+    """{"train": [{query, cands}], "val": [...], "counts": {...}} from the first stage's candidates;
+    `served`: (encoder, serving snapshot) when the caller has them open."""
     from workers.reader_data import (DataConfig, asked_after, gold_questions, indexed_start, self_labeled,
                                      serving_snapshot)
 
     held_from = month_start(until - dt.timedelta(days=1))
-    encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
+    encoder, snapshot = served or serving_snapshot(ctx, lexical=ctx.retriever != "dense")
     first_stage = ctx.make_retriever(encoder, rerank=False)
     start = indexed_start(snapshot)
     if start >= held_from:
@@ -154,16 +170,21 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
 
     if kind not in KINDS:
         raise ValueError(f"re-ranker kind {kind!r} is unknown (use {' or '.join(KINDS)})")
+    from workers.reader_data import serving_snapshot
+
     data = data or RerankerDataConfig()
-    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}"  # a rerun reuses the candidates
-    work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    served = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
+    # a rerun over the same index and first stage reuses the candidates; a new ingest or another
+    # retriever finds other ones
+    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{first_stage_key(ctx, *served)}"
+    work.mkdir(parents=True, exist_ok=True)
     cached = work / "items.json"
     if cached.exists():
         items = json.loads(cached.read_text())
     else:
-        items = build_items(ctx, job, until=until, cfg=data)
-        cached.write_text(json.dumps(items))
+        items = build_items(ctx, job, until=until, cfg=data, served=served)
+        write_atomic(cached, json.dumps(items).encode())  # a crash leaves no half-written cache
     val = items["val"]
     t1 = time.perf_counter()
     if kind == "features":

@@ -87,3 +87,32 @@ def test_train_a_feature_reranker_version_that_serves_through_the_first_stage(lo
 def test_an_unknown_reranker_kind_is_refused_before_any_work(loaded_settings, new_job):
     with pytest.raises(ValueError, match="kind 'bert' is unknown"):
         run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), kind="bert")
+
+
+
+def test_an_interrupted_run_resumes_from_its_candidates_only_over_the_same_index_and_first_stage(
+        loaded_settings, new_job, monkeypatch):
+    import workers.train_reranker as train_reranker
+
+    built, build, fit = [], train_reranker.build_items, train_reranker._train_features
+    monkeypatch.setattr(train_reranker, "build_items", lambda *a, **kw: built.append(kw["cfg"]) or build(*a, **kw))
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed after gathering the candidates")
+
+    monkeypatch.setattr(train_reranker, "_train_features", killed)
+    data = RerankerDataConfig(depth=10, max_self_articles=0)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data,
+                               kind="features")
+    assert len(built) == 1
+    monkeypatch.setattr(train_reranker, "_train_features", fit)
+    # another first stage finds other candidates: they are gathered again, not taken from the cache
+    bm25 = loaded_settings.model_copy(update={"retriever": "bm25"})
+    run_train_reranker_job(*new_job(bm25, "train-reranker"), until=dt.date(2024, 3, 1), data=data, kind="features")
+    assert len(built) == 2
+    # the same command as the killed run resumes from its candidates
+    info = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
+                                  data=data, kind="features")
+    assert len(built) == 2 and info["data"]["questions_used"] > 0
+    assert not any((loaded_settings.work_dir / "train-reranker").iterdir())  # a finished run leaves no cache
