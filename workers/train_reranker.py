@@ -77,15 +77,13 @@ def first_stage_key(ctx: JobContext, encoder, snapshot) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig,
-                served: tuple | None = None) -> dict:
-    """{"train": [{query, cands}], "val": [...], "counts": {...}} from the first stage's candidates;
-    `served`: (encoder, serving snapshot) when the caller has them open."""
-    from workers.reader_data import (DataConfig, asked_after, gold_questions, indexed_start, self_labeled,
-                                     serving_snapshot)
+def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig, encoder,
+                snapshot) -> dict:
+    """{"train": [{query, cands}], "val": [...], "counts": {...}} from the first stage's candidates
+    over the serving `snapshot` and its `encoder`."""
+    from workers.reader_data import DataConfig, asked_after, gold_questions, indexed_start, self_labeled
 
     held_from = month_start(until - dt.timedelta(days=1))
-    encoder, snapshot = served or serving_snapshot(ctx, lexical=ctx.retriever != "dense")
     first_stage = ctx.make_retriever(encoder, rerank=False)
     start = indexed_start(snapshot)
     if start >= held_from:
@@ -174,16 +172,16 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
 
     data = data or RerankerDataConfig()
     t0 = time.perf_counter()
-    served = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
+    encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
     # a rerun over the same index and first stage reuses the candidates; a new ingest or another
     # retriever finds other ones
-    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{first_stage_key(ctx, *served)}"
+    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{first_stage_key(ctx, encoder, snapshot)}"
     work.mkdir(parents=True, exist_ok=True)
     cached = work / "items.json"
     if cached.exists():
         items = json.loads(cached.read_text())
     else:
-        items = build_items(ctx, job, until=until, cfg=data, served=served)
+        items = build_items(ctx, job, until=until, cfg=data, encoder=encoder, snapshot=snapshot)
         write_atomic(cached, json.dumps(items).encode())  # a crash leaves no half-written cache
     val = items["val"]
     t1 = time.perf_counter()

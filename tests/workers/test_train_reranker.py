@@ -89,7 +89,6 @@ def test_an_unknown_reranker_kind_is_refused_before_any_work(loaded_settings, ne
         run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), kind="bert")
 
 
-
 def test_an_interrupted_run_resumes_from_its_candidates_only_over_the_same_index_and_first_stage(
         loaded_settings, new_job, monkeypatch):
     import workers.train_reranker as train_reranker
