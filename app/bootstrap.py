@@ -275,14 +275,16 @@ def show_bars() -> bool:
     return sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
 
 
-def retriever_key(settings: Settings) -> str:
-    """SQA_RETRIEVER with the fusion settings that change its ranking ("hybrid-weighted-0.5")."""
-    if settings.retriever != "hybrid":
-        return settings.retriever
-    key = f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
-    if settings.recency_weight:
-        key += f"-recency-{settings.recency_weight:g}"
-    active = active_reranker(settings.rerankers_dir) if settings.reranker == "auto" else None
+def retriever_key(settings: Settings, *, rerank: bool = True) -> str:
+    """SQA_RETRIEVER with the fusion settings that change its ranking ("hybrid-weighted-0.5"), then
+    the re-ranker version serving at the time of the call ("...+reranker-2023-04-01-915bca";
+    `rerank=False`: the first stage alone)."""
+    key = settings.retriever
+    if settings.retriever == "hybrid":
+        key = f"hybrid-{settings.fusion}-{settings.fusion_dense_weight}"
+        if settings.recency_weight:
+            key += f"-recency-{settings.recency_weight:g}"
+    active = active_reranker(settings.rerankers_dir) if rerank and settings.reranker == "auto" else None
     return f"{key}+{active}" if active else key
 
 
@@ -304,7 +306,8 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
         db=db, runner=JobRunner(db.sessions, settings.work_dir / "jobs", bar=bar),
         home=settings.home, index_dir=settings.index_dir, work_dir=settings.work_dir,
         models_dir=settings.models_dir, encoders_dir=settings.encoders_dir, rerankers_dir=settings.rerankers_dir, reports_dir=settings.reports_dir,
-        device=settings.device, reader=settings.reader, retriever=retriever_key(settings),
+        device=settings.device, reader=settings.reader, retriever=retriever_key(settings, rerank=False),
+        served_retriever=lambda: retriever_key(settings),
         news_source=settings.news_source,
         finetune_policy=settings.finetune_policy, drift_measure=settings.drift_measure,
         drift_drop_threshold=settings.drift_drop_threshold, ingest=ingest_config(settings),

@@ -42,7 +42,10 @@ class JobContext:
     reports_dir: Path
     device: str  # SQA_DEVICE: auto | cpu | cuda | cuda:N (`torch_device` resolves auto)
     reader: str  # SQA_READER ("auto": the active version serves)
-    retriever: str  # SQA_RETRIEVER with its fusion, e.g. "hybrid-weighted-0.5" (cache keys)
+    retriever: str  # SQA_RETRIEVER with its fusion, e.g. "hybrid-weighted-0.5": the first stage (cache keys)
+    # The served retriever's key now: `retriever`, then the re-ranker version serving at the time of
+    # the call (read live: a job that activates a re-ranker changes what it retrieves afterwards).
+    served_retriever: Callable[[], str]
     news_source: str
     finetune_policy: str
     drift_measure: str

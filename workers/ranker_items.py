@@ -77,8 +77,9 @@ class ItemCache:
 
 
 def cache_path(work_dir: Path, retriever: str, snapshot_id: str, passages: int) -> Path:
-    """The cache of a snapshot, a passage count and the retriever that found them (`JobContext.retriever`:
-    SQA_RETRIEVER with its fusion settings; other settings retrieve other passages)."""
+    """The cache of a snapshot, a passage count and the retriever that found them
+    (`JobContext.served_retriever()`: SQA_RETRIEVER with its fusion settings and the serving re-ranker;
+    other settings retrieve other passages)."""
     key = hashlib.sha256(f"{snapshot_id}|{passages}|{retriever}".encode()).hexdigest()[:16]
     return work_dir / "estimate" / f"items-{key}.jsonl"
 
@@ -104,7 +105,7 @@ def prepare_items(ctx: JobContext, questions: Sequence[ItemQuestion], passages: 
     snap = service.index_state.current()
     if snap is None:
         raise ValueError(f"no index snapshot in {ctx.home}: run `sqa ingest` first")
-    cache = ItemCache(cache_path(ctx.work_dir, ctx.retriever, snap.snapshot_id, passages))
+    cache = ItemCache(cache_path(ctx.work_dir, ctx.served_retriever(), snap.snapshot_id, passages))
     todo = [q for q in questions if q.qid not in cache.records]
     progress.stage("retrieve+annotate", len(questions))
     progress.advance(len(questions) - len(todo))

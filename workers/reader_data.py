@@ -181,6 +181,20 @@ def digest(*parts) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def retrieval_key(ctx: JobContext, encoder, snapshot, *, rerank: bool) -> str:
+    """What a question's retrieved passages depend on beyond the data config: the index snapshot, the
+    retriever (SQA_RETRIEVER with its fusion settings; `rerank`: and the re-ranker serving now), the
+    encoder and the form of the question it reads (`models.encoders.query_text`). Work an interrupted
+    run left behind is reused only under the same key: after a new ingest, another retriever,
+    re-ranker or encoder, its passages are not the ones a run would retrieve now."""
+    from models.encoders import query_text
+
+    form = query_text(encoder, "Q?", dt.date(2000, 1, 3))
+    retriever = ctx.served_retriever() if rerank else ctx.retriever
+    text = f"{snapshot.snapshot_id}|{retriever}|{encoder.name}|{form}"
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
 def serving_snapshot(ctx: JobContext, *, lexical: bool = False):
     """(encoder, the serving snapshot) for building training data (`lexical`: with its BM25 files);
     ValueError when nothing is indexed."""

@@ -18,12 +18,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from indexer.atomic import write_atomic
 from indexer.dates import month_key, month_start, next_month, parse_month
 from models.training import ReaderTrainer, TrainConfig, load_examples, save_examples
 from workers.bakeoff import gold_passage
 from workers.progress import fraction_reporter
 from workers.reader_data import (DataConfig, _Builder, build_datasets, digest, gold_questions, indexed_start,
-                                 serving_snapshot)
+                                 retrieval_key, serving_snapshot)
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
@@ -118,21 +119,41 @@ def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
     raise ValueError(f"reader kind {spec.kind!r} is unknown (use fid, extractive, gemma or ranker)")
 
 
+# Written in a training's work folder once its examples are saved: the retrieval they were gathered
+# with (`retrieval_key`). Work under another key, or none, is stale.
+RETRIEVAL_STAMP = "retrieval.key"
+
+
 def _training_data(ctx: JobContext, job: JobHandle, work: Path, make_data) -> tuple[list, list, dict]:
-    """(train, val, counts): reused from `work` when an interrupted run left them there, else built
-    with the served retriever (hybrid by default: the reader learns from the passages it will be
-    given) and saved in `work` first."""
+    """(train, val, counts): built with the served retriever (hybrid by default, re-ranked: the reader
+    learns from the passages it will be given) and saved in `work` first; reused from `work` when an
+    interrupted run over the same index and served retriever left them there. An interrupted run's
+    work under another index snapshot, retriever, re-ranker or encoder (a new ingest came between) is
+    deleted, checkpoints included: its examples hold passages a run would not retrieve now, so the
+    training starts over on new ones."""
+    encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
+    key = retrieval_key(ctx, encoder, snapshot, rerank=True)
+    stamp = work / RETRIEVAL_STAMP
+    previous = None
+    if work.exists() and any(work.iterdir()) and (not stamp.exists() or stamp.read_text().strip() != key):
+        previous = ("discarded: its examples were retrieved over another index, retriever, re-ranker or encoder; "
+                    "the training starts over")
+        log.warning("%s: the interrupted run's work is %s", work.name, previous)
+        job.update(message=f"an interrupted run's work was {previous}")
+        shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
-    if (work / "val.jsonl").exists() and (work / "train.jsonl").exists():
+    if stamp.exists():
         train, val = load_examples(work / "train.jsonl"), load_examples(work / "val.jsonl")
         counts = {"train": len(train), "val": len(val), "data": "reused from an interrupted run"}
     else:
-        encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
         with ctx.db.sessions() as session:
             train, val, dc = make_data(session, ctx.make_retriever(encoder), snapshot, job)
         save_examples(work / "val.jsonl", val)
         save_examples(work / "train.jsonl", train)
+        write_atomic(stamp, key.encode())  # last: examples without it are stale (a crash while saving them)
         counts = {"train": len(train), "val": len(val), **asdict(dc)}
+        if previous:
+            counts["previous_run"] = previous
     log.info("training data: %s", counts)
     job.update(counts=counts)
     if not train:

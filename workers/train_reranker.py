@@ -14,12 +14,11 @@ recency prior, `ce + f * first_stage - w * log1p(age days)`, with f and w fitted
 from a small grid (f = w = 0 is the cross-encoder alone, also reported). The version is activated when asked to (or by
 the training that follows ingestion) only if its recall@5 beats the first stage's there.
 Candidates are cached in the job's work folder, keyed by the data config, the index snapshot and the
-first stage (`first_stage_key`): running the same command again reuses them, after a new ingest it does not.
+first stage (`workers.reader_data.retrieval_key`): running the same command again reuses them, after a new ingest it does not.
 """
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import math
@@ -36,7 +35,7 @@ from indexer.atomic import write_atomic
 from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
 from workers.progress import fraction_reporter
-from workers.reader_data import digest
+from workers.reader_data import digest, retrieval_key, serving_snapshot
 
 if TYPE_CHECKING:
     from workers.context import JobContext
@@ -64,17 +63,6 @@ def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers
     found = retriever.retrieve(session, snapshot, text, asked, depth)
     return [{**candidate_of(p, asked), "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
             for p in found]
-
-
-def first_stage_key(ctx: JobContext, encoder, snapshot) -> str:
-    """What a question's candidates depend on beyond the data config: the index snapshot, the first
-    stage (SQA_RETRIEVER with its fusion settings), the encoder and the form of the question it reads
-    (`models.encoders.query_text`). A cache of candidates is reused only under the same key."""
-    from models.encoders import query_text
-
-    form = query_text(encoder, "Q?", dt.date(2000, 1, 3))
-    text = f"{snapshot.snapshot_id}|{ctx.retriever}|{encoder.name}|{form}"
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig, encoder,
@@ -168,14 +156,13 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
 
     if kind not in KINDS:
         raise ValueError(f"re-ranker kind {kind!r} is unknown (use {' or '.join(KINDS)})")
-    from workers.reader_data import serving_snapshot
 
     data = data or RerankerDataConfig()
     t0 = time.perf_counter()
     encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
     # a rerun over the same index and first stage reuses the candidates; a new ingest or another
     # retriever finds other ones
-    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{first_stage_key(ctx, encoder, snapshot)}"
+    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{retrieval_key(ctx, encoder, snapshot, rerank=False)}"
     work.mkdir(parents=True, exist_ok=True)
     cached = work / "items.json"
     if cached.exists():

@@ -138,6 +138,56 @@ def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch, ne
     assert info["data"]["data"] == "reused from an interrupted run"
 
 
+def test_an_interrupted_training_resumes_only_over_the_same_index_and_served_retriever(loaded_settings, monkeypatch,
+                                                                                       new_job):
+    """As `sqa train auto` runs: a re-ranker starts serving in the same process between a killed reader
+    training and its rerun, so the passages the reader would learn from are others now."""
+    import models.training as training
+    import workers.train as train
+    from app.services.reranking import activate_reranker
+    from workers.progress import JobProgress
+    from workers.runner import JobHandle
+    from workers.train_reranker import RerankerDataConfig, run_train_reranker_job
+
+    until, spec = dt.date(2024, 3, 1), ReaderJobSpec(**{**TINY, "max_epochs": 2})
+    built, build, real = [], train.build_datasets, training.ReaderTrainer.batch_loss
+    monkeypatch.setattr(train, "build_datasets", lambda *a, **kw: built.append(kw["until"]) or build(*a, **kw))
+
+    def killed(self, batch):
+        raise KeyboardInterrupt("killed")
+
+    ctx, job = new_job(loaded_settings, "train")
+
+    def another(kind: str) -> JobHandle:
+        job_id = ctx.runner.create(kind, {})
+        return JobHandle(ctx.sessions, job_id, JobProgress(ctx.sessions, job_id))
+
+    monkeypatch.setattr(training.ReaderTrainer, "batch_loss", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_train_job(ctx, job, until=until, spec=spec)
+    [work] = (loaded_settings.work_dir / "train").iterdir()
+    stamp = (work / train.RETRIEVAL_STAMP).read_text()
+    assert len(built) == 1 and load_examples(work / "train.jsonl")
+
+    before = ctx.served_retriever()
+    info = run_train_reranker_job(ctx, another("train-reranker"), until=until, kind="features",
+                                  data=RerankerDataConfig(depth=10, max_self_articles=0))
+    activate_reranker(loaded_settings.rerankers_dir, info["version"])
+    # the context follows the serving re-ranker; its first stage is unchanged
+    assert ctx.served_retriever() == f"{before}+{info['version']}" and ctx.retriever == before
+    rerun = another("train")
+    with pytest.raises(KeyboardInterrupt):
+        run_train_job(ctx, rerun, until=until, spec=spec)
+    assert len(built) == 2  # the killed run's examples were not reused: gathered again through the re-ranker
+    assert (work / train.RETRIEVAL_STAMP).read_text() != stamp
+    assert ctx.runner.get(rerun.job_id).counts["previous_run"].startswith("discarded")
+
+    monkeypatch.setattr(training.ReaderTrainer, "batch_loss", real)
+    version = run_train_job(ctx, another("train"), until=until, spec=spec)
+    assert len(built) == 2  # the same command over the same index and retriever resumes from its examples
+    assert read_reader_info(loaded_settings.models_dir / version)["data"]["data"] == "reused from an interrupted run"
+
+
 def test_finetune_continues_the_active_version(loaded_settings, new_job):
     with pytest.raises(ValueError, match="no trained reader"):
         run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03")
