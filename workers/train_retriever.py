@@ -32,6 +32,7 @@ from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
+from models.encoders import QUERY_FORMATS
 from models.readers import dated_question
 from workers.bakeoff import gold_passage
 from workers.reader_data import asked_after, digest
@@ -58,6 +59,17 @@ class RetrieverDataConfig:
     max_val: int = 100
     pool_k: int = 20  # BM25 and dense hits per validation question pooled
     seed: int = 0
+    # How a question is written for the encoder, in training, validation and then serving
+    # (encoder.json's query_format): "dated" ("Today is <date>. <question>") or "bare".
+    query_format: str = "dated"
+
+    def __post_init__(self) -> None:
+        if self.query_format not in QUERY_FORMATS:
+            raise ValueError(f"query format {self.query_format!r} is not one of {', '.join(QUERY_FORMATS)}")
+
+    def query(self, question: str, as_of: dt.date) -> str:
+        """The question as the encoder reads it, in this config's format."""
+        return dated_question(question, as_of) if self.query_format == "dated" else question.strip()
 
 
 @dataclass(frozen=True)
@@ -73,11 +85,11 @@ def _holds(answers, passage) -> bool:
 
 
 def _pair(session, bm25, snapshot, question: str, as_of: dt.date, answers, positive_row, source: str,
-          k: int) -> Pair | None:
+          cfg: RetrieverDataConfig) -> Pair | None:
     """The pair for one question, or None without a positive."""
     from app.services.retrieval import fetch_passages
 
-    hits = fetch_passages(session, bm25.search(snapshot, question, as_of, k), as_of)
+    hits = fetch_passages(session, bm25.search(snapshot, question, as_of, cfg.retrieve_k), as_of)
     positive = None if source == "self" else next((p for p in hits if _holds(answers, p)), None)
     if positive is None:
         row = positive_row()
@@ -87,7 +99,7 @@ def _pair(session, bm25, snapshot, question: str, as_of: dt.date, answers, posit
     else:
         pos_text, pos_article = positive.text, positive.article_id
     negative = next((p.text for p in hits if p.article_id != pos_article and not _holds(answers, p)), None)
-    return Pair(dated_question(question, as_of), pos_text, negative, source)
+    return Pair(cfg.query(question, as_of), pos_text, negative, source)
 
 
 def _keep(pairs: list, missing: dict, pair: Pair | None, source: str) -> None:
@@ -118,7 +130,7 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
     pairs, missing = [], {"gold": 0, "self": 0}
     for q in train_q:
         p = _pair(session, bm25, snapshot, q.text, q.asked, q.answers, lambda q=q: gold_passage(session, q),
-                  "gold", cfg.retrieve_k)
+                  "gold", cfg)
         _keep(pairs, missing, p, "gold")
         if progress:
             progress.advance()
@@ -135,7 +147,7 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
         # dated on the article's own day, the question's date prefix would match the passage's
         as_of = asked_after(g.published, rng, last_day, cfg.self_lag_days)
         p = _pair(session, bm25, snapshot, g.question, as_of, (g.answer,),
-                  lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence), "self", cfg.retrieve_k)
+                  lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence), "self", cfg)
         _keep(pairs, missing, p, "self")
 
     pool: dict[int, tuple[str, int]] = {}  # faiss id -> (text, day number)
@@ -149,7 +161,7 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
                 index_of[p.faiss_id] = len(pool)
                 pool[p.faiss_id] = (p.text, day_number(p.published))
         hits = sorted({index_of[p.faiss_id] for p in found if _holds(q.answers, p)})
-        items.append(ValItem(dated_question(q.text, q.asked), day_number(q.asked), tuple(hits),
+        items.append(ValItem(cfg.query(q.text, q.asked), day_number(q.asked), tuple(hits),
                              tuple(index_of[p.faiss_id] for p in lexical)))
         if progress:
             progress.advance()
@@ -240,8 +252,9 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
     t1 = time.perf_counter()
     result = train_biencoder(model, pairs, run, validate, metric=METRIC, report=report)
     version = f"dpr-{until}-{cfg.towers}-{key}"
-    # trained and validated on dated questions (Pair.query, ValItem.query): serving asks it the same way
-    info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "query_format": "dated",
+    # trained and validated on questions in data.query_format (Pair.query, ValItem.query): serving asks
+    # it the same way
+    info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "query_format": data.query_format,
             "trained_until": until.isoformat(),
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "data": counts,
             "data_config": asdict(data), "validation": {"best": result.best, "bm25": bm25_figures,

@@ -117,6 +117,9 @@ def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on wh
                     hard_negatives: bool = typer.Option(True, "--hard-negatives/--no-hard-negatives",
                                                         help="add each question's best BM25 passage without the answer"),
                     seed: int = typer.Option(0),
+                    query_format: str = typer.Option("dated", help="how questions are written for the encoder, "
+                                                     "in training and when serving: dated (\"Today is <date>. "
+                                                     "<question>\") | bare"),
                     switch: bool = typer.Option(False, "--switch/--no-switch", help="re-encode the index with the new "
                                                 "version when done (`sqa index reencode`)")) -> None:
     """Fine-tune the question and passage encoders (DPR) and save them as an encoder version;
@@ -132,7 +135,11 @@ def train_retriever(until: str = typer.Option(..., help="YYYY-MM-DD: train on wh
                         hard_negatives=hard_negatives, seed=seed)
     except ValueError as exc:
         fail(str(exc))
-    data = RetrieverDataConfig(max_self_articles=self_articles, max_self_ratio=self_ratio, seed=seed)
+    try:
+        data = RetrieverDataConfig(max_self_articles=self_articles, max_self_ratio=self_ratio, seed=seed,
+                                   query_format=query_format)
+    except ValueError as exc:
+        fail(str(exc))
     version = run_job("train-retriever", {"until": str(cut), "towers": towers},
                       lambda ctx, job: run_train_retriever_job(ctx, job, until=cut, cfg=cfg, data=data),
                       result_key="version", lock=RETRIEVER_TRAINING_LOCK)

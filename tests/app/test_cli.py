@@ -33,6 +33,8 @@ def test_cli_import_streamingqa(sqa, fixtures_dir):
     (("ask", "Who?", "--as-of", "2024-13-01"), "--as-of '2024-13-01' is not a date"),
     (("ask", "Who?", "--as-of", "2024-01-01"), "no index has been built yet"),
     (("jobs", "show", "424242"), "no job with id 424242"),
+    (("train", "retriever", "--until", "2024-03-01", "--query-format", "iso"),
+     "query format 'iso' is not one of bare, dated"),
 ])
 def test_cli_bad_input_exits_non_zero_with_a_message(sqa, sample_root, args, fragment):
     sqa("import", "realtimeqa", str(sample_root))

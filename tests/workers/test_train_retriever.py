@@ -160,3 +160,27 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
 
     auto = loaded_settings.model_copy(update={"encoder": "auto"})
     assert build_encoder(auto).name == version  # ingests after the switch use the index's encoder
+
+
+def test_the_data_config_writes_the_question_in_its_format_and_refuses_another():
+    day = dt.date(2024, 5, 6)
+    assert RetrieverDataConfig().query(" Who won? ", day) == "Today is Monday, May 6, 2024. Who won?"
+    assert RetrieverDataConfig(query_format="bare").query(" Who won? ", day) == "Who won?"
+    with pytest.raises(ValueError, match="query format 'iso' is not one of bare, dated"):
+        RetrieverDataConfig(query_format="iso")
+
+
+@pytest.mark.integration
+def test_a_version_trained_on_bare_questions_is_served_bare_questions(sqlite_settings, new_job):
+    import json
+
+    from models.encoders import query_text
+
+    load_sample(sqlite_settings)
+    version = run_train_retriever_job(*new_job(sqlite_settings, "train-retriever"), until=dt.date(2024, 3, 1), cfg=TINY,
+                                      data=RetrieverDataConfig(max_self_articles=12, max_val=10, query_format="bare"))
+    folder = sqlite_settings.encoders_dir / version
+    assert read_encoder_info(folder)["query_format"] == "bare"
+    pairs = next((sqlite_settings.work_dir / "train-retriever").glob("data-*/pairs.jsonl")).read_text().splitlines()
+    assert pairs and not any(json.loads(line)["query"].startswith("Today is") for line in pairs)
+    assert query_text(DualEncoder(folder), "Who won?", dt.date(2024, 5, 6)) == "Who won?"
