@@ -40,13 +40,19 @@ class TextEncoder(Protocol):
 QUERY_FORMATS = ("bare", "dated")
 
 
+def question_in_format(question: str, as_of: dt.date, query_format: str) -> str:
+    """`question` asked on `as_of`, written in one of QUERY_FORMATS: "dated" is the StreamingQA form
+    ("Today is <date>. <question>"), "bare" the question alone."""
+    return dated_question(question, as_of) if query_format == "dated" else question.strip()
+
+
 def query_text(encoder, question: str, as_of: dt.date) -> str:
     """What `encoder` reads of `question` asked on `as_of`: the dated StreamingQA form when the
     encoder was trained on it (`dated_queries`: DPR versions, see `DualEncoder`), else the bare
     question. The untuned MiniLM matches the date words of a dated question to the date every
     passage starts with: on the 353 clean questions of 2023-04..06 dense recall@5 is 39.4 dated,
     46.7 bare (README, "The bare question for the dense retriever")."""
-    return dated_question(question, as_of) if getattr(encoder, "dated_queries", False) else question.strip()
+    return question_in_format(question, as_of, "dated" if getattr(encoder, "dated_queries", False) else "bare")
 
 
 def packaged_minilm_path() -> Path:

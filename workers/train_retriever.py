@@ -32,8 +32,7 @@ from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
-from models.encoders import QUERY_FORMATS
-from models.readers import dated_question
+from models.encoders import QUERY_FORMATS, question_in_format
 from workers.bakeoff import gold_passage
 from workers.reader_data import asked_after, digest
 from workers.progress import fraction_reporter
@@ -69,7 +68,7 @@ class RetrieverDataConfig:
 
     def query(self, question: str, as_of: dt.date) -> str:
         """The question as the encoder reads it, in this config's format."""
-        return dated_question(question, as_of) if self.query_format == "dated" else question.strip()
+        return question_in_format(question, as_of, self.query_format)
 
 
 @dataclass(frozen=True)
