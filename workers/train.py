@@ -57,6 +57,10 @@ class ReaderJobSpec:
     self_per_article: int = 2  # self-labeled questions asked of each sampled article (at most one a sentence)
     seed: int = 0
     gold: bool = True  # False: learn from self-labeled questions only (workers.reader_data.DataConfig.gold)
+    # gemma only: score the model before the first step too, so the run keeps the starting weights when
+    # training makes them worse. False where the caller compares against the serving reader itself
+    # (`sqa train auto`): for the untrained base that pass costs minutes of a short budget.
+    validate_first: bool = True
 
     @property
     def learning_rate(self) -> float:
@@ -96,7 +100,7 @@ class ReaderJobSpec:
         return TrainConfig(lr=self.learning_rate, batch_size=self.batch_size, max_epochs=self.max_epochs,
                            warmup_steps=self.warmup_steps, eval_every=self.eval_every, patience=self.patience,
                            max_minutes=self.max_minutes, seed=self.seed, n_passages=self.n_passages,
-                           eval_at_start=self.kind == "gemma")
+                           eval_at_start=self.kind == "gemma" and self.validate_first)
 
 
 def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):

@@ -109,6 +109,8 @@ def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_pr
         # the version learnt nothing dated on or after the ingested month
         info = read_reader_info(ctx.models_dir / done["version"])
         assert info["trained_until"] == str(until) and info["data"]["gold"] > 0
+        # the untrained base was not scored before the first step: the check above scored the serving reader
+        assert info["spec"]["validate_first"] is False and info["history"][0]["step"] > 0
 
 
 def test_describe_shows_the_mrr_that_breaks_a_recall_tie():

@@ -26,6 +26,12 @@ def test_gemma_spec_defaults():
     assert ReaderJobSpec(kind="extractive").learning_rate == 5e-5  # the other kinds keep theirs
 
 
+def test_only_a_gemma_run_validates_before_its_first_step_and_only_when_asked():
+    assert ReaderJobSpec.for_gemma().train_config().eval_at_start is True  # the zero-shot score, by hand
+    assert ReaderJobSpec.for_gemma(validate_first=False).train_config().eval_at_start is False  # sqa train auto
+    assert ReaderJobSpec(kind="fid").train_config().eval_at_start is False  # an untrained FiD has nothing to keep
+
+
 def test_cli_train_reader_gemma_refuses_a_base(sqa, tmp_path):
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--base", str(tmp_path))
     assert r.exit_code == 2 and "--base is for --kind fid only" in r.output
