@@ -137,16 +137,18 @@ def reranker_plan(ctx: JobContext, until: dt.date) -> dict:
 def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTrainConfig) -> dict:
     """The re-ranker first (the reader then learns from the passages it puts on top); a failure is
     reported, and the reader is still trained."""
-    from workers.train_reranker import RerankerDataConfig, run_train_reranker_job
+    from app.services.errors import ConflictError
+    from workers.train_reranker import RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job
 
     what = reranker_plan(ctx, until)
     if what["action"] == "skip":
         return what
     job.update(message=f"training a re-ranker on what is dated before {until}")
-    try:
-        info = run_train_reranker_job(ctx, job, until=until, max_minutes=cfg.reranker_minutes, activate=True,
-                                      kind=cfg.reranker_kind, data=RerankerDataConfig(depth=cfg.reranker_depth))
-    except ValueError as exc:  # no data to learn from: say so, go on with the reader
+    try:  # under the lock `sqa train reranker` holds: one re-ranker training at a time, whoever runs it
+        with ctx.runner.lock(RERANKER_TRAINING_LOCK).hold():
+            info = run_train_reranker_job(ctx, job, until=until, max_minutes=cfg.reranker_minutes, activate=True,
+                                          kind=cfg.reranker_kind, data=RerankerDataConfig(depth=cfg.reranker_depth))
+    except (ValueError, ConflictError) as exc:  # no data to learn from, or one runs already: say so, go on
         log.warning("no re-ranker trained: %s", exc)
         return {"action": "skip", "reason": str(exc)}
     return {"action": "train", "version": info["version"], "kind": info["kind"], "activated": info["activated"],

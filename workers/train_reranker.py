@@ -27,6 +27,7 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.services.reranking import candidate_of
@@ -163,7 +164,11 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     # a rerun over the same index and first stage reuses the candidates; a new ingest or another
     # retriever finds other ones
     work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{retrieval_key(ctx, encoder, snapshot, rerank=False)}"
+    swept = sweep_stale_candidates(work.parent, snapshot.snapshot_id)
+    if swept:
+        log.info("deleted %d re-ranker candidate folder(s) of an older index snapshot", swept)
     work.mkdir(parents=True, exist_ok=True)
+    write_atomic(work / SNAPSHOT_STAMP, snapshot.snapshot_id.encode())
     cached = work / "items.json"
     if cached.exists():
         items = json.loads(cached.read_text())
@@ -211,6 +216,28 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
                        "first_stage": first_stage, "recency_weight": weight, "first_stage_weight": first_weight})
     shutil.rmtree(work, ignore_errors=True)
     return info
+
+
+# Written beside a candidate cache: the index snapshot it was gathered over. A cache of another
+# snapshot is never read again (its key names that snapshot), so the next run deletes it.
+SNAPSHOT_STAMP = "snapshot.id"
+
+
+def sweep_stale_candidates(folder: Path, snapshot_id: str) -> int:
+    """Delete the candidate caches under `folder` gathered over a snapshot other than `snapshot_id`
+    (left by a run killed before a new ingest: no run reads them again). Those of this snapshot,
+    under another first stage or data config, stay for a rerun of that command, and so does a folder
+    without a stamp (from before stamps). Call it holding RERANKER_TRAINING_LOCK: no other run is
+    gathering into them then. Returns how many were deleted."""
+    if not folder.is_dir():
+        return 0
+    swept = 0
+    for work in folder.glob("data-*"):
+        stamp = work / SNAPSHOT_STAMP
+        if stamp.exists() and stamp.read_text().strip() != snapshot_id:
+            shutil.rmtree(work, ignore_errors=True)
+            swept += 1
+    return swept
 
 
 def _train_features(job: JobHandle, items: dict, val: list[dict]):

@@ -121,3 +121,15 @@ def test_describe_shows_the_mrr_that_breaks_a_recall_tie():
     assert line.startswith("re-ranker reranker-2023-04-01-abc123 activated (held-back recall@5 42.0, MRR 0.372 "
                            "vs first stage 42.0, MRR 0.349); ")
     assert line.endswith("reader skipped: no questions")
+
+
+def test_the_re_ranker_is_left_out_while_another_re_ranker_training_holds_its_lock(loaded_settings, new_job):
+    from workers.auto_train import _train_reranker
+    from workers.train_reranker import RERANKER_TRAINING_LOCK
+
+    ctx, job = new_job(loaded_settings, AUTO_TRAIN)
+    with ctx.runner.lock(RERANKER_TRAINING_LOCK).hold():  # `sqa train reranker` running
+        what = _train_reranker(ctx, job, dt.date(2024, 3, 1), AutoTrainConfig())
+    assert what["action"] == "skip" and "already running" in what["reason"]
+    assert not (loaded_settings.work_dir / "train-reranker").exists()  # it gathered nothing
+

@@ -115,3 +115,34 @@ def test_an_interrupted_run_resumes_from_its_candidates_only_over_the_same_index
                                   data=data, kind="features")
     assert len(built) == 2 and info["data"]["questions_used"] > 0
     assert not any((loaded_settings.work_dir / "train-reranker").iterdir())  # a finished run leaves no cache
+
+
+def test_a_run_deletes_the_candidates_a_killed_run_gathered_over_an_older_snapshot(loaded_settings, new_job,
+                                                                                   monkeypatch):
+    import workers.train_reranker as train_reranker
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed after gathering the candidates")
+
+    fit = train_reranker._train_features
+    monkeypatch.setattr(train_reranker, "_train_features", killed)
+    data = RerankerDataConfig(depth=10, max_self_articles=0)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data,
+                               kind="features")
+    folder = loaded_settings.work_dir / "train-reranker"
+    (kept,) = folder.iterdir()
+    serving = (kept / train_reranker.SNAPSHOT_STAMP).read_text()
+    # what a run killed before a later ingest left: its stamp names the snapshot it was gathered over
+    stale = folder / "data-2024-03-01-0123456789-9876543210"
+    stale.mkdir()
+    (stale / train_reranker.SNAPSHOT_STAMP).write_text("20240101T000000000000Z-000000")
+    (stale / "items.json").write_text("{}")
+    unstamped = folder / "data-2024-03-01-aaaaaaaaaa-bbbbbbbbbb"  # from before stamps: left alone
+    unstamped.mkdir()
+    monkeypatch.setattr(train_reranker, "_train_features", fit)
+    # another first stage over the same snapshot: the killed run's candidates stay for its rerun
+    bm25 = loaded_settings.model_copy(update={"retriever": "bm25"})
+    run_train_reranker_job(*new_job(bm25, "train-reranker"), until=dt.date(2024, 3, 1), data=data, kind="features")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([kept.name, unstamped.name])
+    assert (kept / train_reranker.SNAPSHOT_STAMP).read_text() == serving and (kept / "items.json").exists()
