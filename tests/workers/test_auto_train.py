@@ -132,4 +132,3 @@ def test_the_re_ranker_is_left_out_while_another_re_ranker_training_holds_its_lo
         what = _train_reranker(ctx, job, dt.date(2024, 3, 1), AutoTrainConfig())
     assert what["action"] == "skip" and "already running" in what["reason"]
     assert not (loaded_settings.work_dir / "train-reranker").exists()  # it gathered nothing
-
