@@ -150,15 +150,17 @@ def _name_part(token: str) -> bool:
             and (not token.endswith(".") or re.fullmatch(r"[A-Z]\.", token) is not None))
 
 
-def complete_name(answer: str, texts: Sequence[str]) -> str:
+def complete_name(answer: str, texts: Sequence[str], question: str = "") -> str:
     """A one-word proper-noun answer completed with the (at most two) name words that stand before it
     in the passages read, the form they use most: "Pratt" -> "Chris Pratt" when they say "Chris Pratt
     voices Mario ... Pratt said". A small generator often copies a later mention (the bare surname,
     "Dolphins" for "Miami Dolphins"), and an exact answer needs the name whole.
 
     Left as it is: an answer of several words or in lower case, a word the passages also use in lower
-    case (a common noun: "Flour"), and a word the passages use alone at least as often as any longer
-    form.
+    case (a common noun: "Flour"), a word the passages use alone at least as often as any longer
+    form, and a word whose longer form the `question` names: the question asks for something other
+    than what it names ("HBO Max relaunched this week as a service called:" wants "Max", not "HBO
+    Max").
 
     Example:
         >>> complete_name("Carlson", ["Fox News and Tucker Carlson agreed to part ways. Carlson's show ..."])
@@ -185,11 +187,20 @@ def complete_name(answer: str, texts: Sequence[str]) -> str:
     if not longer:
         return answer
     best = max(longer, key=lambda form: (longer[form], len(form)))
-    return " ".join(best) if longer[best] >= forms.get((word,), 0) else answer
+    if longer[best] < forms.get((word,), 0) or _names(question, best):
+        return answer
+    return " ".join(best)
+
+
+def _names(text: str, form: tuple[str, ...]) -> bool:
+    """Whether `text` holds the words of `form` as one run (case aside)."""
+    tokens, n = [t.lower() for t in _NAME_TOKEN.findall(text)], len(form)
+    want = [t.lower() for t in form]
+    return any(tokens[i:i + n] == want for i in range(len(tokens) - n + 1))
 
 
 def final_answer(raw: str, question: str, read: Sequence[ReaderPassage]) -> str:
     """What a generator's first line becomes for the user: shortened (`shorten_answer`), a bare
     surname completed from the passages it read (`complete_name`). Serving and a training run's
     validation both answer through it, so a checkpoint is chosen on the answers users get."""
-    return complete_name(shorten_answer(raw, question=question), [p.text for p in read])
+    return complete_name(shorten_answer(raw, question=question), [p.text for p in read], question)

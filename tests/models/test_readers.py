@@ -45,6 +45,17 @@ def test_complete_name_adds_the_first_names_the_passages_give(answer, texts, exp
     assert complete_name(answer, texts) == expected
 
 
+@pytest.mark.parametrize("question, expected", [
+    ("HBO Max relaunched this week as a service called:", "Max"),  # the longer form is what the question names
+    ("Two services, HBO Max and Discovery+, are merging. What will the service be called?", "Max"),
+    ("Which streaming service raised its prices?", "HBO Max"),  # not named: completed as before
+    ("Is HBO going to stream it?", "HBO Max"),  # a part of the longer form is not the form
+])
+def test_complete_name_leaves_a_word_whose_longer_form_the_question_names(question, expected):
+    texts = ["HBO Max is now Max. HBO Max costs more."]
+    assert complete_name("Max", texts, question) == expected
+
+
 def test_final_answer_shortens_then_completes_from_the_passages_read():
     read = [ReaderPassage("t", OKAFOR, dt.date(2024, 3, 7))]
     assert final_answer("Answer: Okafor.\nShe won.", Q, read) == "Ines Okafor"
