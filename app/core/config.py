@@ -136,7 +136,7 @@ class Settings(BaseSettings):
     # sentences of its passages that bear on the question, N words in all (models/context.py).
     reader_context_words: int = Field(default=0, ge=0, le=2000)
     # Gemma readers (packaged or trained): 1 decodes greedily; N keeps N beams and answers with the
-    # best one the passages read contain (models.gemma.grounded), else the best beam.
+    # best one the passages read contain (models.reader_base.grounded), else the best beam.
     reader_answer_beams: int = Field(default=1, ge=1, le=16)
     # Gemma readers, greedy: when the answer is only words of the question ("Latvia" for "Which
     # country will send troops to Latvia?"), N beams are searched and the best grounded answer that is
