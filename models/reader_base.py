@@ -137,8 +137,8 @@ def _count_word(token: str) -> bool:
 
 def drop_counted_noun(answer: str, question: str) -> str:
     """'18,000 cows' -> '18,000' when the question asks "how many cows": a count that repeats the noun
-    it counts. Over the slice's questions that ask "how many NOUN", the gold answer is the number
-    alone for every noun but units of time (97 of 104; the 7 others are "37 years", "10 seconds"
+    it counts. Over the slice's questions that ask "how many NOUN", the gold answer leaves the noun
+    out for every noun but units of time (97 of 104; the 7 others are "37 years", "10 seconds"
     ...), so a unit of time is left on, and so is anything but a number, its scale and the noun.
 
     Example:
