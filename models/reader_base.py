@@ -103,10 +103,16 @@ def strip_restated_question(text: str, question: str) -> str:
     return text
 
 
+def first_worded_line(text: str) -> str | None:
+    """The first line of `text` with a letter or a digit in it (None if no line has one): a
+    generator's answer. A line of bullets, dashes or quotes alone is never one."""
+    return next((line.strip() for line in text.split("\n") if any(c.isalnum() for c in line)), None)
+
+
 def shorten_answer(raw: str, *, question: str = "", max_words: int = 8) -> str:
-    """Cut a generated answer to a short phrase: first line, no 'Answer:' preamble, no restated
-    question, no end dot."""
-    text = raw.strip().split("\n", 1)[0].strip()
+    """Cut a generated answer to a short phrase: its first line with a word in it (not a lone
+    bullet), no 'Answer:' preamble, no restated question, no end dot."""
+    text = first_worded_line(raw) or ""
     for _ in range(2):
         text = _PREFIXES.sub("", text).strip()
     if question:

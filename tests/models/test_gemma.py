@@ -46,6 +46,14 @@ def test_build_prompt_without_passages_is_the_question_alone():
     assert build_prompt("Q?", AS_OF, [], 100) == "Question (asked on Wednesday, June 14, 2023): Q?\nShort answer:"
 
 
+@pytest.mark.parametrize("generated, done", [
+    ("Denver", False), ("Denver Nuggets\n", True), ("\n", False), ("\nDenver", False), ("\nDenver\nThe", True),
+    ("\u2022\n", False), ("\u2022\nDenver", False), ("\u2022\nDenver\n", True), ("--\n\"\n", False), ("42\n", True),
+])
+def test_generation_ends_after_the_first_line_with_a_word(generated, done):
+    assert gemma.ends_first_line(generated) is done
+
+
 def test_build_example_targets_the_answer_and_a_newline():
     prompt, target = build_example(NBA_Q, AS_OF, [NBA], " Denver Nuggets ", 100)
     assert prompt == build_prompt(NBA_Q, AS_OF, [NBA], 100)

@@ -21,6 +21,8 @@ Q = "Who is the head coach of the Kestrel Bay Harriers?"
     ("Okafor. She replaced Verhoeven in February.", Q, "Okafor"),
     ("one two three four five six seven eight nine ten", "Q?", "one two three four five six seven eight"),
     ("", Q, ""),
+    ("\u2022\nInes Okafor\n", Q, "Ines Okafor"),  # a copied bullet is no answer: the first line with a word is
+    ("- \n\n", Q, ""),
 ])
 def test_shorten_answer_cuts_to_a_short_phrase(raw, question, expected):
     assert shorten_answer(raw, question=question) == expected
