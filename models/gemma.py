@@ -15,7 +15,8 @@ The prompt is the one the team measured (EM 15.0 / F1 19.9 zero-shot on 80 unsee
     Short answer:
 
 A base model continues with " <answer>\n" and then keeps going ("Long answer: ..."), so generation
-stops at the end of the first non-empty line and the answer is shortened like every generator's.
+stops at the end of the first line with a letter or digit in it (a copied bullet "•" is no answer)
+and the answer is shortened like every generator's.
 """
 from __future__ import annotations
 
