@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from models.gemma import (FOLDER_NAME, PRECISIONS, GemmaReader, build_prompt, build_target, gemma_folder,
-                          reader_context, resolve_precision)
+                          reader_context, resolve_training_precision)
 from models.reader_base import Item, ReaderPassage, final_answer
 from models.saved_config import SavedConfig
 
@@ -65,9 +65,11 @@ class GemmaConfig(SavedConfig):
     last_layers: int = 4  # "last-layers": how many decoder layers train (with the final norm)
     base: str = FOLDER_NAME  # the packaged base it was trained on
     base_cache: str = ""  # where that base was when it was trained: a hint for load()
-    # The number format of training's matmuls (models.gemma.resolve_precision): "bfloat16" runs the
-    # forward and backward passes under bfloat16 autocast, the weights and the optimizer staying in
-    # float32; "auto" does so where the device computes bfloat16 natively.
+    # The number format of training's matmuls (models.gemma.resolve_training_precision): "bfloat16"
+    # runs the forward and backward passes under bfloat16 autocast, the weights and the optimizer
+    # staying in float32; "auto" does so on a GPU with bfloat16 and on every CPU oneDNN computes it
+    # on, natively or emulated (AVX-512). Validation reads as the service would: "auto" there is
+    # models.gemma.resolve_precision's (bfloat16 only where it is native).
     precision: str = "auto"
 
     def __post_init__(self) -> None:
@@ -260,9 +262,14 @@ class GemmaModel:
         return self.net.get_base_model() if hasattr(self.net, "get_base_model") else self.net
 
     # ---- tensors ----------------------------------------------------------------------------------
+    @property
+    def training_precision(self) -> str:
+        """What the config's precision resolves to for training on this device: "bfloat16" or "float32"."""
+        return resolve_training_precision(self.config.precision, str(self.device))
+
     def _autocast(self):
-        """bfloat16 autocast for the config's precision on this device, else a no-op context."""
-        bf16 = resolve_precision(self.config.precision, str(self.device)) == "bfloat16"
+        """bfloat16 autocast for the config's training precision on this device, else a no-op context."""
+        bf16 = self.training_precision == "bfloat16"
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def _ids(self, text: str, *, special: bool) -> list[int]:

@@ -178,6 +178,9 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     train, val, counts = _training_data(ctx, job, work, make_data)
     model = model_factory()
     trainer = ReaderTrainer(model, spec.kind, spec.train_config(), work / "run")
+    precision = getattr(model, "training_precision", None)  # Gemma: "bfloat16" (autocast) or "float32"
+    if precision:
+        log.info("training a %s reader in %s", spec.kind, precision)
     t1 = time.perf_counter()
     report = fraction_reporter(progress, log)
 
@@ -188,7 +191,7 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     info = {"kind": spec.kind, "version": version, "parent_version": parent, "trained_until": until.isoformat(),
             "month": month, "spec": asdict(spec), "data": counts, "validation": result.best,
             "history": result.history, "stopped": result.stopped, "steps": result.steps,
-            "train_seconds": result.seconds}
+            "train_seconds": result.seconds, **({"precision": precision} if precision else {})}
     write_reader_info(dest, info)
     with db.sessions() as session, session.begin():
         make_active = bool(activate)  # a new version serves only once someone activates it

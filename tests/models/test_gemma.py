@@ -353,6 +353,29 @@ def test_precision_auto_is_bfloat16_only_where_the_device_computes_it(monkeypatc
         gemma.resolve_precision("float16")
 
 
+def test_training_precision_auto_is_bfloat16_wherever_onednn_computes_it(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": True)  # AVX-512 without AVX512-BF16
+    assert gemma.resolve_training_precision("auto") == "bfloat16"  # emulated: slower, but a better version
+    assert gemma.resolve_precision("auto") == "float32"  # reading stays in float32 there
+    assert gemma.resolve_training_precision("float32") == "float32"  # asked for explicitly
+    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": False)  # AVX2 only: loops, far too slow
+    assert gemma.resolve_training_precision("auto") == "float32"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert gemma.resolve_training_precision("auto") == "bfloat16"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        gemma.resolve_training_precision("float16")
+
+
+def test_onednn_bfloat16_is_a_cpu_property():
+    assert gemma.onednn_bfloat16("cuda") is False
+    assert isinstance(gemma.onednn_bfloat16(), bool)
+    assert gemma.onednn_bfloat16() or not gemma.native_bfloat16()  # native bfloat16 runs through oneDNN too
+
+
 @pytest.mark.integration
 def test_a_bfloat16_reader_answers_what_the_float32_one_answers(gemma_cache):
     import torch

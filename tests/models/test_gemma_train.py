@@ -172,6 +172,20 @@ def test_bfloat16_training_computes_in_bfloat16_and_keeps_float32_weights_and_gr
     assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32 for p in trainable)
 
 
+def test_auto_precision_trains_under_bfloat16_autocast_where_onednn_emulates_it(monkeypatch):
+    import models.gemma as gemma
+
+    exact = tiny()
+    auto = tiny(GemmaConfig(max_length=400, lora_r=4, precision="auto"))
+    monkeypatch.setattr(gemma, "native_bfloat16", lambda device="cpu": False)
+    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": True)
+    assert auto.training_precision == "bfloat16"
+    assert auto.loss(ITEMS, ANSWERS).item() != exact.loss(ITEMS, ANSWERS).item()  # under autocast
+    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": False)
+    assert auto.training_precision == "float32"
+    assert auto.loss(ITEMS, ANSWERS).item() == exact.loss(ITEMS, ANSWERS).item()  # the same float32 model
+
+
 def test_encode_examples_with_max_length_0_train_on_the_served_prompt_whole():
     """A prompt far over what a cut would allow is kept whole: the example is the served context
     (the reader's n_passages, max_passage_words each, headlines as served) and the target."""

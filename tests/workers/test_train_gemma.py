@@ -12,6 +12,7 @@ import torch
 
 from app.bootstrap import open_database
 from app.services.reader_registry import active_version, list_versions
+from models.gemma import resolve_training_precision
 from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE
 from models.reader_base import ReaderPassage
 from models.trained import INFO_FILE, load_trained_reader, read_reader_info
@@ -62,6 +63,7 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     assert info["kind"] == "gemma" and info["data"]["gold"] > 0 and info["data"]["self_labeled"] > 0
     assert info["history"][0]["step"] == 0  # the zero-shot score comes first
     assert info["steps"] == math.ceil(info["data"]["train"] / spec.batch_size) and info["stopped"] == "epochs"
+    assert info["precision"] == resolve_training_precision("auto")  # what its matmuls ran in, recorded
 
     # The version reloads and reads: a few steps on the invented sample say nothing of its quality
     # (they once turned "Ines Okafor" into "I coach the harriers"), so check the answer's form.
