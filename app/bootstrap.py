@@ -319,7 +319,8 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
         load_encoder=load_encoder, load_answer_service=load_answer_service,
         open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical),
         make_retriever=lambda enc, rerank=True: build_retriever(settings, enc, rerank=rerank),
-        load_reader_folder=lambda folder: load_trained_folder(settings, Path(folder)))
+        load_reader_folder=lambda folder: load_trained_folder(settings, Path(folder)),
+        train_precision=settings.train_precision)
 
 
 @contextlib.contextmanager

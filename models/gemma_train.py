@@ -262,6 +262,11 @@ class GemmaModel:
         return self.net.get_base_model() if hasattr(self.net, "get_base_model") else self.net
 
     # ---- tensors ----------------------------------------------------------------------------------
+    def use_precision(self, precision: str) -> None:
+        """Train (and validate) in `precision` ("auto", "float32" or "bfloat16") from now on; a version
+        saved afterwards records it in its config."""
+        self.config = dataclasses.replace(self.config, precision=precision)
+
     @property
     def training_precision(self) -> str:
         """What the config's precision resolves to for training on this device: "bfloat16" or "float32"."""

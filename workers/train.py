@@ -177,6 +177,8 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     t0 = time.perf_counter()
     train, val, counts = _training_data(ctx, job, work, make_data)
     model = model_factory()
+    if hasattr(model, "use_precision"):  # Gemma: SQA_TRAIN_PRECISION, whatever a parent version trained in
+        model.use_precision(ctx.train_precision)
     trainer = ReaderTrainer(model, spec.kind, spec.train_config(), work / "run")
     precision = getattr(model, "training_precision", None)  # Gemma: "bfloat16" (autocast) or "float32"
     if precision:

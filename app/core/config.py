@@ -149,6 +149,10 @@ class Settings(BaseSettings):
     # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
     # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma.resolve_precision).
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Gemma trainings' number format (every job that trains or fine-tunes one): "auto" trains under
+    # bfloat16 autocast on a GPU with bfloat16 and on every CPU oneDNN computes it on, natively or
+    # emulated on AVX-512 (models.gemma.resolve_training_precision); "float32" trains in float32.
+    train_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
     log_format: Literal["text", "json"] = "text"

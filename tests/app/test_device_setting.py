@@ -37,3 +37,16 @@ def test_the_reader_decoding_settings_reach_the_packaged_and_the_trained_readers
     assert set(seen) == {"packaged", "trained"} and Settings(home=tmp_path).reader_echo_beams == 0
     with pytest.raises(Exception, match="greater than or equal to 0"):
         Settings(home=tmp_path, reader_echo_beams=-1)
+
+
+def test_the_training_precision_setting_reaches_the_jobs_and_names_a_bad_value(tmp_path):
+    from pydantic import ValidationError
+
+    from app.bootstrap import open_context
+    from app.core.config import Settings
+
+    assert Settings(home=tmp_path).train_precision == "auto"
+    with open_context(Settings(home=tmp_path, train_precision="float32")) as ctx:
+        assert ctx.train_precision == "float32"  # what workers.train gives every Gemma training
+    with pytest.raises(ValidationError, match="train_precision"):
+        Settings(home=tmp_path, train_precision="float16")

@@ -186,6 +186,19 @@ def test_auto_precision_trains_under_bfloat16_autocast_where_onednn_emulates_it(
     assert auto.loss(ITEMS, ANSWERS).item() == exact.loss(ITEMS, ANSWERS).item()  # the same float32 model
 
 
+def test_use_precision_changes_what_the_model_trains_in_and_what_a_saved_version_records(tmp_path):
+    exact = tiny()
+    model = tiny(GemmaConfig(max_length=400, lora_r=4, precision="bfloat16"))
+    assert model.training_precision == "bfloat16"
+    model.use_precision("float32")
+    assert model.training_precision == "float32"
+    assert model.loss(ITEMS, ANSWERS).item() == exact.loss(ITEMS, ANSWERS).item()  # no autocast any more
+    model.save(tmp_path)
+    assert json.loads((tmp_path / CONFIG_FILE).read_text())["precision"] == "float32"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        model.use_precision("float16")
+
+
 def test_encode_examples_with_max_length_0_train_on_the_served_prompt_whole():
     """A prompt far over what a cut would allow is kept whole: the example is the served context
     (the reader's n_passages, max_passage_words each, headlines as served) and the target."""

@@ -74,7 +74,10 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     answer = reader.generate("Who coaches the Harriers?", day, [p]).text
     assert answer and "\n" not in answer and len(answer.split()) <= 8
 
-    second = run_finetune_job(*new_job(loaded_production_settings, "finetune"), month="2024-03", max_minutes=0.2)
+    # SQA_TRAIN_PRECISION reaches a fine-tune, whatever its parent trained in.
+    exact = loaded_production_settings.model_copy(update={"train_precision": "float32"})
+    second = run_finetune_job(*new_job(exact, "finetune"), month="2024-03", max_minutes=0.2)
+    assert read_reader_info(loaded_production_settings.models_dir / second)["precision"] == "float32"
     db = open_database(loaded_production_settings)
     try:
         with db.sessions() as session:
