@@ -165,6 +165,18 @@ def _training_data(ctx: JobContext, job: JobHandle, work: Path, make_data) -> tu
     return train, val, counts
 
 
+def slow_bfloat16(device: str) -> str | None:
+    """What to tell a user who trains in bfloat16 (SQA_TRAIN_PRECISION=bfloat16) on a CPU that
+    oneDNN has no bfloat16 kernels for (no AVX-512), where each step falls back to loops; None elsewhere."""
+    from models.gemma import onednn_bfloat16
+
+    if device.startswith("cuda") or onednn_bfloat16(device):
+        return None
+    return ("training in bfloat16 on a CPU without AVX-512: oneDNN has no bfloat16 kernel for it, so each step "
+            "falls back to loops, many times slower than float32 (SQA_TRAIN_PRECISION=auto or float32 trains in "
+            "float32 here)")
+
+
 def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec, label: str, work: Path, make_data,
                         model_factory, until: dt.date, month: str | None = None, parent: str | None = None,
                         activate: bool | None = None) -> str:
@@ -183,6 +195,8 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     precision = getattr(model, "training_precision", None)  # Gemma: "bfloat16" (autocast) or "float32"
     if precision:
         log.info("training a %s reader in %s", spec.kind, precision)
+        if precision == "bfloat16" and (warning := slow_bfloat16(str(model.device))):
+            log.warning(warning)
     t1 = time.perf_counter()
     report = fraction_reporter(progress, log)
 

@@ -142,3 +142,14 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
     answer = reader.generate("Who coaches the Harriers?", day, [p]).text
     assert answer and "\n" not in answer
+
+
+def test_forced_bfloat16_on_a_cpu_without_avx512_is_named_as_slow(monkeypatch):
+    import models.gemma as gemma
+    from workers.train import slow_bfloat16
+
+    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": False)
+    assert "many times slower than float32" in slow_bfloat16("cpu")
+    assert slow_bfloat16("cuda:0") is None  # a GPU's bfloat16 is its own
+    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": True)
+    assert slow_bfloat16("cpu") is None  # oneDNN computes it, natively or emulated
