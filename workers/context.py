@@ -68,7 +68,7 @@ class JobContext:
     # A reader version's folder loaded as a Reader (the serving settings: device, passages).
     load_reader_folder: Callable[[Path], "Reader"]
     # SQA_TRAIN_PRECISION: the number format Gemma readers train in ("auto", "float32", "bfloat16").
-    train_precision: str = "auto"
+    train_precision: str
 
     def torch_device(self) -> str:
         """The device a job's model goes to: SQA_DEVICE, with "auto" the GPU when torch sees one."""
