@@ -88,7 +88,7 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
                    overrides: dict | None = None, model_overrides: dict | None = None, progress=None) -> dict:
     """Train on the export in `folder` and write the version folder `out`; returns its reader.json.
     `overrides` replace TrainConfig fields of the job (epochs, batch size, lr, budget...),
-    `model_overrides` GemmaConfig fields (lora_r, method...). Checkpoints go to `<out>.run/`: the
+    `model_overrides` GemmaConfig fields (lora_r, method, precision...). Checkpoints go to `<out>.run/`: the
     same command resumes an interrupted run (with the same overrides)."""
     import torch
 
@@ -146,7 +146,7 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
             "model_overrides": model_overrides or {},
             "data": {**job["data"], "train": len(train), "val": len(val)}, "validation": result.best,
             "history": result.history, "stopped": result.stopped, "steps": result.steps,
-            "train_seconds": result.seconds,
+            "train_seconds": result.seconds, "precision": model.training_precision,
             "trained_elsewhere": {"device": device_name(device), "torch": torch.__version__,
                                   "train": dataclasses.asdict(tcfg), "base_load_seconds": round(load_s, 1),
                                   "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}}
@@ -184,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--last-layers", type=int, default=None, help="with --method last-layers: how many (of 18)")
     p.add_argument("--n-passages", type=int, default=None, help="read the first N of each example's passages, in "
                    "training and when serving (at most what the export holds: one export serves several runs)")
+    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default=None,
+                   help="number format of the training's matmuls (the export's: SQA_TRAIN_PRECISION where it was "
+                        "made; auto: bfloat16 on a GPU and wherever oneDNN computes it, else float32)")
     p.add_argument("--max-length", type=int, default=None, help="training tokens per example, passages cut to fit "
                    "(the job's: 320; 0: the served prompt whole, no cut)")
     return p
@@ -219,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     model_overrides = {name: value for name, value in (("lora_r", args.lora_r), ("method", args.method),
                                                        ("last_layers", args.last_layers),
                                                        ("n_passages", args.n_passages),
-                                                       ("max_length", args.max_length)) if value is not None}
+                                                       ("max_length", args.max_length),
+                                                       ("precision", args.precision)) if value is not None}
     if args.method == "last-layers" and args.lr is None:
         overrides["lr"] = 2e-5  # pretrained layers want a smaller step than fresh adapters (workers.train)
 

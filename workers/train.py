@@ -277,7 +277,8 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     (dest / JOB_FILE).unlink(missing_ok=True)  # written last: without it the folder is no export
     for name in ("train.jsonl", "val.jsonl"):  # what _training_data saved: copied, not written again
         shutil.copy2(work / name, dest / name)
-    model = spec.gemma_config()
+    # SQA_TRAIN_PRECISION travels with the data: `models.train_exported` trains in it unless told otherwise.
+    model = replace(spec.gemma_config(), precision=ctx.train_precision)
     first = train[0]
     job.update(message="copying the tokenizer (converting the packaged Gemma on first use)")
     check = save_tokenizer(gemma_folder(ctx.models_dir / "base"), dest,

@@ -111,6 +111,21 @@ def test_main_trains_and_names_the_import_command(tmp_path, tiny_base, capsys):
     assert (tmp_path / "v" / WEIGHTS_FILE).exists()
 
 
+def test_the_export_s_precision_trains_unless_the_command_line_names_another(tmp_path, tiny_base):
+    data = export(tmp_path / "data")  # exported under SQA_TRAIN_PRECISION=float32
+    assert te.main([str(data), "--out", str(tmp_path / "v1"), "--device", "cpu", "--epochs", "1"]) == 0
+    assert read_reader_info(tmp_path / "v1")["precision"] == "float32"
+    assert json.loads((tmp_path / "v1" / CONFIG_FILE).read_text())["precision"] == "float32"
+    assert te.main([str(data), "--out", str(tmp_path / "v2"), "--device", "cpu", "--epochs", "1",
+                    "--precision", "bfloat16"]) == 0
+    assert read_reader_info(tmp_path / "v2")["precision"] == "bfloat16"
+    assert json.loads((tmp_path / "v2" / CONFIG_FILE).read_text())["precision"] == "bfloat16"
+    assert tiny_base[1].training_precision == "bfloat16"
+    with pytest.raises(SystemExit) as exited:  # argparse names the choices
+        te.main([str(data), "--out", str(tmp_path / "v3"), "--precision", "float16"])
+    assert exited.value.code == 2 and not (tmp_path / "v3").exists()
+
+
 def test_a_tokenizer_that_splits_the_check_text_otherwise_is_refused_before_training(tmp_path, tiny_base):
     # What one GPU machine's transformers did to the GGUF's tokenizer: every word split into characters.
     data = export(tmp_path / "data")

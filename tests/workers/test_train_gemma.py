@@ -109,8 +109,10 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     models_dir.mkdir(parents=True, exist_ok=True)
     (models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
     spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=100, max_self_articles=6, self_per_article=3)
-    info = run_export_job(*new_job(loaded_production_settings, "export"), until=dt.date(2024, 3, 1),
-                          dest=tmp_path / "data", spec=spec)
+    # SQA_TRAIN_PRECISION goes into the export: the machine that trains it uses the exporting store's.
+    exact = loaded_production_settings.model_copy(update={"train_precision": "float32"})
+    info = run_export_job(*new_job(exact, "export"), until=dt.date(2024, 3, 1), dest=tmp_path / "data", spec=spec)
+    assert info["model"]["precision"] == "float32"
     train, val = load_examples(tmp_path / "data" / "train.jsonl"), load_examples(tmp_path / "data" / "val.jsonl")
     assert (info["data"]["train"], info["data"]["val"]) == (len(train), len(val)) and train and val
     assert {ex.source for ex in train} == {"gold", "self"} and max(ex.as_of for ex in train) < dt.date(2024, 3, 1)
@@ -127,6 +129,7 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     with patch("models.gemma_train._load_base", side_effect=lambda cache: (_load_base(cache)[0], CharSplitter())):
         trained = train_exported(tmp_path / "data", out, base_cache=gemma_cache, overrides={"batch_size": 8})
     assert trained["steps"] == math.ceil(len(train) / 8) and trained["trained_until"] == "2024-03-01"
+    assert trained["precision"] == "float32"
     db = open_database(loaded_production_settings)
     try:
         with db.sessions() as session, session.begin():
