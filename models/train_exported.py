@@ -161,6 +161,8 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
 
 
 def _parser() -> argparse.ArgumentParser:
+    from models.gemma import PRECISIONS  # light: no torch, no transformers
+
     p = argparse.ArgumentParser(prog="python -m models.train_exported", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: python -m models.train_exported gemma-data --out gemma-version "
@@ -184,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--last-layers", type=int, default=None, help="with --method last-layers: how many (of 18)")
     p.add_argument("--n-passages", type=int, default=None, help="read the first N of each example's passages, in "
                    "training and when serving (at most what the export holds: one export serves several runs)")
-    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default=None,
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="number format of the training's matmuls (the export's: SQA_TRAIN_PRECISION where it was "
                         "made; auto: bfloat16 on a GPU and wherever oneDNN computes it, else float32)")
     p.add_argument("--max-length", type=int, default=None, help="training tokens per example, passages cut to fit "
