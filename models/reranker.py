@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,10 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 INFO_FILE = "reranker.json"
+KS = (1, 5, 10)
+RECENCY_GRID = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
+FIRST_STAGE_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)  # times the first stage's score (weighted fusion: 0..1)
+PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class RerankerConfig:
     epochs: int = 1
     max_minutes: float = 0.0  # 0: no budget
     seed: int = 0
+    warmup_ratio: float = 0.0  # > 0: the learning rate warms up over this share of the steps, then decays linearly
+    precision: str = "float32"  # or "bfloat16": autocast on a GPU (the weights stay float32)
 
 
 @dataclass(frozen=True)
@@ -76,13 +83,15 @@ class CrossEncoderReranker:
 
     @classmethod
     def _load(cls, path: Path, cfg: RerankerConfig, *, device: str, name: str, info: dict | None = None):
+        import torch
         import transformers
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # "newly initialized: classifier" is expected from MiniLM
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1)
+            # float32 whatever the folder holds (a version trained elsewhere may be saved as float16)
+            model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=torch.float32)
         finally:
             transformers.logging.set_verbosity(level)
         return cls(model, AutoTokenizer.from_pretrained(str(path)), cfg, name=name, device=device, info=info)
@@ -112,21 +121,33 @@ class CrossEncoderReranker:
         return np.concatenate(out).astype(np.float32) if out else np.zeros(0, dtype=np.float32)
 
     def train_groups(self, groups: Sequence[Group], *, progress: Callable[[float, str], None] | None = None,
-                     validate: Callable[[], dict] | None = None) -> dict:
+                     validate: Callable[[], dict] | None = None,
+                     better: Callable[[dict, dict], bool] | None = None) -> dict:
         """Listwise training over the groups (cfg.epochs, within cfg.max_minutes). Returns
-        {"steps", "seconds", "stopped", "history": [validate() after each epoch]}."""
+        {"steps", "seconds", "stopped", "history": [validate() after each epoch], "best_epoch"}.
+        With `better(new, best)` the weights of the best epoch by it are kept (validated each epoch),
+        else the last ones."""
         import torch
 
         cfg = self.cfg
         if not groups:
             raise ValueError("no training groups")
+        if cfg.precision not in PRECISIONS:
+            raise ValueError(f"precision {cfg.precision!r} is unknown (use {' or '.join(PRECISIONS)})")
         opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.01)
         steps_per_epoch = (len(groups) + cfg.groups_per_step - 1) // cfg.groups_per_step
         total = steps_per_epoch * cfg.epochs
+        warmup = int(cfg.warmup_ratio * total)
+        sched = None
+        if cfg.warmup_ratio > 0:
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda i: (i + 1) / max(1, warmup) if i < warmup else max(0.0, (total - i) / max(1, total - warmup)))
+        autocast = cfg.precision == "bfloat16" and str(self.device).startswith("cuda")
         rng = random.Random(cfg.seed)
         t0, step, stopped, history = time.monotonic(), 0, "epochs", []
+        best, best_state, best_epoch = None, None, None
         order = list(groups)
-        for _epoch in range(cfg.epochs):
+        for epoch in range(cfg.epochs):
             rng.shuffle(order)
             self.model.train()
             for s in range(steps_per_epoch):
@@ -137,7 +158,8 @@ class CrossEncoderReranker:
                     queries += [g.query] * len(members)
                     passages += members
                     sizes.append(len(members))
-                logits = self._forward(queries, passages)
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                    logits = self._forward(queries, passages).float()
                 loss, j = 0.0, 0
                 for n in sizes:  # the positive is each group's first member
                     loss = loss + torch.nn.functional.cross_entropy(logits[j:j + n][None], torch.zeros(1, dtype=torch.long,
@@ -146,6 +168,8 @@ class CrossEncoderReranker:
                 (loss / len(sizes)).backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
                 opt.step()
+                if sched is not None:
+                    sched.step()
                 opt.zero_grad(set_to_none=True)
                 step += 1
                 if progress and step % 10 == 0:
@@ -155,10 +179,70 @@ class CrossEncoderReranker:
                     break
             self.model.eval()
             if validate is not None:
-                history.append(validate())
+                history.append({"epoch": epoch + 1, "steps": step, **validate()})
+                if better is not None and (best is None or better(history[-1], best)):
+                    best, best_epoch = history[-1], epoch + 1
+                    best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             if stopped != "epochs":
                 break
-        return {"steps": step, "seconds": round(time.monotonic() - t0, 1), "stopped": stopped, "history": history}
+        if best_state is not None:
+            self.model.load_state_dict(best_state)
+        return {"steps": step, "seconds": round(time.monotonic() - t0, 1), "stopped": stopped, "history": history,
+                "best_epoch": best_epoch}
+
+
+def groups_of(items: list[dict], *, max_positives: int, negatives: int, seed: int = 0,
+              text: Callable[[dict], str] = lambda c: c["input"]) -> list[Group]:
+    """Training groups from candidate lists ({"query", "cands": [{"hit", ...}]}): each of an item's
+    first `max_positives` candidates that hold the answer, with `negatives` sampled from those that
+    do not (hard negatives: the first stage's own). An item without both makes none."""
+    rng = random.Random(seed)
+    groups = []
+    for item in items:
+        pos = [text(c) for c in item["cands"] if c["hit"]]
+        neg = [text(c) for c in item["cands"] if not c["hit"]]
+        if not pos or not neg:
+            continue
+        for p in pos[:max_positives]:
+            groups.append(Group(item["query"], p, tuple(rng.sample(neg, min(negatives, len(neg))))))
+    return groups
+
+
+def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency: float = 0.0,
+                    first_stage: float = 0.0) -> dict:
+    """recall@k and MRR of the candidates ordered by `scores` plus `first_stage` times the first
+    stage's score minus the recency prior (scores None: the first stage's own order), over all the
+    items (an item without a positive counts as a miss)."""
+    n = max(1, len(items))
+    hits = {k: 0 for k in KS}
+    rr = 0.0
+    for j, item in enumerate(items):
+        cands = item["cands"]
+        if scores is None:
+            order = list(range(len(cands)))
+        else:
+            final = [s + first_stage * c.get("score", 0.0) - recency * math.log1p(c["age"])
+                     for s, c in zip(scores[j], cands)]
+            order = sorted(range(len(cands)), key=lambda i: -final[i])
+        flags = [cands[i]["hit"] for i in order]
+        for k in KS:
+            hits[k] += any(flags[:k])
+        rr += next((1 / (r + 1) for r, f in enumerate(flags) if f), 0.0)
+    return {**{f"recall@{k}": round(100 * v / n, 1) for k, v in hits.items()}, "mrr": round(rr / n, 4)}
+
+
+def fit_weights(items: list[dict], scores: list[list[float]], grid) -> tuple[float, float, dict]:
+    """(recency weight, first-stage weight, {(w, f): figures}): the pair of `grid` with the best
+    recall@5 (then MRR, then the smaller weights) of `ranking_figures` over the held-back items."""
+    by_weight = {wf: ranking_figures(items, scores, *wf) for wf in grid}
+    weight, first = max(grid, key=lambda wf: (by_weight[wf]["recall@5"], by_weight[wf]["mrr"], -wf[0], -wf[1]))
+    return weight, first, by_weight
+
+
+def beats(figures: dict, first_stage: dict) -> bool:
+    """Whether re-ranked `figures` beat the first stage's: recall@5, then MRR."""
+    return figures["recall@5"] > first_stage["recall@5"] or (
+        figures["recall@5"] == first_stage["recall@5"] and figures["mrr"] > first_stage["mrr"])
 
 
 def load_reranker(folder: Path | str, *, device: str = "cpu"):

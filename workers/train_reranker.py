@@ -21,12 +21,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import math
 import random
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +34,7 @@ from evaluation.metrics import answer_in_text
 from indexer.atomic import write_atomic
 from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
+from models.reranker import FIRST_STAGE_GRID, RECENCY_GRID, beats, fit_weights, groups_of, ranking_figures
 from workers.progress import fraction_reporter
 from workers.reader_data import digest, retrieval_key, serving_snapshot
 
@@ -45,9 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RERANKER_TRAINING_LOCK = "reranker-training"
-KS = (1, 5, 10)
-RECENCY_GRID = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
-FIRST_STAGE_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)  # times the first stage's score (weighted fusion: 0..1)
 
 
 @dataclass(frozen=True)
@@ -56,6 +53,7 @@ class RerankerDataConfig:
     max_positives: int = 2  # groups per question
     negatives: int = 7
     max_self_articles: int = 300  # articles sampled for self-labeled questions (0: none)
+    self_per_article: int = 1  # self-labeled questions kept from each
     max_val: int = 150
     seed: int = 0
 
@@ -88,7 +86,7 @@ def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: Reranke
         selfq = []
         if cfg.max_self_articles:
             gen = self_labeled(session, start, held_from, DataConfig(seed=cfg.seed), max_articles=cfg.max_self_articles,
-                               per_article=1)
+                               per_article=cfg.self_per_article)
             selfq = [(g.question, asked_after(g.published, rng, held_from - dt.timedelta(days=1)), (g.answer,), "self")
                      for g in gen]
         job.stage("candidates", len(train_q) + len(selfq) + len(val_q))
@@ -104,42 +102,47 @@ def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: Reranke
     return out
 
 
-def groups_of(items: list[dict], cfg: RerankerDataConfig):
-    from models.reranker import Group
+def gathered_items(ctx: JobContext, job: JobHandle, *, until: dt.date, data: RerankerDataConfig) -> tuple[dict, Path]:
+    """(`build_items`' result, the work folder that caches it): a rerun over the same index and first
+    stage reuses the candidates; a new ingest or another retriever finds other ones. The caller
+    deletes the folder once the candidates are used."""
+    encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
+    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{retrieval_key(ctx, encoder, snapshot, rerank=False)}"
+    swept = sweep_stale_candidates(work.parent, snapshot.snapshot_id)
+    if swept:
+        log.info("deleted %d re-ranker candidate folder(s) of an older index snapshot", swept)
+    work.mkdir(parents=True, exist_ok=True)
+    write_atomic(work / SNAPSHOT_STAMP, snapshot.snapshot_id.encode())
+    cached = work / "items.json"
+    if cached.exists():
+        return json.loads(cached.read_text()), work
+    items = build_items(ctx, job, until=until, cfg=data, encoder=encoder, snapshot=snapshot)
+    write_atomic(cached, json.dumps(items).encode())  # a crash leaves no half-written cache
+    return items, work
 
-    rng = random.Random(cfg.seed)
-    groups = []
-    for item in items:
-        pos = [c["input"] for c in item["cands"] if c["hit"]]
-        neg = [c["input"] for c in item["cands"] if not c["hit"]]
-        if not pos or not neg:
-            continue
-        for p in pos[: cfg.max_positives]:
-            groups.append(Group(item["query"], p, tuple(rng.sample(neg, min(cfg.negatives, len(neg))))))
-    return groups
 
+def run_export_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Path,
+                            data: RerankerDataConfig | None = None, negatives: int = 15) -> dict:
+    """`sqa train reranker --until D --export DIR`: the candidates `run_train_reranker_job` would
+    train and validate a cross-encoder on (gathered and cached the same way), written to `dest` for
+    `python -m models.train_exported_reranker` on another machine (a GPU); `sqa rerankers import`
+    brings the version back. A training question keeps its first `data.max_positives` candidates
+    with the answer and up to `negatives` without; a held-back one keeps all its candidates (its
+    recall is measured over them). Returns the job file's content."""
+    from models.train_exported_reranker import EXPORT_FILE, write_export
 
-def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency: float = 0.0,
-                    first_stage: float = 0.0) -> dict:
-    """recall@k and MRR of the candidates ordered by `scores` plus `first_stage` times the first
-    stage's score minus the recency prior (scores None: the first stage's own order), over all the
-    items (an item without a positive counts as a miss)."""
-    n = max(1, len(items))
-    hits = {k: 0 for k in KS}
-    rr = 0.0
-    for j, item in enumerate(items):
-        cands = item["cands"]
-        if scores is None:
-            order = list(range(len(cands)))
-        else:
-            final = [s + first_stage * c.get("score", 0.0) - recency * math.log1p(c["age"])
-                     for s, c in zip(scores[j], cands)]
-            order = sorted(range(len(cands)), key=lambda i: -final[i])
-        flags = [cands[i]["hit"] for i in order]
-        for k in KS:
-            hits[k] += any(flags[:k])
-        rr += next((1 / (r + 1) for r, f in enumerate(flags) if f), 0.0)
-    return {**{f"recall@{k}": round(100 * v / n, 1) for k, v in hits.items()}, "mrr": round(rr / n, 4)}
+    data = data or RerankerDataConfig()
+    items, work = gathered_items(ctx, job, until=until, data=data)
+    job.update(message=f"writing the export to {dest}")
+    info = {"kind": "cross-encoder", "trained_until": str(until),
+            "held_back": month_key(month_start(until - dt.timedelta(days=1))), "depth": data.depth,
+            "data_config": asdict(data), "export_negatives": negatives, "data": items["counts"],
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    info = write_export(dest, items, info, max_positives=data.max_positives, negatives=negatives, seed=data.seed)
+    shutil.rmtree(work, ignore_errors=True)
+    job.update(counts={**items["counts"], "passages": info["passages"], "exported_to": str(dest)})
+    log.info("exported %s to %s (%s)", items["counts"], dest, EXPORT_FILE)
+    return info
 
 
 KINDS = ("cross-encoder", "features")
@@ -160,21 +163,7 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
 
     data = data or RerankerDataConfig()
     t0 = time.perf_counter()
-    encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
-    # a rerun over the same index and first stage reuses the candidates; a new ingest or another
-    # retriever finds other ones
-    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{retrieval_key(ctx, encoder, snapshot, rerank=False)}"
-    swept = sweep_stale_candidates(work.parent, snapshot.snapshot_id)
-    if swept:
-        log.info("deleted %d re-ranker candidate folder(s) of an older index snapshot", swept)
-    work.mkdir(parents=True, exist_ok=True)
-    write_atomic(work / SNAPSHOT_STAMP, snapshot.snapshot_id.encode())
-    cached = work / "items.json"
-    if cached.exists():
-        items = json.loads(cached.read_text())
-    else:
-        items = build_items(ctx, job, until=until, cfg=data, encoder=encoder, snapshot=snapshot)
-        write_atomic(cached, json.dumps(items).encode())  # a crash leaves no half-written cache
+    items, work = gathered_items(ctx, job, until=until, data=data)
     val = items["val"]
     t1 = time.perf_counter()
     if kind == "features":
@@ -190,8 +179,7 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     # among its features already; weights fitted on top of it gained on the held-back month and lost
     # on the next quarter (README, "Re-ranking"), so it serves alone.
     grid = [(0.0, 0.0)] if kind == "features" else [(w, f) for w in RECENCY_GRID for f in FIRST_STAGE_GRID]
-    by_weight = {wf: ranking_figures(val, scores, *wf) for wf in grid}
-    weight, first_weight = max(grid, key=lambda wf: (by_weight[wf]["recall@5"], by_weight[wf]["mrr"], -wf[0], -wf[1]))
+    weight, first_weight, by_weight = fit_weights(val, scores, grid)
     figures = by_weight[(weight, first_weight)]
     version = f"reranker-{until}-{secrets.token_hex(3)}"
     info = {"version": version, "kind": kind, **extra, "trained_until": str(until),
@@ -207,9 +195,7 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(tmp, info)
     tmp.rename(dest)
-    better = figures["recall@5"] > first_stage["recall@5"] or (
-        figures["recall@5"] == first_stage["recall@5"] and figures["mrr"] > first_stage["mrr"])
-    info["activated"] = bool(activate and better)
+    info["activated"] = bool(activate and beats(figures, first_stage))
     if info["activated"]:
         activate_reranker(ctx.rerankers_dir, version)
     job.update(counts={"version": version, "kind": kind, "activated": info["activated"], "validation": figures,
@@ -263,7 +249,7 @@ def _train_cross_encoder(ctx: JobContext, job: JobHandle, items: dict, val: list
     """(model, counts, result, validation scores) of a MiniLM cross-encoder trained on groups."""
     from models.reranker import CrossEncoderReranker, RerankerConfig
 
-    groups = groups_of(items["train"], data)
+    groups = groups_of(items["train"], max_positives=data.max_positives, negatives=data.negatives, seed=data.seed)
     if not groups:
         raise ValueError(f"no training groups: none of the {len(items['train'])} questions before the held-back "
                          "month has an answer among its candidates")

@@ -206,20 +206,43 @@ def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on wha
                    depth: int = typer.Option(30, min=2, max=500, help="first-stage candidates per question "
                                              "(serve with the same SQA_RERANK_DEPTH)"),
                    self_articles: int = typer.Option(300, min=0, help="articles sampled for self-labeled questions"),
+                   self_per_article: int = typer.Option(1, min=1, help="self-labeled questions kept from each"),
                    seed: int = typer.Option(0),
                    kind: str = typer.Option("cross-encoder", help="cross-encoder (MiniLM reads each question and "
                                             "passage) or features (a logistic model over cheap features: "
                                             "seconds to train, microseconds a candidate to serve)"),
                    activate: bool = typer.Option(False, "--activate/--no-activate", help="serve it when done, if it "
-                                                 "beats the first stage's recall@5 on the held-back month")) -> None:
+                                                 "beats the first stage's recall@5 on the held-back month"),
+                   export: Optional[Path] = typer.Option(None, help="cross-encoder: write the candidates to this "
+                                                         "folder instead of training, for `python -m "
+                                                         "models.train_exported_reranker` on another machine (a GPU)")) -> None:
     """Train a re-ranker on the first stage's candidates for the dated gold and self-labeled questions
     before the cut, and fit its recency prior; run it again to reuse the data."""
-    from workers.train_reranker import KINDS, RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job
+    from workers.train_reranker import (KINDS, RERANKER_TRAINING_LOCK, RerankerDataConfig, run_export_reranker_job,
+                                        run_train_reranker_job)
 
     if kind not in KINDS:
         fail(f"--kind {kind!r} is unknown: use {' or '.join(KINDS)}")
     cut = day_option(until, "--until")
-    data = RerankerDataConfig(depth=depth, max_self_articles=self_articles, seed=seed)
+    data = RerankerDataConfig(depth=depth, max_self_articles=self_articles, self_per_article=self_per_article, seed=seed)
+    if export is not None:
+        if kind != "cross-encoder":
+            fail("--export is for --kind cross-encoder (the feature re-ranker trains in seconds here)")
+        if activate:
+            fail("--activate does not go with --export (nothing is trained here): `sqa rerankers import DIR "
+                 "--activate` does, once the version is trained")
+        if export.exists() and not export.is_dir():
+            fail(f"--export {export} is a file: name a folder")
+        info = run_job("export-reranker-data", {"until": str(cut), "to": str(export)},
+                       lambda ctx, job: run_export_reranker_job(ctx, job, until=cut, dest=export, data=data),
+                       lock=RERANKER_TRAINING_LOCK)
+        d = info["data"]
+        typer.echo(f"exported {info['train_questions']} training questions ({d['gold']} gold, {d['self']} "
+                   f"self-labeled asked; those without a candidate holding the answer and one without are left out) "
+                   f"and {info['val_questions']} held-back questions of {info['held_back']}, {info['passages']} "
+                   f"passages, to {export}; train them with `python -m models.train_exported_reranker {export} "
+                   f"--out VERSION_DIR --device cuda`, then `sqa rerankers import VERSION_DIR`")
+        return
     info = run_job("train-reranker", {"until": str(cut)},
                    lambda ctx, job: run_train_reranker_job(ctx, job, until=cut, max_minutes=max_minutes, epochs=epochs,
                                                            data=data, activate=activate, kind=kind),
@@ -251,6 +274,29 @@ def rerankers_list() -> None:
                    f"recall@5 {v.get('recall@5')} (first stage {f.get('recall@5')})  recency {info.get('recency_weight')}")
     if not rows:
         typer.echo("no re-ranker versions yet: `sqa train reranker --until YYYY-MM-DD`")
+
+
+@rerankers_cli.command("import", epilog="Example: sqa rerankers import reranker-version --activate")
+@guard
+def rerankers_import(folder: Path = typer.Argument(..., help="a version folder trained elsewhere (`python -m "
+                                                    "models.train_exported_reranker`)"),
+                     activate: bool = typer.Option(False, "--activate/--no-activate", help="serve it once imported "
+                                                   "(whatever its validation says)")) -> None:
+    """Register a re-ranker version trained on another machine: the folder is checked (the model must
+    load and score), copied into SQA_HOME/rerankers under its version name, and listed."""
+    from app.services.reranking import activate_reranker, import_reranker
+
+    s = settings()
+    try:
+        info = import_reranker(s.rerankers_dir, folder)
+    except ValueError as exc:
+        fail(str(exc))
+    if activate:
+        activate_reranker(s.rerankers_dir, info["version"])
+    v, f = info.get("validation", {}), info.get("first_stage", {})
+    typer.echo(f"imported {folder} as re-ranker {info['version']} (held-back recall@5 {v.get('recall@5')}, first "
+               f"stage {f.get('recall@5')}); " + ("serving" if activate else
+                                                  f"`sqa rerankers activate {info['version']}` serves it"))
 
 
 @rerankers_cli.command("activate", epilog="Example: sqa rerankers activate none")

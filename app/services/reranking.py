@@ -53,6 +53,42 @@ def list_reranker_versions(rerankers_dir: Path) -> list[dict]:
     return sorted(out, key=lambda i: (str(i.get("created_at", "")), i["version"]))
 
 
+def import_reranker(rerankers_dir: Path, folder: Path) -> dict:
+    """Copy a version folder trained elsewhere (`python -m models.train_exported_reranker`) into
+    `rerankers_dir` under its version name, after checking that it loads and scores; a folder that
+    does not, or a name already there, is refused (ValueError) and nothing is written. Returns its info."""
+    import json
+    import shutil
+
+    from models.reranker import load_reranker
+
+    folder, rerankers_dir = Path(folder), Path(rerankers_dir)
+    if not (folder / INFO_FILE).is_file():
+        raise ValueError(f"{folder} is not a re-ranker version (no {INFO_FILE}): train one with "
+                         "`python -m models.train_exported_reranker EXPORT --out DIR`")
+    try:
+        info = json.loads((folder / INFO_FILE).read_text())
+        version = str(info["version"])
+        model = load_reranker(folder)
+        if hasattr(model, "scores"):
+            scores = model.scores("Who won?", ["A won.", "Rain."])
+            if scores.shape != (2,) or not all(map(math.isfinite, scores.tolist())):
+                raise ValueError(f"it scored a test pair {scores.tolist()}")
+    except Exception as exc:  # a truncated copy raises safetensors' own error
+        raise ValueError(f"{folder} does not load as a re-ranker version: {exc}") from exc
+    if not version or "/" in version or version.startswith(".") or version == ACTIVE_FILE:
+        raise ValueError(f"{folder}: {INFO_FILE} names version {version!r}, which cannot be a folder name")
+    dest = rerankers_dir / version
+    if dest.exists():
+        raise ValueError(f"re-ranker version {version} is already in {rerankers_dir}")
+    rerankers_dir.mkdir(parents=True, exist_ok=True)
+    tmp = rerankers_dir / f".{version}.import.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    tmp.rename(dest)  # a crash mid-copy leaves only the hidden folder, which no listing reads
+    return info
+
+
 def active_reranker(rerankers_dir: Path) -> str | None:
     try:
         name = (Path(rerankers_dir) / ACTIVE_FILE).read_text().strip()

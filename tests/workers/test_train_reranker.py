@@ -146,3 +146,54 @@ def test_a_run_deletes_the_candidates_a_killed_run_gathered_over_an_older_snapsh
     run_train_reranker_job(*new_job(bm25, "train-reranker"), until=dt.date(2024, 3, 1), data=data, kind="features")
     assert sorted(p.name for p in folder.iterdir()) == sorted([kept.name, unstamped.name])
     assert (kept / train_reranker.SNAPSHOT_STAMP).read_text() == serving and (kept / "items.json").exists()
+
+
+
+@pytest.mark.integration  # the real MiniLM weights as a cross-encoder
+def test_export_train_elsewhere_and_import_a_cross_encoder_version(loaded_settings, new_job, tmp_path):
+    import json
+
+    from app.services.reranking import import_reranker
+    from models.train_exported_reranker import read_export, train_exported
+    from workers.train_reranker import run_export_reranker_job
+
+    torch.set_num_threads(1)
+    data = RerankerDataConfig(depth=10, max_self_articles=0)
+    export = tmp_path / "export"
+    job = run_export_reranker_job(*new_job(loaded_settings, "export-reranker-data"), until=dt.date(2024, 3, 1),
+                                  dest=export, data=data, negatives=3)
+    assert job["held_back"] == "2024-02" and job["data"]["gold"] > 0 and job["train_questions"] > 0
+    _, train, val = read_export(export)
+    assert len(val) == job["val_questions"] > 0 and all(len(i["cands"]) <= 5 for i in train)  # 1..2 positives, <= 3 negatives
+    assert all(i["asked"] < "2024-02-01" for i in train) and all(i["asked"] >= "2024-02-01" for i in val)
+
+    out = tmp_path / "version"
+    info = train_exported(export, out, epochs=2, groups_per_step=4, negatives=3, half=True)
+    assert info["held_back"] == "2024-02" and [h["epoch"] for h in info["train"]["history"]] == [1, 2]
+    assert info["train"]["best_epoch"] in (1, 2) and info["trained_elsewhere"] == {"device": "cpu", "precision": "float32"}
+    assert info["beats_first_stage"] == ((info["validation"]["recall@5"], info["validation"]["mrr"]) >
+                                         (info["first_stage"]["recall@5"], info["first_stage"]["mrr"]))
+
+    imported = import_reranker(loaded_settings.rerankers_dir, out)
+    assert imported["version"] == info["version"]
+    [listed] = list_reranker_versions(loaded_settings.rerankers_dir)
+    assert listed["version"] == info["version"] and not listed["active"]  # importing does not activate
+    model = CrossEncoderReranker.load(loaded_settings.rerankers_dir / info["version"])
+    assert next(model.model.parameters()).dtype == torch.float32  # saved as float16, served as float32
+    assert model.info["recency_weight"] == info["recency_weight"]
+    with pytest.raises(ValueError, match="already in"):
+        import_reranker(loaded_settings.rerankers_dir, out)
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "reranker.json").write_text(json.dumps({**info, "version": "reranker-broken"}))
+    with pytest.raises(ValueError, match="does not load as a re-ranker version"):
+        import_reranker(loaded_settings.rerankers_dir, broken)
+    assert sorted(p.name for p in loaded_settings.rerankers_dir.iterdir()) == [info["version"]]
+
+
+def test_cli_rerankers_import_refuses_a_folder_that_is_not_a_version(sqa, tmp_path):
+    r = sqa("rerankers", "import", str(tmp_path / "nowhere"))
+    assert r.exit_code != 0 and "is not a re-ranker version" in r.output, r.output
+    r = sqa("train", "reranker", "--until", "2024-03-01", "--kind", "features", "--export", str(tmp_path / "x"))
+    assert r.exit_code != 0 and "--export is for --kind cross-encoder" in r.output, r.output
