@@ -105,7 +105,7 @@ def read_export(folder: Path) -> tuple[dict, list[dict], list[dict]]:
 def train_exported(folder: Path, out: Path, *, device: str = "cpu", epochs: int = 3, lr: float = 3e-5,
                    groups_per_step: int = 32, negatives: int = 15, max_positives: int = 2, warmup_ratio: float = 0.05,
                    precision: str = "auto", max_minutes: float = 0.0, base: Path | None = None, half: bool = False,
-                   seed: int = 0) -> dict:
+                   seed: int = 0, source: str = "all") -> dict:
     """Train, validate each epoch (the best kept), fit the weights, write the version folder `out`.
     Returns its info (reranker.json)."""
     from models.reranker import (FIRST_STAGE_GRID, RECENCY_GRID, CrossEncoderReranker, RerankerConfig, beats,
@@ -114,6 +114,8 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", epochs: int 
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty: name a new folder")
     job, train, val = read_export(folder)
+    if source != "all":  # "gold" or "self": the questions of one kind only
+        train = [i for i in train if i.get("source") == source]
     if not val:
         raise ValueError(f"{folder}: no held-back questions to validate on")
     groups = groups_of(train, max_positives=max_positives, negatives=negatives, seed=seed)
@@ -154,7 +156,7 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", epochs: int 
             "held_back": job.get("held_back"), "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "recency_weight": weight, "first_stage_weight": first_weight,
             "validation": by_weight[(weight, first_weight)], "first_stage": first_stage,
-            "model_alone": by_weight[(0.0, 0.0)], "data": {**job.get("data", {}), "groups": len(groups)},
+            "model_alone": by_weight[(0.0, 0.0)], "data": {**job.get("data", {}), "source": source, "questions": len(train), "groups": len(groups)},
             "depth": job.get("depth"), "train": result, "trained_elsewhere": {"device": device, "precision": precision},
             "seconds": {"load": round(t0 - t_load, 1), "train_and_validate": round(t1 - t0, 1)}}
     info["beats_first_stage"] = beats(info["validation"], first_stage)
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=0.0, help="a wall-clock budget for training (0: none)")
     ap.add_argument("--base", type=Path, default=None, help="MiniLM weights (default: the packaged all-MiniLM-L6-v2)")
     ap.add_argument("--half", action="store_true", help="save float16 weights (half the size; loaded as float32)")
+    ap.add_argument("--source", choices=("all", "gold", "self"), default="all",
+                    help="train on the gold questions, the self-labeled ones, or both")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                               groups_per_step=args.groups_per_step, negatives=args.negatives,
                               max_positives=args.max_positives, warmup_ratio=args.warmup_ratio,
                               precision=args.precision, max_minutes=args.max_minutes, base=args.base, half=args.half,
-                              seed=args.seed)
+                              seed=args.seed, source=args.source)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

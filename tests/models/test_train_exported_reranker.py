@@ -53,3 +53,9 @@ def test_the_command_refuses_bad_input_with_a_message(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path / "x"), "--out", str(tmp_path / "v"), "--epochs", "0"])
     assert exc.value.code == 2 and "--epochs must be >= 1" in capsys.readouterr().err
+
+
+def test_training_on_one_source_only_refuses_an_export_without_its_questions(tmp_path, capsys):
+    write_export(tmp_path / "x", ITEMS, {}, max_positives=2, negatives=1)  # one usable question, a gold one
+    assert main([str(tmp_path / "x"), "--out", str(tmp_path / "v"), "--source", "self"]) == 2
+    assert "no training groups" in capsys.readouterr().err and not (tmp_path / "v").exists()
