@@ -136,8 +136,11 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", epochs: int 
     def scores() -> list[list[float]]:
         return [list(map(float, model.scores(i["query"], [c["input"] for c in i["cands"]]))) for i in val]
 
+    by_epoch: list[list[list[float]]] = []  # each validation's scores: the best epoch's are reused below
+
     def validate() -> dict:
-        figures = ranking_figures(val, scores())
+        by_epoch.append(scores())
+        figures = ranking_figures(val, by_epoch[-1])
         log.info("validation %s", figures)
         return figures
 
@@ -146,7 +149,8 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", epochs: int 
     result = model.train_groups(groups, validate=validate, better=beats,
                                 progress=lambda f, msg: log.info("%3.0f%% %s", 100 * f, msg))
     t1 = time.perf_counter()
-    val_scores = scores()
+    best = result["best_epoch"]
+    val_scores = by_epoch[best - 1] if best else scores()
     grid = [(w, f) for w in RECENCY_GRID for f in FIRST_STAGE_GRID]
     weight, first_weight, by_weight = fit_weights(val, val_scores, grid)
     first_stage = ranking_figures(val, None)
