@@ -109,7 +109,7 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", epochs: int 
     """Train, validate each epoch (the best kept), fit the weights, write the version folder `out`.
     Returns its info (reranker.json)."""
     from models.reranker import (FIRST_STAGE_GRID, RECENCY_GRID, CrossEncoderReranker, RerankerConfig, beats,
-                                 fit_weights, groups_of, ranking_figures)
+                                 fit_weights, groups_of, prior_alone, ranking_figures, worth_serving)
 
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty: name a new folder")
@@ -163,7 +163,8 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", epochs: int 
             "model_alone": by_weight[(0.0, 0.0)], "data": {**job.get("data", {}), "source": source, "questions": len(train), "groups": len(groups)},
             "depth": job.get("depth"), "train": result, "trained_elsewhere": {"device": device, "precision": precision},
             "seconds": {"load": round(t0 - t_load, 1), "train_and_validate": round(t1 - t0, 1)}}
-    info["beats_first_stage"] = beats(info["validation"], first_stage)
+    info["prior_alone"] = prior_alone(val, weight, first_weight)
+    info["worth_serving"] = worth_serving(info["validation"], first_stage, info["prior_alone"])
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if half:
@@ -215,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     v, f = info["validation"], info["first_stage"]
     print(f"wrote {args.out} ({info['version']}): held-back {info['held_back']} recall@1/5/10 "
           f"{v['recall@1']}/{v['recall@5']}/{v['recall@10']} MRR {v['mrr']} against the first stage's "
-          f"{f['recall@1']}/{f['recall@5']}/{f['recall@10']} MRR {f['mrr']}; best epoch {info['train']['best_epoch']}; "
-          f"`sqa rerankers import {args.out}` registers it")
+          f"{f['recall@1']}/{f['recall@5']}/{f['recall@10']} MRR {f['mrr']} (its weights without the model: recall@5 "
+          f"{info['prior_alone']['recall@5']}); best epoch {info['train']['best_epoch']}; "
+          + ("worth serving" if info["worth_serving"] else "not worth serving (it must beat both the first stage and "
+             "its own weights without the model)")
+          + f"; `sqa rerankers import {args.out}` registers it")
     return 0
 
 

@@ -12,7 +12,8 @@ Validation: the held-back month's gold questions, the same candidates re-ranked:
 MRR against the first stage's own order. The final score adds the first stage's own score and a
 recency prior, `ce + f * first_stage - w * log1p(age days)`, with f and w fitted on those questions
 from a small grid (f = w = 0 is the cross-encoder alone, also reported). The version is activated when asked to (or by
-the training that follows ingestion) only if its recall@5 beats the first stage's there.
+the training that follows ingestion) only if its recall@5 beats the first stage's there, and beats
+its fitted weights without the model (`models.reranker.worth_serving`).
 Candidates are cached in the job's work folder, keyed by the data config, the index snapshot and the
 first stage (`workers.reader_data.retrieval_key`): running the same command again reuses them, after a new ingest it does not.
 """
@@ -34,7 +35,8 @@ from evaluation.metrics import answer_in_text
 from indexer.atomic import write_atomic
 from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
-from models.reranker import FIRST_STAGE_GRID, RECENCY_GRID, beats, fit_weights, groups_of, ranking_figures
+from models.reranker import (FIRST_STAGE_GRID, RECENCY_GRID, fit_weights, groups_of, prior_alone, ranking_figures,
+                             worth_serving)
 from workers.progress import fraction_reporter
 from workers.reader_data import digest, retrieval_key, serving_snapshot
 
@@ -195,7 +197,8 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(tmp, info)
     tmp.rename(dest)
-    info["activated"] = bool(activate and beats(figures, first_stage))
+    info["prior_alone"] = prior_alone(val, weight, first_weight)
+    info["activated"] = bool(activate and worth_serving(figures, first_stage, info["prior_alone"]))
     if info["activated"]:
         activate_reranker(ctx.rerankers_dir, version)
     job.update(counts={"version": version, "kind": kind, "activated": info["activated"], "validation": figures,

@@ -59,3 +59,17 @@ def test_training_on_one_source_only_refuses_an_export_without_its_questions(tmp
     write_export(tmp_path / "x", ITEMS, {}, max_positives=2, negatives=1)  # one usable question, a gold one
     assert main([str(tmp_path / "x"), "--out", str(tmp_path / "v"), "--source", "self"]) == 2
     assert "no training groups" in capsys.readouterr().err and not (tmp_path / "v").exists()
+
+
+def test_a_version_whose_gain_the_fitted_prior_makes_alone_is_not_worth_serving():
+    from models.reranker import prior_alone, ranking_figures, worth_serving
+
+    # the first stage puts an old miss first; the answer is the fresh second candidate
+    items = [{"cands": [{"hit": False, "age": 300, "score": 0.9}, {"hit": True, "age": 1, "score": 0.8}]}]
+    first = ranking_figures(items, None)
+    useless = [[0.0, 0.0]]  # a model that tells the candidates apart no better than chance
+    figures = ranking_figures(items, useless, recency=1.0)
+    assert figures["recall@1"] == 100.0 > first["recall@1"]  # the recency prior alone wins here
+    assert not worth_serving(figures, first, prior_alone(items, 1.0, 0.0))
+    helpful = ranking_figures(items, [[0.0, 5.0]])
+    assert worth_serving(helpful, first, prior_alone(items, 0.0, 0.0))
