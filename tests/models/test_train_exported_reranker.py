@@ -64,12 +64,13 @@ def test_training_on_one_source_only_refuses_an_export_without_its_questions(tmp
 def test_a_version_whose_gain_the_fitted_prior_makes_alone_is_not_worth_serving():
     from models.reranker import prior_alone, ranking_figures, worth_serving
 
-    # the first stage puts an old miss first; the answer is the fresh second candidate
-    items = [{"cands": [{"hit": False, "age": 300, "score": 0.9}, {"hit": True, "age": 1, "score": 0.8}]}]
+    # the first stage ranks five old misses above the fresh answer
+    items = [{"cands": [{"hit": False, "age": 300, "score": 0.9 - i / 10} for i in range(5)]
+              + [{"hit": True, "age": 1, "score": 0.3}]}]
     first = ranking_figures(items, None)
-    useless = [[0.0, 0.0]]  # a model that tells the candidates apart no better than chance
+    useless = [[0.0] * 6]  # a model that tells the candidates apart no better than chance
     figures = ranking_figures(items, useless, recency=1.0)
-    assert figures["recall@1"] == 100.0 > first["recall@1"]  # the recency prior alone wins here
+    assert figures["recall@5"] == 100.0 > first["recall@5"] == 0.0  # the recency prior alone wins here
     assert not worth_serving(figures, first, prior_alone(items, 1.0, 0.0))
-    helpful = ranking_figures(items, [[0.0, 5.0]])
+    helpful = ranking_figures(items, [[0.0] * 5 + [5.0]])
     assert worth_serving(helpful, first, prior_alone(items, 0.0, 0.0))
