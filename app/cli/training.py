@@ -12,6 +12,18 @@ train_cli = typer.Typer(no_args_is_help=True, help="Train models on what is date
 cli.add_typer(train_cli, name="train")
 
 
+def _check_export(export: Path, *, kind: str, allowed: str, why: str, activate: bool, importer: str) -> None:
+    """Exit with a message unless `--export` goes with the other options: the kind that trains
+    elsewhere, no `--activate`, and a folder (not a file) to write to."""
+    if kind != allowed:
+        fail(f"--export is for --kind {allowed} ({why})")
+    if activate:
+        fail(f"--activate does not go with --export (nothing is trained here): `{importer} DIR --activate` "
+             "activates the version trained elsewhere")
+    if export.exists() and not export.is_dir():
+        fail(f"--export {export} is a file: name a folder")
+
+
 def _reader_spec(kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: Optional[str], seed: int,
                  gold: bool = True):
     from workers.train import ReaderJobSpec
@@ -80,13 +92,8 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                    **({} if self_articles is None else {"max_self_articles": self_articles}),
                    **({} if max_length is None else {"max_length": max_length}))
     if export is not None:
-        if kind != "gemma":
-            fail("--export is for --kind gemma (models.train_exported trains Gemma readers)")
-        if activate:
-            fail("--activate does not go with --export (nothing is trained here): `sqa models import DIR "
-                 "--activate` activates the version trained elsewhere")
-        if export.exists() and not export.is_dir():
-            fail(f"--export {export} is a file: name a folder")
+        _check_export(export, kind=kind, allowed="gemma", why="models.train_exported trains Gemma readers",
+                      activate=activate, importer="sqa models import")
         info = run_job("export-training-data", {"until": str(cut), "kind": kind, "to": str(export)},
                        lambda ctx, job: run_export_job(ctx, job, until=cut, dest=export, spec=spec))
         d = info["data"]
@@ -226,13 +233,8 @@ def train_reranker(until: str = typer.Option(..., help="YYYY-MM-DD: train on wha
     cut = day_option(until, "--until")
     data = RerankerDataConfig(depth=depth, max_self_articles=self_articles, self_per_article=self_per_article, seed=seed)
     if export is not None:
-        if kind != "cross-encoder":
-            fail("--export is for --kind cross-encoder (the feature re-ranker trains in seconds here)")
-        if activate:
-            fail("--activate does not go with --export (nothing is trained here): `sqa rerankers import DIR "
-                 "--activate` does, once the version is trained")
-        if export.exists() and not export.is_dir():
-            fail(f"--export {export} is a file: name a folder")
+        _check_export(export, kind=kind, allowed="cross-encoder", why="the feature re-ranker trains in seconds here",
+                      activate=activate, importer="sqa rerankers import")
         info = run_job("export-reranker-data", {"until": str(cut), "to": str(export)},
                        lambda ctx, job: run_export_reranker_job(ctx, job, until=cut, dest=export, data=data),
                        lock=RERANKER_TRAINING_LOCK)
