@@ -12,8 +12,8 @@ Validation: the held-back month's gold questions, the same candidates re-ranked:
 MRR against the first stage's own order. The final score adds the first stage's own score and a
 recency prior, `ce + f * first_stage - w * log1p(age days)`, with f and w fitted on those questions
 from a small grid (f = w = 0 is the cross-encoder alone, also reported). The version is activated when asked to (or by
-the training that follows ingestion) only if its recall@5 beats the first stage's there, and beats
-its fitted weights without the model (`models.reranker.worth_serving`).
+the training that follows ingestion) only if its recall@5 beats the first stage's there and is above
+what its fitted weights reach without the model (`models.reranker.worth_serving`).
 Candidates are cached in the job's work folder, keyed by the data config, the index snapshot and the
 first stage (`workers.reader_data.retrieval_key`): running the same command again reuses them, after a new ingest it does not.
 """
