@@ -191,16 +191,15 @@ class CrossEncoderReranker:
                 "best_epoch": best_epoch}
 
 
-def groups_of(items: list[dict], *, max_positives: int, negatives: int, seed: int = 0,
-              text: Callable[[dict], str] = lambda c: c["input"]) -> list[Group]:
+def groups_of(items: list[dict], *, max_positives: int, negatives: int, seed: int = 0) -> list[Group]:
     """Training groups from candidate lists ({"query", "cands": [{"hit", ...}]}): each of an item's
     first `max_positives` candidates that hold the answer, with `negatives` sampled from those that
     do not (hard negatives: the first stage's own). An item without both makes none."""
     rng = random.Random(seed)
     groups = []
     for item in items:
-        pos = [text(c) for c in item["cands"] if c["hit"]]
-        neg = [text(c) for c in item["cands"] if not c["hit"]]
+        pos = [c["input"] for c in item["cands"] if c["hit"]]
+        neg = [c["input"] for c in item["cands"] if not c["hit"]]
         if not pos or not neg:
             continue
         for p in pos[:max_positives]:
