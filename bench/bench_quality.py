@@ -150,6 +150,7 @@ def own_article_hit(session, question) -> bool:
 def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
     from tqdm import tqdm
 
+    from app.services.answering import answer_evidence
     from models.readers import ReaderPassage
     from workers.bakeoff import gold_passage
 
@@ -159,6 +160,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     e2e, gold, times = {}, {}, {"retrieve": [], "rerank": [], "read": [], "total": [], "gold_read": []}
     n_gold = 0
     held: set[str] = set()  # questions whose answer lies in what the reader reads
+    grounded: set[str] = set()  # questions whose end-to-end answer a passage read states
     in_headline: set[str] = set()  # ... of those, only in a headline the reader reads
     n_read = service.passages_for(reader)
     with sessions() as session:
@@ -184,6 +186,8 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
                      "prediction": result.answer, "timings_ms": result.timings_ms}
                 cache.add(r)
             e2e[q.qid] = r["prediction"]
+            if answer_evidence(r["prediction"], top):
+                grounded.add(q.qid)
             for stage in ("retrieve", "rerank", "read", "total"):
                 if stage in r["timings_ms"]:  # rerank: only with a re-ranker version serving
                     times[stage].append(r["timings_ms"][stage])
@@ -206,12 +210,13 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
             "own_articles": round(100 * own / n, 1) if n else 0.0,
             "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
+            "grounded": _grounded_split(grounded, e2e, questions),
             "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
             "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
                                 for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
             "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
             "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers),
-                                    "read": q.qid in held} for q in questions}}
+                                    "read": q.qid in held, "grounded": q.qid in grounded} for q in questions}}
 
 
 def _reads_answer(reader, question, passages) -> bool:
@@ -235,6 +240,14 @@ def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str
     return {"share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
             "n": len(inside), "em_when_read": em(inside), "em_otherwise": em(outside),
             "headline_only": {"n": len(titled), "em": em(titled)}}
+
+
+def _grounded_split(grounded: set[str], predictions: dict, questions) -> dict:
+    """The share of answers that a passage the reader read states (the API's `grounded`), and EM on
+    those and on the rest: how far a user can trust each kind."""
+    split = _split_by(grounded, predictions, questions)
+    return {"share": split["share"], "n": split["n"], "em_grounded": split["em_when_read"],
+            "em_otherwise": split["em_otherwise"]}
 
 
 def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
@@ -271,6 +284,10 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
               f"{h['em_otherwise']:.1f} on the rest")
         t = h["headline_only"]
         print(f"    in a headline only: n {t['n']}, EM {t['em']:.1f} on those")
+    if "grounded" in m:
+        gr = m["grounded"]
+        print(f"  grounded answers  {gr['share']:.1f} % (n {gr['n']}; a passage read states them): "
+              f"EM {gr['em_grounded']:.1f} on those, {gr['em_otherwise']:.1f} on the rest")
     print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
     if baseline is not None:
         print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "

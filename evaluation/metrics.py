@@ -140,6 +140,19 @@ def answer_in_text(references: str | Iterable[str], text: str) -> bool:
     return False
 
 
+def answer_support(answer: str, texts: Iterable[str]) -> list[int]:
+    """The positions of the `texts` that hold `answer` as a whole-token span (`answer_in_text`):
+    which of the passages a reader read state its answer. An empty answer is held by none.
+
+    Example:
+        >>> answer_support("Denver Nuggets", ["The Denver Nuggets won.", "Miami lost.", "denver nuggets!"])
+        [0, 2]
+    """
+    if not normalize_answer(answer or ""):
+        return []
+    return [i for i, text in enumerate(texts) if answer_in_text(answer, text)]
+
+
 # Words a question shares with any sentence: they tell nothing about where its answer is.
 _EVIDENCE_STOP = frozenset("""
 a an the and or but if of to in on at by for with from as into about over after before between under

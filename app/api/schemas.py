@@ -35,6 +35,11 @@ class AnswerPublic(BaseModel):
     versions: dict[str, str]
     timings_ms: dict[str, float]
     notes: list[str] = []
+    grounded: bool = Field(default=False, description="Whether a passage the reader read states the answer "
+                                                      "(headline or text, SQuAD-normalised). False: the answer is "
+                                                      "the reader's inference or a guess; check the passages.")
+    evidence: list[int] = Field(default=[], description="The passage_ids of the passages read that state the "
+                                                        "answer, best rank first.")
 
 
 class IngestRequest(BaseModel):

@@ -66,10 +66,14 @@ def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-D
     if as_json:
         from dataclasses import asdict
 
-        typer.echo(json.dumps(asdict(result), default=str, indent=2))
+        typer.echo(json.dumps({**asdict(result), "grounded": result.grounded}, default=str, indent=2))
         return
     typer.echo(f"Q ({result.as_of}): {question}")
     typer.echo(f"A: {result.answer or '(no answer)'}")
+    if result.answer:
+        ranks = [i for i, p in enumerate(result.passages, 1) if p.passage_id in result.evidence]
+        typer.echo("   stated in passage " + ", ".join(f"[{i}]" for i in ranks) if ranks else
+                   "   not stated in any passage read: an inference or a guess")
     for note in result.notes:
         typer.echo(f"note: {note}")
     for i, p in enumerate(result.passages, 1):

@@ -16,6 +16,8 @@ from app.services.errors import IndexNotReadyError, InvalidInputError
 from app.services.index_state import IndexState, LoadedSnapshot
 from app.services.reader_state import ReaderState
 from app.services.retrieval import DenseRetriever, RetrievedPassage, Retriever
+from evaluation.metrics import answer_support
+from indexer.chunking import passage_body
 from models.encoders import TextEncoder
 from models.readers import Reader, ReaderPassage
 
@@ -30,6 +32,22 @@ class AnswerResult:
     versions: dict[str, str]
     timings_ms: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    # The passage_ids of the passages the reader read that state the answer, in rank order: empty
+    # when none does (the answer is then the reader's inference or a guess; see answer_evidence).
+    evidence: list[int] = field(default_factory=list)
+
+    @property
+    def grounded(self) -> bool:
+        """Whether a passage the reader read states the answer."""
+        return bool(self.evidence)
+
+
+def answer_evidence(answer: str, passages) -> list[int]:
+    """The positions of `passages` (anything with `title`, `text` and `published`: retrieved or
+    reader passages) whose headline or body states `answer` as a whole-token span, both SQuAD-
+    normalised (`evaluation.metrics.answer_support`); the date prefix is left out, so "Friday" is
+    not found in the date every passage starts with."""
+    return answer_support(answer, [f"{p.title}. {passage_body(p.text, p.published)}" for p in passages])
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,7 @@ class AnswerService:
                             for p in passages[:n_read]]
             answer_text = reader.generate(text, as_of, reader_input).text
         t3 = time.perf_counter()
+        evidence = [passages[i].passage_id for i in answer_evidence(answer_text, passages[:n_read])]
         versions = {"index_snapshot": snapshot.snapshot_id, "encoder": snapshot.manifest.encoder,
                     "reader": reader.name, "retriever": self.retriever.name}
         retrieve_ms = round((t2 - t1) * 1000, 2)
@@ -118,6 +137,6 @@ class AnswerService:
         else:
             timings = {"retrieve": retrieve_ms}
         timings.update(read=round((t3 - t2) * 1000, 2), total=round((t3 - t0) * 1000, 2))
-        return AnswerResult(answer_text, as_of, passages, versions, timings, notes)
+        return AnswerResult(answer_text, as_of, passages, versions, timings, notes, evidence)
 
 

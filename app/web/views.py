@@ -22,6 +22,7 @@ class PassageCard:
     days_before: int  # as_of - published
     read: bool  # one of the passages the reader was given
     new: bool = False  # not among the other date's passages (a comparison)
+    states_answer: bool = False  # read, and states the answer (the API's `evidence`)
 
     @property
     def has_answer(self) -> bool:
@@ -38,6 +39,11 @@ class AnswerView:
     cards: list[PassageCard]  # oldest first: the axis runs to as_of
     axis_start: dt.date
     ticks: list[tuple[float, str]] = field(default_factory=list)  # (position, label)
+    evidence_ranks: list[int] = field(default_factory=list)  # ranks of the read passages that state the answer
+
+    @property
+    def grounded(self) -> bool:
+        return bool(self.evidence_ranks)
 
 
 def parse_as_of(value: str | None, *, what: str = "as_of") -> dt.date:
@@ -74,6 +80,7 @@ def mark_answer(text: str, answer: str) -> list[tuple[str, bool]]:
 def answer_view(result, n_read: int, other_ids: set[int] | None = None) -> AnswerView:
     """An AnswerResult laid out for the page: cards by publish date, positioned on [start, as_of]."""
     as_of = result.as_of
+    evidence = set(getattr(result, "evidence", ()))
     days = [p.published for p in result.passages]
     start = min(days) if days else as_of - dt.timedelta(days=30)
     if (as_of - start).days < 7:  # a week at least, so close dates do not pile up at the end
@@ -83,8 +90,10 @@ def answer_view(result, n_read: int, other_ids: set[int] | None = None) -> Answe
                          segments=mark_answer(p.text, result.answer),
                          position=round(100.0 * (p.published - start).days / span, 2),
                          days_before=(as_of - p.published).days, read=i <= n_read,
-                         new=other_ids is not None and p.passage_id not in other_ids)
+                         new=other_ids is not None and p.passage_id not in other_ids,
+                         states_answer=p.passage_id in evidence)
              for i, p in enumerate(result.passages, 1)]
+    evidence_ranks = sorted(c.rank for c in cards if c.states_answer)
     cards.sort(key=lambda c: (c.published, -c.rank))
     ticks = [(0.0, start.isoformat()), (100.0, as_of.isoformat())]
     if span >= 60:
@@ -92,7 +101,7 @@ def answer_view(result, n_read: int, other_ids: set[int] | None = None) -> Answe
         ticks.insert(1, (round(100.0 * (middle - start).days / span, 2), middle.isoformat()))
     return AnswerView(as_of=as_of, answer=result.answer, versions=dict(result.versions),
                       timings_ms=dict(result.timings_ms), notes=list(result.notes), cards=cards, axis_start=start,
-                      ticks=ticks)
+                      ticks=ticks, evidence_ranks=evidence_ranks)
 
 
 def ask_url(question: str, as_of: dt.date | str, top_k: int | None = None, compare: dt.date | str | None = None) -> str:

@@ -40,6 +40,29 @@ def test_answers_returns_the_documented_fields(client):
     assert body["versions"]["reader"] == "first-entity"
     assert body["timings_ms"]["total"] >= body["timings_ms"]["retrieve"]
     assert body["timings_ms"]["queue"] >= 0  # from arrival until the answer gate let it in
+    # the fake reader copies a phrase of the top passage: stated there, and said so
+    assert body["answer"] and body["grounded"] is True
+    assert body["evidence"][0] == p["passage_id"] and body["answer"].lower() in p["text"].lower()
+
+
+def test_answers_say_when_no_passage_read_states_the_answer(client):
+    from app.services.reader_state import ReaderState
+    from models.readers import ReaderAnswer
+
+    class Guess:  # answers with a word no passage of the sample holds
+        name = "guess"
+
+        def generate(self, question, as_of, passages):
+            return ReaderAnswer(text="Zanzibarville", raw="Zanzibarville")
+
+    client.app.state.answers.reader_state = ReaderState(Guess())
+    r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?", "as_of": "2024-01-31"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] == "Zanzibarville" and body["passages"]
+    assert body["grounded"] is False and body["evidence"] == []
+    page = client.get("/", params={"q": "Who is the mayor of Port Calder?", "as_of": "2024-01-31"}).text
+    assert "Not stated in any passage the reader read" in page and "states the answer" not in page
 
 
 @pytest.mark.parametrize("as_of", ["2024-01-10", "2024-01-31", "2024-02-15", "2024-03-01", "2024-03-31"])

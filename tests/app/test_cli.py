@@ -1,9 +1,9 @@
 """The `sqa` command line: clear errors with a non-zero exit, idempotent imports, dated answers."""
 from __future__ import annotations
 
+import json
+
 import pytest
-
-
 
 
 def test_cli_import_realtimeqa_reports_skips_and_is_idempotent(sqa, fixtures_dir):
@@ -56,6 +56,11 @@ def test_cli_ingest_then_ask_prints_dated_passages(sqa, sample_root):
     assert answer.exit_code == 0, answer.output
     assert "Q (2024-01-31)" in answer.output and "[1] 2024-01" in answer.output
     assert "2024-02-" not in answer.output and "2024-03-" not in answer.output
+    assert "stated in passage [1]" in answer.output  # the fake reader copies the top passage's phrase
+    as_json = json.loads(sqa("ask", "Who is the mayor of Port Calder?", "--as-of", "2024-01-31", "--json").output)
+    ids = [p["passage_id"] for p in as_json["passages"]]
+    assert as_json["grounded"] is True and as_json["evidence"][0] == ids[0]
+    assert set(as_json["evidence"]) <= set(ids[:3])  # only passages the reader read count
 
 
 def test_cli_evaluate_then_report(sqa, sample_root, tmp_path):

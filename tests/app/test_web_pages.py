@@ -50,6 +50,19 @@ def test_answer_view_orders_cards_by_date_on_an_axis_ending_at_as_of():
     assert by_rank[1].read and by_rank[2].read and not by_rank[3].read
     assert by_rank[1].new and not by_rank[2].new
     assert by_rank[3].days_before == 1 and 0 < by_rank[3].position < 100
+    assert not view.grounded  # the result names no evidence
+
+
+def test_answer_view_marks_the_read_passages_that_state_the_answer():
+    as_of = dt.date(2024, 2, 20)
+    p = lambda i, day: SimpleNamespace(passage_id=10 + i, title=f"t{i}", url=f"u{i}", published=day, score=1.0 / i,
+                                       text="Lindqvist won")
+    result = SimpleNamespace(as_of=as_of, answer="Lindqvist", versions={}, timings_ms={}, notes=[],
+                             passages=[p(1, dt.date(2024, 2, 10)), p(2, dt.date(2024, 2, 1)), p(3, dt.date(2024, 2, 19))],
+                             evidence=[13, 11])  # evidence names passage ids, not ranks
+    view = answer_view(result, n_read=3)
+    assert view.grounded and view.evidence_ranks == [1, 3]
+    assert {c.rank: c.states_answer for c in view.cards} == {1: True, 2: False, 3: True}
 
 
 def test_form_inputs_are_parsed_strictly():
@@ -99,6 +112,8 @@ def test_ask_page_answers_with_passages_no_later_than_as_of(client):
     # the same query, reproducible from its link; a second date one click away
     assert 'href="/?q=Who+is+the+mayor+of+Port+Calder%3F&amp;as_of=2024-01-20&amp;top_k=4"' in r.text
     assert "compare=2023-12-20" in r.text
+    # the fake reader copies a phrase of the top passage: the page says where it is stated
+    assert "Stated in passage" in r.text and "states the answer" in r.text
 
 
 def test_ask_page_compares_two_dates(client):

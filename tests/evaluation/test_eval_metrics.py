@@ -5,7 +5,8 @@ from datetime import date, datetime, timezone
 
 import pytest
 
-from evaluation.metrics import answer_in_evidence, answer_in_text, days_between, exact_match, normalize_answer, token_f1
+from evaluation.metrics import (answer_in_evidence, answer_in_text, answer_support, days_between, exact_match,
+                                normalize_answer, token_f1)
 
 
 def test_normalize_answer_removes_curly_quotes_like_ascii_ones():
@@ -66,6 +67,15 @@ def test_answer_in_text_matches_whole_token_spans_only():
     assert not answer_in_text(["New York"], "flights to new-york")   # hyphen deleted: "newyork"
     assert answer_in_text(["nothing here", "1,200"], "about 1200 people")
     assert not answer_in_text(["", "the"], "the cat")                # empty references never match
+
+
+def test_answer_support_lists_the_texts_that_state_the_answer():
+    texts = ["The Denver Nuggets won the title.", "Miami lost in five.", "NUGGETS: Denver's first!", "denver-nuggets"]
+    assert answer_support("Denver Nuggets", texts) == [0]       # "Denver's" and "denver-nuggets" are other tokens
+    assert answer_support("the Nuggets", texts) == [0, 2]       # normalised: articles, case, punctuation
+    assert answer_support("Boston", texts) == []
+    assert answer_support("", texts) == answer_support(" the ", texts) == []  # nothing to state
+    assert answer_support("Miami", iter(texts)) == [1]          # any iterable
 
 
 def test_answer_in_evidence_needs_the_answer_beside_the_questions_words():

@@ -26,4 +26,5 @@ def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGate
     passages = [PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
                 for p in result.passages]
     return AnswerPublic(answer=result.answer, as_of=result.as_of, passages=passages, versions=result.versions,
-                        timings_ms=timings, notes=result.notes)
+                        timings_ms=timings, notes=result.notes, grounded=result.grounded,
+                        evidence=result.evidence)
