@@ -161,6 +161,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     n_gold = 0
     held: set[str] = set()  # questions whose answer lies in what the reader reads
     grounded: set[str] = set()  # questions whose end-to-end answer a passage read states
+    confidence: dict[str, float] = {}  # the reader's probability of its end-to-end answer
     in_headline: set[str] = set()  # ... of those, only in a headline the reader reads
     n_read = service.passages_for(reader)
     with sessions() as session:
@@ -183,9 +184,11 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             if r is None:
                 result = service.answer(q.text, q.asked, snapshot=snap)
                 r = {"kind": "e2e", "reader": reader.name, "snapshot": snap.snapshot_id, "qid": q.qid,
-                     "prediction": result.answer, "timings_ms": result.timings_ms}
+                     "prediction": result.answer, "timings_ms": result.timings_ms, "confidence": result.confidence}
                 cache.add(r)
             e2e[q.qid] = r["prediction"]
+            if r.get("confidence") is not None:  # a reader that gives one (answers cached before it did not)
+                confidence[q.qid] = r["confidence"]
             if answer_evidence(r["prediction"], top):
                 grounded.add(q.qid)
             for stage in ("retrieve", "rerank", "read", "total"):
@@ -211,12 +214,14 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             "own_articles": round(100 * own / n, 1) if n else 0.0,
             "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
             "grounded": _grounded_split(grounded, e2e, questions),
+            "confidence": _confidence_bands(confidence, e2e, questions),
             "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
             "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
                                 for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
             "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
             "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers),
-                                    "read": q.qid in held, "grounded": q.qid in grounded} for q in questions}}
+                                    "read": q.qid in held, "grounded": q.qid in grounded,
+                                    "confidence": confidence.get(q.qid)} for q in questions}}
 
 
 def _reads_answer(reader, question, passages) -> bool:
@@ -248,6 +253,28 @@ def _grounded_split(grounded: set[str], predictions: dict, questions) -> dict:
     split = _split_by(grounded, predictions, questions)
     return {"share": split["share"], "n": split["n"], "em_grounded": split["em_when_read"],
             "em_otherwise": split["em_otherwise"]}
+
+
+CONFIDENCE_BANDS = ((0.7, 1.0), (0.15, 0.7), (0.0, 0.15))  # the ask page's high, medium and low
+
+
+def _confidence_bands(confidence: dict[str, float], predictions: dict, questions) -> dict:
+    """For each band [lo, hi) of the reader's confidence (1.0 counts in the top one): the share of the
+    answers in it and their EM; and the AUC, the chance that a right answer has a higher confidence
+    than a wrong one (0.5: it tells nothing). Empty when the reader gives no confidence."""
+    scored = [q for q in questions if q.qid in confidence]
+    if not scored:
+        return {}
+    right = {q.qid: score(predictions, [q])["em"] == 1.0 for q in scored}
+    bands = []
+    for lo, hi in CONFIDENCE_BANDS:
+        qs = [q for q in scored if lo <= confidence[q.qid] < hi or (hi == 1.0 and confidence[q.qid] == 1.0)]
+        bands.append({"from": lo, "to": hi, "share": round(100 * len(qs) / len(scored), 1), "n": len(qs),
+                      "em": round(100 * sum(right[q.qid] for q in qs) / len(qs), 1) if qs else 0.0})
+    pos = [confidence[q] for q, ok in right.items() if ok]
+    neg = [confidence[q] for q, ok in right.items() if not ok]
+    auc = (sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))) if pos and neg else None
+    return {"n": len(scored), "bands": bands, "auc": None if auc is None else round(auc, 3)}
 
 
 def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
@@ -288,6 +315,10 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
         gr = m["grounded"]
         print(f"  grounded answers  {gr['share']:.1f} % (n {gr['n']}; a passage read states them): "
               f"EM {gr['em_grounded']:.1f} on those, {gr['em_otherwise']:.1f} on the rest")
+    if m.get("confidence"):
+        c = m["confidence"]
+        print("  by confidence     " + "   ".join(f"{b['from']:.2f}-{b['to']:.2f}: {b['share']:.1f} % EM {b['em']:.1f}"
+                                             for b in c["bands"]) + f"   (n {c['n']}, AUC {c['auc']})")
     print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
     if baseline is not None:
         print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "

@@ -343,6 +343,28 @@ def greedy_within(model, tokenizer, input_ids, attention_mask, allowed: Sequence
     return tokenizer.decode(generated, skip_special_tokens=True)
 
 
+def line_probability(tokenizer, token_ids: Sequence[int], logprobs: Sequence[float]) -> float:
+    """The probability of the first worded line of a generation: exp of the summed log-probabilities
+    of `token_ids` (as generated, one log-probability each) up to the newline that ends that line,
+    which is left out, as are an end-of-text or padding token and what follows it. The answer's
+    words are what it scores, not whether the line ends after them: with one token a character,
+    "Paris\nX" at log-probabilities (-0.1, 0, 0, 0, 0, -2, -3) scores exp(-0.1) = 0.905.
+    """
+    import math
+
+    stop = {tokenizer.pad_token_id, *_eos_ids(tokenizer)} - {None}
+    total, text = 0.0, ""
+    for token, lp in zip(token_ids, logprobs):
+        if token in stop:
+            break
+        piece = tokenizer.decode([token], skip_special_tokens=True)
+        if "\n" in piece and first_worded_line(text) is not None:
+            break
+        text += piece
+        total += float(lp)
+    return math.exp(total)
+
+
 def _first_line_stop(tokenizer, prompt_len: int):
     """Stop once the generated text has a newline after some non-blank text: the answer is the first
     line, and a base model would otherwise run on to max_new_tokens (most of the latency)."""
@@ -456,22 +478,23 @@ class GemmaReader:
                 raw = greedy_within(self.model, self.tokenizer, input_ids, enc["attention_mask"].to(self.device),
                                     allowed, self.max_new_tokens)
             return ReaderAnswer(text=final_answer(raw, question, read), raw=raw)
-        raws = self._generate(input_ids, enc["attention_mask"].to(self.device), self.answer_beams)  # best first
-        answers = [final_answer(raw, question, read) for raw in raws]
+        found = self._generate(input_ids, enc["attention_mask"].to(self.device), self.answer_beams)  # best first
+        answers = [final_answer(raw, question, read) for raw, _ in found]
         text = " ".join(p.text for p in read)
-        if len(raws) > 1:
-            for raw, answer in zip(raws, answers):
+        if len(found) > 1:
+            for (raw, p), answer in zip(found, answers):
                 if answer and grounded(answer, text):
-                    return ReaderAnswer(text=answer, raw=raw)
+                    return ReaderAnswer(text=answer, raw=raw, confidence=p)
         elif self.echo_beams > 1 and echoes_question(answers[0], question):
-            for raw in self._generate(input_ids, enc["attention_mask"].to(self.device), self.echo_beams):
+            for raw, p in self._generate(input_ids, enc["attention_mask"].to(self.device), self.echo_beams):
                 answer = final_answer(raw, question, read)
                 if answer and grounded(answer, text) and not echoes_question(answer, question):
-                    return ReaderAnswer(text=answer, raw=raw)
-        return ReaderAnswer(text=answers[0], raw=raws[0])
+                    return ReaderAnswer(text=answer, raw=raw, confidence=p)
+        return ReaderAnswer(text=answers[0], raw=found[0][0], confidence=found[0][1])
 
-    def _generate(self, input_ids, attention_mask, beams: int) -> list[str]:
-        """The first lines of the `beams` best continuations (greedy for 1), best first."""
+    def _generate(self, input_ids, attention_mask, beams: int) -> list[tuple[str, float]]:
+        """(text, probability of its first line: `line_probability`) of the `beams` best
+        continuations (greedy for 1), best first."""
         import torch
 
         pad = self.tokenizer.pad_token_id  # Gemma's is 0: test for None, not truth
@@ -480,5 +503,13 @@ class GemmaReader:
             out = self.model.generate(input_ids, attention_mask=attention_mask,
                                       max_new_tokens=self.max_new_tokens, do_sample=False,
                                       stopping_criteria=_first_line_stop(self.tokenizer, input_ids.shape[1]),
-                                      pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id, **search)
-        return self.tokenizer.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)
+                                      pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
+                                      output_scores=True, return_dict_in_generate=True, **search)
+            # (B, generated): each chosen token's log-probability (greedy: the logits normalised;
+            # beams: their scores are log-probabilities already, followed along each beam)
+            steps = self.model.compute_transition_scores(out.sequences, out.scores, getattr(out, "beam_indices", None),
+                                                         normalize_logits=beams == 1).float()
+        generated = out.sequences[:, input_ids.shape[1]:]
+        texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
+        return [(t, line_probability(self.tokenizer, ids.tolist(), lps.tolist()))
+                for t, ids, lps in zip(texts, generated, steps)]

@@ -30,6 +30,9 @@ class ReaderPassage:
 class ReaderAnswer:
     text: str  # the short answer shown to users
     raw: str  # what the model generated before shortening
+    # The reader's probability of the line it wrote (the product of its tokens' probabilities);
+    # None for readers that give none. Gemma's right answers mostly come with a high one.
+    confidence: float | None = None
 
 
 class Reader(Protocol):

@@ -140,9 +140,13 @@ def main() -> int:
                 print(f"\nQ (as of {as_of}): {text}")
                 ok = exact_match(body["answer"], [gold]) == 1.0
                 right += ok
+                sure = f"confidence {body['confidence']:.2f}; " if body.get("confidence") is not None else ""
                 print(f"A: {body['answer'] or '(no answer)'}    [gold: {gold}]  {'right' if ok else 'wrong'}    "
-                      f"({body['timings_ms']['total']:.0f} ms; {body['versions']['reader']}, "
+                      f"({sure}{body['timings_ms']['total']:.0f} ms; {body['versions']['reader']}, "
                       f"{body['versions']['retriever']})")
+                stated = [i for i, p in enumerate(body["passages"], 1) if p["passage_id"] in body["evidence"]]
+                print("   stated in passage " + ", ".join(f"[{i}]" for i in stated) if stated
+                      else "   not stated in any passage read: an inference or a guess")
                 for i, p in enumerate(body["passages"][:3], 1):
                     print(f"   [{i}] {p['published']}  {p['title'][:90]}\n       {p['url']}")
             print(f"\n{right} of {len(questions)} right (exact match after normalisation).")

@@ -40,6 +40,10 @@ class AnswerPublic(BaseModel):
                                                       "the reader's inference or a guess; check the passages.")
     evidence: list[int] = Field(default=[], description="The passage_ids of the passages read that state the "
                                                         "answer, best rank first.")
+    confidence: float | None = Field(default=None, description="The reader's probability of the answer it wrote "
+                                                               "(0..1; null for readers that give none). On the "
+                                                               "RealTimeQA slice, answers at 0.7 or more were right "
+                                                               "about two times in three, under 0.15 almost never.")
 
 
 class IngestRequest(BaseModel):

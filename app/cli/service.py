@@ -69,7 +69,8 @@ def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-D
         typer.echo(json.dumps({**asdict(result), "grounded": result.grounded}, default=str, indent=2))
         return
     typer.echo(f"Q ({result.as_of}): {question}")
-    typer.echo(f"A: {result.answer or '(no answer)'}")
+    typer.echo(f"A: {result.answer or '(no answer)'}"
+               + (f"    (reader's confidence {result.confidence:.2f})" if result.confidence is not None else ""))
     if result.answer:
         ranks = [i for i, p in enumerate(result.passages, 1) if p.passage_id in result.evidence]
         typer.echo("   stated in passage " + ", ".join(f"[{i}]" for i in ranks) if ranks else

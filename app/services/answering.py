@@ -35,6 +35,9 @@ class AnswerResult:
     # The passage_ids of the passages the reader read that state the answer, in rank order: empty
     # when none does (the answer is then the reader's inference or a guess; see answer_evidence).
     evidence: list[int] = field(default_factory=list)
+    # The reader's probability of the line it wrote (models.reader_base.ReaderAnswer.confidence);
+    # None when the reader gives none or nothing was read.
+    confidence: float | None = None
 
     @property
     def grounded(self) -> bool:
@@ -118,15 +121,14 @@ class AnswerService:
             passages = self.retriever.retrieve(session, snapshot, text, as_of, max(k, n_read) if read else k,
                                                timings=stages)
         t2 = time.perf_counter()
+        answer_text, confidence = "", None
         if not passages:
             notes.append(f"no indexed passage was published on or before {as_of}")
-            answer_text = ""
-        elif not read:
-            answer_text = ""
-        else:
+        elif read:
             reader_input = [ReaderPassage(p.title, p.text, p.published)
                             for p in passages[:n_read]]
-            answer_text = reader.generate(text, as_of, reader_input).text
+            reading = reader.generate(text, as_of, reader_input)
+            answer_text, confidence = reading.text, getattr(reading, "confidence", None)
         t3 = time.perf_counter()
         evidence = [passages[i].passage_id for i in answer_evidence(answer_text, passages[:n_read])]
         versions = {"index_snapshot": snapshot.snapshot_id, "encoder": snapshot.manifest.encoder,
@@ -137,6 +139,7 @@ class AnswerService:
         else:
             timings = {"retrieve": retrieve_ms}
         timings.update(read=round((t3 - t2) * 1000, 2), total=round((t3 - t0) * 1000, 2))
-        return AnswerResult(answer_text, as_of, passages, versions, timings, notes, evidence)
+        return AnswerResult(answer_text, as_of, passages, versions, timings, notes, evidence,
+                            None if confidence is None else round(confidence, 4))
 
 

@@ -40,6 +40,15 @@ class AnswerView:
     axis_start: dt.date
     ticks: list[tuple[float, str]] = field(default_factory=list)  # (position, label)
     evidence_ranks: list[int] = field(default_factory=list)  # ranks of the read passages that state the answer
+    confidence: float | None = None  # the reader's probability of its answer
+
+    @property
+    def confidence_band(self) -> str:
+        """"high" (0.7 or more: right about two times in three on the slice), "low" (under 0.15:
+        almost never right), "medium" between, "" without a confidence."""
+        if self.confidence is None:
+            return ""
+        return "high" if self.confidence >= 0.7 else "low" if self.confidence < 0.15 else "medium"
 
     @property
     def grounded(self) -> bool:
@@ -101,7 +110,7 @@ def answer_view(result, n_read: int, other_ids: set[int] | None = None) -> Answe
         ticks.insert(1, (round(100.0 * (middle - start).days / span, 2), middle.isoformat()))
     return AnswerView(as_of=as_of, answer=result.answer, versions=dict(result.versions),
                       timings_ms=dict(result.timings_ms), notes=list(result.notes), cards=cards, axis_start=start,
-                      ticks=ticks, evidence_ranks=evidence_ranks)
+                      ticks=ticks, evidence_ranks=evidence_ranks, confidence=getattr(result, "confidence", None))
 
 
 def ask_url(question: str, as_of: dt.date | str, top_k: int | None = None, compare: dt.date | str | None = None) -> str:

@@ -43,9 +43,10 @@ def test_answers_returns_the_documented_fields(client):
     # the fake reader copies a phrase of the top passage: stated there, and said so
     assert body["answer"] and body["grounded"] is True
     assert body["evidence"][0] == p["passage_id"] and body["answer"].lower() in p["text"].lower()
+    assert body["confidence"] is None  # the fake reader gives none
 
 
-def test_answers_say_when_no_passage_read_states_the_answer(client):
+def test_answers_say_when_no_passage_read_states_the_answer_and_how_sure_the_reader_is(client):
     from app.services.reader_state import ReaderState
     from models.readers import ReaderAnswer
 
@@ -53,16 +54,17 @@ def test_answers_say_when_no_passage_read_states_the_answer(client):
         name = "guess"
 
         def generate(self, question, as_of, passages):
-            return ReaderAnswer(text="Zanzibarville", raw="Zanzibarville")
+            return ReaderAnswer(text="Zanzibarville", raw="Zanzibarville", confidence=0.04)
 
     client.app.state.answers.reader_state = ReaderState(Guess())
     r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?", "as_of": "2024-01-31"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["answer"] == "Zanzibarville" and body["passages"]
-    assert body["grounded"] is False and body["evidence"] == []
+    assert body["grounded"] is False and body["evidence"] == [] and body["confidence"] == 0.04
     page = client.get("/", params={"q": "Who is the mayor of Port Calder?", "as_of": "2024-01-31"}).text
     assert "Not stated in any passage the reader read" in page and "states the answer" not in page
+    assert "low confidence (4%)" in page
 
 
 @pytest.mark.parametrize("as_of", ["2024-01-10", "2024-01-31", "2024-02-15", "2024-03-01", "2024-03-31"])

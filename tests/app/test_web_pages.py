@@ -63,6 +63,15 @@ def test_answer_view_marks_the_read_passages_that_state_the_answer():
     view = answer_view(result, n_read=3)
     assert view.grounded and view.evidence_ranks == [1, 3]
     assert {c.rank: c.states_answer for c in view.cards} == {1: True, 2: False, 3: True}
+    assert view.confidence is None and view.confidence_band == ""  # no confidence given: no band shown
+
+
+@pytest.mark.parametrize("confidence, band", [(0.95, "high"), (0.7, "high"), (0.69, "medium"), (0.15, "medium"),
+                                              (0.149, "low"), (0.0, "low")])
+def test_answer_view_bands_the_readers_confidence(confidence, band):
+    result = SimpleNamespace(as_of=dt.date(2024, 2, 20), answer="x", versions={}, timings_ms={}, notes=[],
+                             passages=[], confidence=confidence)
+    assert answer_view(result, n_read=3).confidence_band == band
 
 
 def test_form_inputs_are_parsed_strictly():

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import time
 import types
@@ -96,7 +97,27 @@ class BeamTokenizer(FakeTokenizer):
         return self.beams[:len(rows)]
 
 
-class BeamModel:
+class Scored:
+    """What `generate(..., output_scores=True, return_dict_in_generate=True)` gives: the sequences
+    and one score tensor a step; every chosen token has log-probability `logprob`."""
+
+    logprob = -0.5
+
+    @staticmethod
+    def output(sequences, steps: int):
+        import torch
+
+        return types.SimpleNamespace(sequences=sequences, scores=tuple(torch.zeros(sequences.shape[0], 9)
+                                                                        for _ in range(steps)))
+
+    def compute_transition_scores(self, sequences, scores, beam_indices=None, normalize_logits=False):
+        import torch
+
+        self.normalized = normalize_logits
+        return torch.full((sequences.shape[0], len(scores)), self.logprob)
+
+
+class BeamModel(Scored):
     def __init__(self, n: int) -> None:
         self.n, self.calls = n, []
 
@@ -104,10 +125,10 @@ class BeamModel:
         import torch
 
         self.calls.append(kwargs)
-        return torch.cat([input_ids.repeat(self.n, 1), torch.zeros(self.n, 2, dtype=torch.long)], dim=1)
+        return self.output(torch.cat([input_ids.repeat(self.n, 1), torch.full((self.n, 2), 7)], dim=1), 2)
 
 
-class FakeModel:
+class FakeModel(Scored):
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
@@ -115,7 +136,7 @@ class FakeModel:
         import torch
 
         self.calls.append(kwargs)
-        return torch.cat([input_ids, torch.tensor([[7, 8]])], dim=1)  # (1, L + 2)
+        return self.output(torch.cat([input_ids, torch.tensor([[7, 8]])], dim=1), 2)  # (1, L + 2)
 
 
 def test_gemma_reader_refuses_a_passage_after_as_of_before_touching_the_model():
@@ -140,6 +161,31 @@ def test_gemma_reader_reads_n_passages_greedily_and_shortens_the_answer():
     (call,) = model.calls
     assert call["do_sample"] is False and call["max_new_tokens"] == 16
     assert len(call["stopping_criteria"]) == 1  # the newline stop
+    # its confidence: the probability of the first line's tokens (the fake decodes token 7 as the
+    # whole run-on text, so token 8 comes after the newline and is left out), from normalised logits
+    assert call["output_scores"] and call["return_dict_in_generate"] and model.normalized is True
+    assert answer.confidence == pytest.approx(math.exp(-0.5))
+
+
+class CharTokenizer:
+    """One token a character (its code point); 0 pads, 1 ends the text."""
+
+    pad_token_id, eos_token_id = 0, 1
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i > 1)
+
+
+@pytest.mark.parametrize("generated, logprobs, expected", [
+    ("Paris\nX", [-0.1, 0, 0, 0, 0, -2.0, -3.0], -0.1),       # the newline and what follows left out
+    ("\nParis\n", [-1.0, -0.2, 0, 0, 0, 0, -5.0], -1.2),      # a leading newline is part of the line
+    ("Rome", [-0.3, -0.3, 0, 0], -0.6),                         # no newline: everything generated
+    ("Rome\x01\x00\x00", [-0.3, 0, 0, 0, -9.0, -9.0, -9.0], -0.3),  # end of text, then padding: left out
+    ("", [], 0.0),
+])
+def test_line_probability_scores_the_first_worded_line(generated, logprobs, expected):
+    ids = [ord(c) for c in generated]
+    assert gemma.line_probability(CharTokenizer(), ids, logprobs) == pytest.approx(math.exp(expected))
 
 
 def test_with_beams_the_best_answer_the_passages_hold_wins():
@@ -149,6 +195,8 @@ def test_with_beams_the_best_answer_the_passages_hold_wins():
     assert answer.text == "Denver Nuggets"
     (call,) = model.calls
     assert call["num_beams"] == 3 and call["num_return_sequences"] == 3 and call["do_sample"] is False
+    assert model.normalized is False  # beam scores are log-probabilities already
+    assert answer.confidence == pytest.approx(math.exp(-0.5))  # the chosen beam's first line
 
 
 def test_with_beams_and_no_grounded_answer_the_best_beam_stays():
@@ -157,7 +205,7 @@ def test_with_beams_and_no_grounded_answer_the_best_beam_stays():
     assert answer.text == "Boston Celtics"
 
 
-class EchoModel:
+class EchoModel(Scored):
     """Greedy gives one row, beam search `num_return_sequences` rows; records each call."""
 
     def __init__(self) -> None:
@@ -168,7 +216,7 @@ class EchoModel:
 
         self.calls.append(kwargs)
         n = kwargs.get("num_return_sequences", 1)
-        return torch.cat([input_ids.repeat(n, 1), torch.zeros(n, 2, dtype=torch.long)], dim=1)
+        return self.output(torch.cat([input_ids.repeat(n, 1), torch.zeros(n, 2, dtype=torch.long)], dim=1), 2)
 
 
 class EchoTokenizer(FakeTokenizer):

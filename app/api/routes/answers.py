@@ -27,4 +27,4 @@ def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGate
                 for p in result.passages]
     return AnswerPublic(answer=result.answer, as_of=result.as_of, passages=passages, versions=result.versions,
                         timings_ms=timings, notes=result.notes, grounded=result.grounded,
-                        evidence=result.evidence)
+                        evidence=result.evidence, confidence=result.confidence)
