@@ -43,7 +43,7 @@ class AnswerPublic(BaseModel):
     confidence: float | None = Field(default=None, description="The reader's probability of the answer it wrote "
                                                                "(0..1; null for readers that give none). On the "
                                                                "RealTimeQA slice, answers at 0.7 or more were right "
-                                                               "about two times in three, under 0.15 almost never.")
+                                                               "57-69% of the time, under 0.15 3-5%.")
 
 
 class IngestRequest(BaseModel):

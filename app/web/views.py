@@ -44,8 +44,8 @@ class AnswerView:
 
     @property
     def confidence_band(self) -> str:
-        """"high" (0.7 or more: right about two times in three on the slice), "low" (under 0.15:
-        almost never right), "medium" between, "" without a confidence."""
+        """"high" (0.7 or more: 57-69% right on the slice), "low" (under 0.15: 3-5% right),
+        "medium" between, "" without a confidence (README, "How far to trust an answer")."""
         if self.confidence is None:
             return ""
         return "high" if self.confidence >= 0.7 else "low" if self.confidence < 0.15 else "medium"
