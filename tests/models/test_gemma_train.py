@@ -388,7 +388,29 @@ def test_greedy_within_the_whole_vocabulary_is_the_served_greedy_decoding():
     everything = list(range(full.model.config.vocab_size))
     with patch("models.gemma.answer_vocabulary", lambda tokenizer, texts: everything):
         for item in ITEMS:
-            assert within.generate(*item) == full.generate(*item)  # same tokens, same stop
+            a, b = within.generate(*item), full.generate(*item)
+            assert (a.text, a.raw) == (b.text, b.raw)  # same tokens, same stop
+            # the full head's scores give a probability; the restricted path scores allowed rows only: none
+            assert a.confidence is None and 0 < b.confidence <= 1
+
+
+def test_the_served_confidence_is_the_models_probability_of_the_line_it_wrote():
+    # Checked against one forward pass over prompt + answer: the log-softmax at each position that
+    # predicts an answer token, summed over the first line (models.gemma.line_probability).
+    from models.gemma import GemmaReader, build_prompt, line_probability
+
+    reader = GemmaReader(tiny_lm(), CharTokenizer(), max_new_tokens=6)
+    question, as_of, passages = ITEMS[1]
+    answer = reader.generate(question, as_of, passages)
+    tok = CharTokenizer()
+    prompt = tok(build_prompt(question, as_of, reader.context(question, passages), None), return_tensors="pt")["input_ids"]
+    generated = tok(answer.raw, add_special_tokens=False)["input_ids"]
+    ids = torch.cat([prompt, torch.tensor([generated])], dim=1)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reader.model(ids).logits[0].float(), -1)
+    at = [float(logprobs[prompt.shape[1] - 1 + i, t]) for i, t in enumerate(generated)]
+    assert answer.confidence == pytest.approx(line_probability(tok, generated, at), rel=1e-3)
+    assert 0 < answer.confidence <= 1
 
 
 def test_greedy_within_picks_the_best_allowed_token_and_copies_from_what_was_read():
