@@ -142,14 +142,13 @@ def answer_in_text(references: str | Iterable[str], text: str) -> bool:
 
 def answer_support(answer: str, texts: Iterable[str]) -> list[int]:
     """The positions of the `texts` that hold `answer` as a whole-token span (`answer_in_text`):
-    which of the passages a reader read state its answer. An empty answer is held by none.
+    which of the passages a reader read state its answer. An empty answer is held by none
+    (`answer_in_text` never matches an empty reference).
 
     Example:
         >>> answer_support("Denver Nuggets", ["The Denver Nuggets won.", "Miami lost.", "denver nuggets!"])
         [0, 2]
     """
-    if not normalize_answer(answer or ""):
-        return []
     return [i for i, text in enumerate(texts) if answer_in_text(answer, text)]
 
 

@@ -39,8 +39,12 @@ class AnswerView:
     cards: list[PassageCard]  # oldest first: the axis runs to as_of
     axis_start: dt.date
     ticks: list[tuple[float, str]] = field(default_factory=list)  # (position, label)
-    evidence_ranks: list[int] = field(default_factory=list)  # ranks of the read passages that state the answer
     confidence: float | None = None  # the reader's probability of its answer
+
+    @property
+    def evidence_ranks(self) -> list[int]:
+        """The ranks of the read passages that state the answer, best first."""
+        return sorted(c.rank for c in self.cards if c.states_answer)
 
     @property
     def confidence_band(self) -> str:
@@ -102,7 +106,6 @@ def answer_view(result, n_read: int, other_ids: set[int] | None = None) -> Answe
                          new=other_ids is not None and p.passage_id not in other_ids,
                          states_answer=p.passage_id in evidence)
              for i, p in enumerate(result.passages, 1)]
-    evidence_ranks = sorted(c.rank for c in cards if c.states_answer)
     cards.sort(key=lambda c: (c.published, -c.rank))
     ticks = [(0.0, start.isoformat()), (100.0, as_of.isoformat())]
     if span >= 60:
@@ -110,7 +113,7 @@ def answer_view(result, n_read: int, other_ids: set[int] | None = None) -> Answe
         ticks.insert(1, (round(100.0 * (middle - start).days / span, 2), middle.isoformat()))
     return AnswerView(as_of=as_of, answer=result.answer, versions=dict(result.versions),
                       timings_ms=dict(result.timings_ms), notes=list(result.notes), cards=cards, axis_start=start,
-                      ticks=ticks, evidence_ranks=evidence_ranks, confidence=getattr(result, "confidence", None))
+                      ticks=ticks, confidence=getattr(result, "confidence", None))
 
 
 def ask_url(question: str, as_of: dt.date | str, top_k: int | None = None, compare: dt.date | str | None = None) -> str:
