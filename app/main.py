@@ -105,6 +105,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for task in (poller, reader_poller):
                 if task is not None:
                     task.cancel()
+            # A job the server started may still be writing (its last step, or the snapshot swap
+            # after it): let it end before its database goes.
+            running = await run_in_threadpool(jobs.runner.wait_all, settings.shutdown_wait_s)
+            if running:
+                log.warning("shutting down while %d background job(s) still run: %s; they are marked "
+                            "interrupted at the next start", len(running), ", ".join(running))
             db.close()
 
     # /docs and /redoc with their scripts served by this process (fastapi-offline), not from a CDN

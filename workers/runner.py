@@ -327,12 +327,16 @@ class JobRunner:
                                                 f"a {kind} job is already running; poll GET /admin/jobs"),
                           create=create)
 
-    def wait_all(self, timeout: float | None = None) -> None:
-        """Wait for every slot's background thread (tests, shutdown)."""
+    def wait_all(self, timeout: float | None = None) -> list[str]:
+        """Wait for every slot's background thread, `timeout` seconds in all (tests, shutdown);
+        returns the names of the threads still running."""
         with self._slots_guard:
-            slots = list(self._slots)
+            slots = list(self._slots.values())
+        deadline = None if timeout is None else time.monotonic() + timeout
         for slot in slots:
-            self.wait(slot, timeout)
+            if slot.thread is not None:
+                slot.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return [s.thread.name for s in slots if s.thread is not None and s.thread.is_alive()]
 
     def wait(self, slot: str, timeout: float | None = None) -> None:
         """Wait for the slot's background thread (tests, shutdown)."""

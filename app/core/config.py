@@ -180,6 +180,10 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(default=256, ge=1)
     # How often the API checks the database for a newer index snapshot (seconds; 0 = never).
     snapshot_poll_s: float = Field(default=5.0, ge=0)
+    # On shutdown the server waits this long for the jobs it runs in the background (an ingest
+    # finishing its swap) before it closes the database; a job still running after that is
+    # marked interrupted at the next start, and resumes when run again.
+    shutdown_wait_s: float = Field(default=30.0, ge=0)
 
     # --- retrieval and shard index types (app/services/retrieval.py, indexer/ivf.py) ---
     # What /v1/answers retrieves with: dense (FAISS), bm25 (per-shard BM25) or hybrid (both, fused;

@@ -94,3 +94,43 @@ def test_answers_from_eight_clients_never_fail_while_snapshots_swap(slow_client,
     statuses = sorted({s for s, _ in outcomes})
     assert statuses == [200], f"non-200 answers during the swaps: {statuses}"
     assert len(outcomes) >= 24 and all(n >= 1 for _, n in outcomes)
+
+
+def _job_state(settings, job_id: int) -> str:
+    db = open_database(settings, migrate=False)
+    try:
+        with db.sessions() as s:
+            return s.get(Job, job_id).state
+    finally:
+        db.close()
+
+
+def test_shutdown_lets_a_background_job_finish_before_the_database_closes(loaded_settings):
+    finished = threading.Event()
+
+    def work(handle):
+        time.sleep(0.5)  # still running when the client leaves
+        handle.update(message="last words")
+        finished.set()
+        return "ok"
+
+    with TestClient(create_app(loaded_settings)) as client:
+        job_id = client.app.state.jobs.runner.submit("probe", {}, work, slot="probe")
+    assert finished.is_set()  # the lifespan's shutdown waited for it
+    assert _job_state(loaded_settings, job_id) == "succeeded"
+
+
+def test_shutdown_waits_no_longer_than_it_is_told_and_names_the_job_left_running(make_settings, caplog):
+    settings = make_settings(shutdown_wait_s=0.2)
+    load_sample(settings)
+    release = threading.Event()
+    client = TestClient(create_app(settings)).__enter__()
+    runner = client.app.state.jobs.runner
+    job_id = runner.submit("probe", {}, lambda handle: release.wait(30), slot="probe")
+    try:
+        with caplog.at_level("WARNING", logger="app"):
+            client.__exit__(None, None, None)  # the lifespan's shutdown, with the job still waiting
+    finally:
+        release.set()
+        runner.wait_all(timeout=30)
+    assert f"1 background job(s) still run: probe-{job_id}" in caplog.text
