@@ -38,6 +38,7 @@ from pathlib import Path
 
 from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
 from evaluation.metrics import answer_in_text
+from evaluation.trust import Judged, confidence_bands, describe, grounded_split
 from indexer.chunking import passage_body
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,11 +211,12 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             times["gold_read"].append(g["ms"])
     n = len(questions)
     with_gold = [q for q in questions if q.qid in gold]
+    judged = [Judged(score(e2e, [q])["em"] == 1.0, q.qid in grounded, confidence.get(q.qid)) for q in questions]
     return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
             "own_articles": round(100 * own / n, 1) if n else 0.0,
             "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
-            "grounded": _grounded_split(grounded, e2e, questions),
-            "confidence": _confidence_bands(confidence, e2e, questions),
+            "grounded": grounded_split(judged),
+            "confidence": confidence_bands(judged),
             "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
             "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
                                 for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
@@ -245,36 +247,6 @@ def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str
     return {"share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
             "n": len(inside), "em_when_read": em(inside), "em_otherwise": em(outside),
             "headline_only": {"n": len(titled), "em": em(titled)}}
-
-
-def _grounded_split(grounded: set[str], predictions: dict, questions) -> dict:
-    """The share of answers that a passage the reader read states (the API's `grounded`), and EM on
-    those and on the rest: how far a user can trust each kind."""
-    split = _split_by(grounded, predictions, questions)
-    return {"share": split["share"], "n": split["n"], "em_grounded": split["em_when_read"],
-            "em_otherwise": split["em_otherwise"]}
-
-
-CONFIDENCE_BANDS = ((0.7, 1.0), (0.15, 0.7), (0.0, 0.15))  # the ask page's high, medium and low
-
-
-def _confidence_bands(confidence: dict[str, float], predictions: dict, questions) -> dict:
-    """For each band [lo, hi) of the reader's confidence (1.0 counts in the top one): the share of the
-    answers in it and their EM; and the AUC, the chance that a right answer has a higher confidence
-    than a wrong one (0.5: it tells nothing). Empty when the reader gives no confidence."""
-    scored = [q for q in questions if q.qid in confidence]
-    if not scored:
-        return {}
-    right = {q.qid: score(predictions, [q])["em"] == 1.0 for q in scored}
-    bands = []
-    for lo, hi in CONFIDENCE_BANDS:
-        qs = [q for q in scored if lo <= confidence[q.qid] < hi or (hi == 1.0 and confidence[q.qid] == 1.0)]
-        bands.append({"from": lo, "to": hi, "share": round(100 * len(qs) / len(scored), 1), "n": len(qs),
-                      "em": round(100 * sum(right[q.qid] for q in qs) / len(qs), 1) if qs else 0.0})
-    pos = [confidence[q] for q, ok in right.items() if ok]
-    neg = [confidence[q] for q, ok in right.items() if not ok]
-    auc = (sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))) if pos and neg else None
-    return {"n": len(scored), "bands": bands, "auc": None if auc is None else round(auc, 3)}
 
 
 def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
@@ -311,14 +283,8 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
               f"{h['em_otherwise']:.1f} on the rest")
         t = h["headline_only"]
         print(f"    in a headline only: n {t['n']}, EM {t['em']:.1f} on those")
-    if "grounded" in m:
-        gr = m["grounded"]
-        print(f"  grounded answers  {gr['share']:.1f} % (n {gr['n']}; a passage read states them): "
-              f"EM {gr['em_grounded']:.1f} on those, {gr['em_otherwise']:.1f} on the rest")
-    if m.get("confidence"):
-        c = m["confidence"]
-        print("  by confidence     " + "   ".join(f"{b['from']:.2f}-{b['to']:.2f}: {b['share']:.1f} % EM {b['em']:.1f}"
-                                             for b in c["bands"]) + f"   (n {c['n']}, AUC {c['auc']})")
+    for line in describe({"grounded": m.get("grounded"), "confidence": m.get("confidence")}):
+        print("  " + line)
     print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
     if baseline is not None:
         print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "

@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from evaluation.temporal import TemporalGrid, jsonable, quarter_index
+from evaluation.trust import CONFIDENCE_BANDS
 
 _PLOTS = {"by_quarter": "scores_by_quarter.png", "heatmap": "grid_heatmap.png",
           "lag": "lag_curves.png", "ds_as": "deterioration_adaptation.png"}
@@ -187,6 +188,27 @@ def _grid_html(grid: TemporalGrid, metric: str) -> str:
     return "\n".join(parts)
 
 
+def _trust_html(trust: dict) -> str:
+    """Per quarter: the share of answers a passage read states and EM on those and on the rest; the
+    share and EM of each confidence band; the AUC (evaluation.trust)."""
+    bands = [name for name, _, _ in CONFIDENCE_BANDS]
+    header = (["quarter", "answers", "grounded", "EM grounded", "EM not"]
+              + [f"{b} ({lo:g}-{hi:g})" for b, lo, hi in CONFIDENCE_BANDS] + ["AUC"])
+    rows = []
+    for quarter, t in trust.items():
+        g, c = t.get("grounded") or {}, t.get("confidence") or {}
+        by_band = {b["band"]: b for b in c.get("bands", [])}
+        rows.append([quarter, str(t["answers"]),
+                     f"{g['share']:.1f}%" if g else "–", _num(g.get("em_grounded"), 1), _num(g.get("em_otherwise"), 1)]
+                    + [f"{by_band[b]['share']:.1f}%, EM {by_band[b]['em']:.1f}" if b in by_band else "–" for b in bands]
+                    + [_num(c.get("auc"))])
+    return ("<p>Grounded: a passage the reader read states the answer. The bands are the reader's "
+            "probability of its answer, as the ask page shows it; each cell is the share of the answers in "
+            "the band and their EM (%). AUC: the chance that a right answer is surer than a wrong one (0.5: "
+            "the confidence tells nothing). A band whose EM moves from quarter to quarter no longer means "
+            "what the ask page says.</p>\n" + _table(header, rows))
+
+
 def _transport_html(t: dict) -> str:
     """Drift per month, tau_p / tau_var, and the predicted against the measured F1 per quarter."""
     tr = t["transport"]
@@ -217,7 +239,8 @@ def write_report(out_dir: Path, *, title: str, summary: dict, grid: TemporalGrid
     Args:
         out_dir: folder to write into (created if missing; files of the same names replaced).
         title: the report's title.
-        summary: run-level facts (model and index versions, headline scores); shown as a table.
+        summary: run-level facts (model and index versions, headline scores); shown as a table,
+            but for "trust" (evaluation.trust.trust_by_quarter), which gets a section of its own.
         grid: the temporal grid, or None to leave out the grid, lag and DS/AS parts.
         by_quarter: rows {"quarter", "subset", "n", <metric>: value}; None takes
             grid.by_quarter() (state of the question's own quarter) when a grid is given.
@@ -252,10 +275,13 @@ def write_report(out_dir: Path, *, title: str, summary: dict, grid: TemporalGrid
     paths["summary"] = out_dir / "summary.json"
     paths["summary"].write_text(json.dumps(document, indent=2, default=str, allow_nan=False), encoding="utf-8")
 
-    flat = [[k, _short(v if isinstance(v, str) else json.dumps(jsonable(v), default=str))] for k, v in summary.items()]
+    flat = [[k, _short(v if isinstance(v, str) else json.dumps(jsonable(v), default=str))] for k, v in summary.items()
+            if k != "trust"]
     parts = [f"<h1>{_e(title)}</h1>", "<h2>Run</h2>", _table(["key", "value"], flat) if flat else "<p>No summary.</p>",
              "<h2>Scores by question quarter</h2>",
              _by_quarter_html(by_quarter, metric) if by_quarter else "<p>No per-quarter scores.</p>"]
+    if summary.get("trust"):
+        parts += ['<h2 id="trust">How far to trust the answers</h2>', _trust_html(summary["trust"])]
     if grid is not None:
         parts += ["<h2>Temporal grid</h2>", _grid_html(grid, metric)]
     if transport is not None:

@@ -26,6 +26,7 @@ from app.services.index_state import LoadedSnapshot
 from evaluation.metrics import answer_in_text, days_between, exact_match, token_f1
 from evaluation.subsets import needs_choices
 from evaluation.temporal import TemporalGrid, jsonable, quarter_bounds, quarter_index, quarter_of
+from evaluation.trust import trust_by_quarter
 from workers.transport import TransportConfig, version_transport
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ def answer_question(service: AnswerService, snapshot: LoadedSnapshot, q: Questio
         recall=float(any(answer_in_text(q.answers, p.text) for p in result.passages)),
         days=float(statistics.median(days)) if days else None,
         passages=[[p.passage_id, p.published.isoformat(), round(p.score, 4)] for p in result.passages],
+        grounded=result.grounded if read else None,
+        confidence=result.confidence if read else None,
         latency_ms=round((time.perf_counter() - t0) * 1000, 1),
         snapshot_id=snapshot.snapshot_id,
     )
@@ -168,7 +171,7 @@ def run_rows(session: Session, run_id: int) -> list[dict]:
         if r.days is not None:
             metrics["days"] = r.days
         out.append({"question_id": qid, "test_quarter": r.test_quarter, "state_quarter": r.state_quarter,
-                    "subset": r.subset, "metrics": metrics})
+                    "subset": r.subset, "metrics": metrics, "grounded": r.grounded, "confidence": r.confidence})
     return out
 
 
@@ -180,6 +183,9 @@ def render_report(sf: sessionmaker[Session], run_id: int, out: Path, title: str,
     grid = TemporalGrid.from_results(rows)
     summary = jsonable(grid.summary())
     summary["counts"] = {"results": len(rows), "answered_by_reader": sum("f1" in r["metrics"] for r in rows)}
+    trust = trust_by_quarter(rows)
+    if trust:
+        summary["trust"] = trust
     transport = run_transport(sf, run_id, cfg.transport) if cfg is not None and cfg.transport else None
     from evaluation.report import write_report  # matplotlib: loaded by the jobs that draw, not by every command
 

@@ -147,6 +147,11 @@ class EvalResult(Base):
     days: Mapped[float | None] = mapped_column(Float, nullable=True)  # median days question - cited passages
     passages: Mapped[list] = mapped_column(JSON, default=list)  # [[passage_id, "YYYY-MM-DD", score], ...]
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    # Whether a passage the reader read states the answer, and the reader's probability of it
+    # (evaluation.trust); None when not read, for a reader that gives no confidence, and on the
+    # rows of runs made before they were stored.
+    grounded: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    confidence: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ReaderModel(Base):

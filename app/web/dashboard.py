@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from app.api.deps import JobsDep, RowId, SessionDep, SettingsDep
 from app.api.routes import admin, evaluations, schedule
@@ -248,11 +248,12 @@ def _scored(session, runs: list[EvalRun]) -> list[dict]:
     ids = [r.id for r in runs]
     scores: dict[int, dict] = {i: {} for i in ids}
     if ids:
+        grounded = case((EvalResult.grounded.is_(True), 1.0), (EvalResult.grounded.is_(False), 0.0))  # else NULL
         rows = session.execute(select(EvalResult.run_id, EvalResult.subset, func.count(), func.avg(EvalResult.em),
-                                      func.avg(EvalResult.f1), func.avg(EvalResult.recall))
+                                      func.avg(EvalResult.f1), func.avg(EvalResult.recall), func.avg(grounded))
                                .where(EvalResult.run_id.in_(ids)).group_by(EvalResult.run_id, EvalResult.subset))
-        for run_id, subset, n, em, f1, recall in rows:
-            scores[run_id][subset] = {"n": n, "em": em, "f1": f1, "recall": recall}
+        for run_id, subset, n, em, f1, recall, share in rows:
+            scores[run_id][subset] = {"n": n, "em": em, "f1": f1, "recall": recall, "grounded": share}
     out = []
     for r in runs:
         parts = scores[r.id]
@@ -263,6 +264,7 @@ def _scored(session, runs: list[EvalRun]) -> list[dict]:
             return sum(v * c for v, c in vals) / sum(c for _, c in vals) if vals else None
 
         out.append({"run": r, "n": n, "em": pooled("em"), "f1": pooled("f1"), "recall": pooled("recall"),
+                    "grounded": pooled("grounded"),
                     "subsets": parts, "label": (r.params or {}).get("quarter") or
                     f"{(r.params or {}).get('first', '')}..{(r.params or {}).get('last', '')}".strip(".")})
     return out

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
+from evaluation.trust import confidence_band
 from indexer.dates import parse_iso_day
 
 @dataclass(frozen=True)
@@ -49,10 +50,9 @@ class AnswerView:
     @property
     def confidence_band(self) -> str:
         """"high" (0.7 or more: 57-69% right on the slice), "low" (under 0.15: 3-5% right),
-        "medium" between, "" without a confidence (README, "How far to trust an answer")."""
-        if self.confidence is None:
-            return ""
-        return "high" if self.confidence >= 0.7 else "low" if self.confidence < 0.15 else "medium"
+        "medium" between, "" without a confidence (evaluation.trust; README, "How far to trust an
+        answer")."""
+        return confidence_band(self.confidence)
 
     @property
     def grounded(self) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -69,6 +70,8 @@ def test_cli_evaluate_then_report(sqa, sample_root, tmp_path):
     r = sqa("evaluate", "--quarter", "2024Q1")
     assert r.exit_code == 0, r.output
     assert "evaluation run 1:" in r.output and "recall" in r.output
+    assert re.search(r"how far to trust the answers of 2024Q1 \(\d+ answers", r.output)
+    assert re.search(r"grounded answers  \d+\.\d % \(n \d+; a passage read states them\)", r.output)
     out = tmp_path / "report"
     rep = sqa("report", "1", "--out", str(out))
     assert rep.exit_code == 0, rep.output

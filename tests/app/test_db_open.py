@@ -45,3 +45,24 @@ def test_an_old_or_new_schema_is_migrated_and_a_current_one_left_alone(database_
         open_database(database_url).close()  # current: Alembic is not asked
     finally:
         engine.dispose()
+
+
+def test_the_migrated_schema_is_the_one_the_tables_declare(database_url):
+    """A column added to app/db/tables.py without its migration (or the other way round) fails here."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from app.db.base import Base
+
+    if database_url.startswith("sqlite:///"):
+        Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    open_database(database_url).close()
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == []
+        columns = {c["name"] for c in inspect(engine).get_columns("eval_results")}
+        assert {"grounded", "confidence"} <= columns
+    finally:
+        engine.dispose()

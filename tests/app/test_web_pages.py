@@ -267,6 +267,11 @@ def test_evaluation_pages_show_the_report_and_its_plots(client, wait_job):
     page = client.get(f"/dashboard/evaluations/{run_id}").text
     plots = re.findall(rf'src="(/dashboard/evaluations/{run_id}/files/[\w.-]+\.png)"', page)
     assert plots and "Scores by question quarter" in page
+    # how far to trust the answers: the share grounded in the list, the headline and the report's section
+    assert re.search(r'<td>\d+\.\d</td><td>\d+\.\d</td>\s*<td>[^<]*/[^<]*</td>', listing)  # recall, grounded, F1 recent/past
+    grounded = re.search(r"grounded (\d+\.\d) \(<a href=\"#trust\">", page)
+    assert grounded and 0.0 < float(grounded.group(1)) <= 100.0
+    assert '<h2 id="trust">How far to trust the answers</h2>' in page
     for src in plots:
         assert client.get(src).content.startswith(b"\x89PNG")
     assert client.get(f"/dashboard/evaluations/{run_id}/files/..%2Fsqa.db").status_code == 404

@@ -152,19 +152,3 @@ def test_bench_quality_splits_the_published_system_by_what_our_reader_reads(serv
     b = window["baseline"]
     assert (b["em_when_read"], b["em_otherwise"]) == (100.0, 0.0)
     assert b["em"] == pytest.approx(100 * len(read) / len(preds), abs=0.05)
-
-
-def test_confidence_bands_place_each_answer_once_and_rank_right_answers_first():
-    from types import SimpleNamespace
-
-    bands = load_script("bench/bench_quality.py")._confidence_bands
-    qs = [SimpleNamespace(qid=str(i), answers=("yes",)) for i in range(6)]
-    predictions = {"0": "yes", "1": "yes", "2": "no", "3": "yes", "4": "no", "5": "no"}
-    confidence = {"0": 1.0, "1": 0.8, "2": 0.7, "3": 0.5, "4": 0.1}  # 5: none given (an old cached answer)
-    out = bands(confidence, predictions, qs)
-    assert out["n"] == 5
-    assert [(b["n"], b["em"]) for b in out["bands"]] == [(3, 66.7), (1, 100.0), (1, 0.0)]  # 1.0 counts in the top band
-    assert sum(b["share"] for b in out["bands"]) == pytest.approx(100.0, abs=0.2)
-    # right answers (1.0, 0.8, 0.5) against wrong ones (0.7, 0.1): 5 of the 6 pairs ordered right
-    assert out["auc"] == pytest.approx(5 / 6, abs=0.001)
-    assert bands({}, predictions, qs) == {}

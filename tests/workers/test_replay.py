@@ -104,3 +104,51 @@ def test_evaluation_routes(replayed):
         assert c.get("/admin/evaluations/999", headers=headers).status_code == 404
         bad = c.post("/admin/evaluations", json={"quarter": "2024-Q1"}, headers=headers)
         assert bad.status_code == 422 and "is not a quarter" in bad.json()["detail"]
+
+
+class _SureReader:
+    """The fake reader, with a confidence: high when it read something, low when it read nothing."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, question, as_of, passages):
+        from models.reader_base import ReaderAnswer
+
+        answer = self.inner.generate(question, as_of, passages)
+        return ReaderAnswer(answer.text, answer.raw, confidence=0.9 if passages else 0.1)
+
+
+def test_an_evaluation_stores_how_far_each_answer_can_be_trusted_and_reports_it(replayed):
+    settings, db, _, cfg, _ = replayed
+    service = build_answer_service(settings, db, build_encoder(settings), _SureReader(build_reader(settings)))
+    run_id = evaluate_current(db.sessions, service, "2024Q1", cfg, settings.reports_dir)
+    with db.sessions() as s:
+        run = s.get(EvalRun, run_id)
+        rows = s.scalars(select(EvalResult).where(EvalResult.run_id == run_id)).all()
+    assert len(rows) == 3 and all(r.em == 1.0 for r in rows)
+    assert {(r.grounded, r.confidence) for r in rows} == {(True, 0.9)}  # the winner's name is in the passage read
+    trust = run.summary["trust"]
+    assert set(trust) == {"2024Q1", "all"} and trust["all"] == trust["2024Q1"]
+    assert trust["all"]["answers"] == 3
+    assert trust["all"]["grounded"] == {"share": 100.0, "n": 3, "em_grounded": 100.0, "em_otherwise": 0.0}
+    high = trust["all"]["confidence"]["bands"][0]
+    assert (high["band"], high["n"], high["em"]) == ("high", 3, 100.0) and trust["all"]["confidence"]["auc"] is None
+    report = (settings.reports_dir / f"run-{run_id}" / "report.html").read_text()
+    assert "How far to trust the answers" in report and "100.0%, EM 100.0" in report
+
+
+def test_retrieval_only_rows_and_a_reader_without_confidence_store_nulls(replayed):
+    settings, db, _, _, run_id = replayed  # the fake reader gives no confidence
+    with db.sessions() as s:
+        rows = s.scalars(select(EvalResult).where(EvalResult.run_id == run_id)).all()
+        summary = s.get(EvalRun, run_id).summary
+    assert {r.confidence for r in rows} == {None}
+    assert {r.grounded for r in rows if r.em == 1.0} == {True}
+    assert summary["trust"]["all"]["confidence"] == {}
+    # each test quarter judged under its own quarter's state: every answer right there
+    assert {q: t["grounded"]["em_grounded"] for q, t in summary["trust"].items()} == {
+        "2023Q4": 100.0, "2024Q1": 100.0, "all": 100.0}
