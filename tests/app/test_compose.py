@@ -76,3 +76,10 @@ def test_prestart_builds_the_url_from_the_password_file_and_skips_the_migration_
                        env={**env, "SQA_DATABASE_URL": "sqlite:///x.db", "SQA_MIGRATE": "1"},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["sqa", "db", "upgrade", "ran"]
+
+
+def test_the_api_is_given_longer_to_stop_than_it_waits_for_its_background_jobs():
+    from app.core.config import Settings
+
+    grace = compose()["services"]["api"]["stop_grace_period"]
+    assert grace.endswith("s") and float(grace[:-1]) > Settings.model_fields["shutdown_wait_s"].default
