@@ -196,6 +196,8 @@ def _trust_html(trust: dict) -> str:
               + [f"{b} ({lo:g}-{hi:g})" for b, lo, hi in CONFIDENCE_BANDS] + ["AUC"])
     rows = []
     for quarter, t in trust.items():
+        if quarter == "all" and len(trust) == 2:
+            continue  # one quarter: "all" says the same again
         g, c = t.get("grounded") or {}, t.get("confidence") or {}
         by_band = {b["band"]: b for b in c.get("bands", [])}
         rows.append([quarter, str(t["answers"]),

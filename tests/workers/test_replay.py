@@ -139,6 +139,8 @@ def test_an_evaluation_stores_how_far_each_answer_can_be_trusted_and_reports_it(
     assert (high["band"], high["n"], high["em"]) == ("high", 3, 100.0) and trust["all"]["confidence"]["auc"] is None
     report = (settings.reports_dir / f"run-{run_id}" / "report.html").read_text()
     assert "How far to trust the answers" in report and "100.0%, EM 100.0" in report
+    section = report.split('<h2 id="trust">', 1)[1].split("<h2", 1)[0]
+    assert "<td>2024Q1</td><td>3</td>" in section and "<td>all</td>" not in section  # one quarter: no "all" row again
 
 
 def test_retrieval_only_rows_and_a_reader_without_confidence_store_nulls(replayed):
