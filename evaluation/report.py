@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from evaluation.temporal import TemporalGrid, jsonable, quarter_index
-from evaluation.trust import CONFIDENCE_BANDS
+from evaluation.trust import CONFIDENCE_BANDS, shown_quarters
 
 _PLOTS = {"by_quarter": "scores_by_quarter.png", "heatmap": "grid_heatmap.png",
           "lag": "lag_curves.png", "ds_as": "deterioration_adaptation.png"}
@@ -195,9 +195,7 @@ def _trust_html(trust: dict) -> str:
     header = (["quarter", "answers", "grounded", "EM grounded", "EM not"]
               + [f"{b} ({lo:g}-{hi:g})" for b, lo, hi in CONFIDENCE_BANDS] + ["AUC"])
     rows = []
-    for quarter, t in trust.items():
-        if quarter == "all" and len(trust) == 2:
-            continue  # one quarter: "all" says the same again
+    for quarter, t in shown_quarters(trust).items():
         g, c = t.get("grounded") or {}, t.get("confidence") or {}
         by_band = {b["band"]: b for b in c.get("bands", [])}
         rows.append([quarter, str(t["answers"]),

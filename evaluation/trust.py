@@ -93,22 +93,23 @@ def auc(positives: list[float], negatives: list[float]) -> float | None:
     """
     if not positives or not negatives:
         return None
-    ranked = sorted([(s, 1) for s in positives] + [(s, 0) for s in negatives])
-    rank_sum, i = 0.0, 0
-    while i < len(ranked):  # average ranks (1-based) over ties
-        j = i
-        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
-            j += 1
-        rank_sum += sum(label for _, label in ranked[i:j]) * (i + 1 + j) / 2
-        i = j
+    from scipy.stats import rankdata  # here, not at import (scipy.stats takes ~0.6 s); average ranks over ties
+
+    ranks = rankdata(list(positives) + list(negatives))
     n_pos, n_neg = len(positives), len(negatives)
-    return round((rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg), 3)
+    return round(float((ranks[:n_pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)), 3)
 
 
 def trust_summary(judged: Iterable[Judged]) -> dict:
     """{"answers", "grounded", "confidence"}: the two splits above over the same answers."""
     judged = list(judged)
     return {"answers": len(judged), "grounded": grounded_split(judged), "confidence": confidence_bands(judged)}
+
+
+def shown_quarters(trust: dict) -> dict:
+    """`trust_by_quarter`'s entries to show: all of them, but "all" when there is one quarter
+    (it says the same again)."""
+    return {q: t for q, t in trust.items() if not (q == "all" and len(trust) == 2)}
 
 
 def describe(trust: dict) -> list[str]:

@@ -12,7 +12,7 @@ from app.cli.common import cli, fail, guard, num, run_job, settings
 
 def _print_run(run_id: int) -> None:
     from app.db.tables import EvalRun
-    from evaluation.trust import describe
+    from evaluation.trust import describe, shown_quarters
     from app.cli.common import open_database
 
     db = open_database(settings(), migrate=False)
@@ -35,9 +35,7 @@ def _print_run(run_id: int) -> None:
             if d.get("n_pairs") or a.get("n_pairs"):
                 typer.echo(f"  {'':8s} {'':6s} DS {d.get('score')} (p={d.get('p_value')}, n={d.get('n_pairs')}); "
                            f"AS {a.get('score')} (p={a.get('p_value')}, n={a.get('n_pairs')})")
-    for quarter, trust in (summary.get("trust") or {}).items():
-        if quarter == "all" and len(summary["trust"]) == 2:
-            continue  # one quarter: "all" says the same again
+    for quarter, trust in shown_quarters(summary.get("trust") or {}).items():
         typer.echo(f"  how far to trust the answers of {quarter} ({trust['answers']} answers, each quarter under its "
                    f"own quarter's index where the run has it):")
         for line in describe(trust):
