@@ -139,12 +139,13 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
             "trained_until": job["trained_until"], "month": None,
             "spec": {**job["spec"], **{k: v for k, v in (overrides or {}).items()
                                        if k in ("lr", "batch_size", "max_epochs", "warmup_steps", "eval_every",
-                                                "patience", "max_minutes", "seed")},
+                                                "patience", "keep_within", "max_minutes", "seed")},
                      **{k: v for k, v in (model_overrides or {}).items() if k == "method"},
                      **({"n_passages": mcfg.n_passages, "infer_passages": mcfg.n_passages}
                         if "n_passages" in (model_overrides or {}) else {})},
             "model_overrides": model_overrides or {},
             "data": {**job["data"], "train": len(train), "val": len(val)}, "validation": result.best,
+            **({"validation_top": result.top} if result.top else {}),
             "history": result.history, "stopped": result.stopped, "steps": result.steps,
             "train_seconds": result.seconds, "precision": model.training_precision,
             "trained_elsewhere": {"device": device_name(device), "torch": torch.__version__,
@@ -178,6 +179,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=None)
     p.add_argument("--eval-every", type=int, default=None, help="steps between validations")
     p.add_argument("--patience", type=int, default=None, help="validations without a better F1 before stopping")
+    p.add_argument("--keep-within", type=float, default=None, help="F1 points: keep the earliest validated model "
+                   "within this of the best validation F1 (the export's: the job's setting; 0: the best)")
     p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the loop (0: none)")
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (the job's: 16)")
     p.add_argument("--method", choices=("lora", "last-layers"), default=None,
@@ -203,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = {"max_epochs": ("--epochs", args.epochs, 1), "batch_size": ("--batch-size", args.batch_size, 1),
              "lr": ("--lr", args.lr, 0), "warmup_steps": ("--warmup-steps", args.warmup_steps, 0),
              "eval_every": ("--eval-every", args.eval_every, 1), "patience": ("--patience", args.patience, 1),
+             "keep_within": ("--keep-within", args.keep_within, 0),
              "max_minutes": ("--max-minutes", args.max_minutes, 0)}  # TrainConfig field: (flag, value, least)
     overrides = {}
     for name, (flag, value, least) in flags.items():

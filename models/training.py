@@ -75,6 +75,10 @@ class TrainConfig:
     seed: int = 0
     n_passages: int = 0  # passages per question in training (0: the model's own setting)
     eval_at_start: bool = False  # validate before the first step too (the zero-shot score, for a pretrained LM)
+    # F1 points: keep the earliest validated model whose validation F1 is within this of the best, not
+    # the best itself (0: the best). On a few dozen validation questions a later step's small gain is
+    # noise more often than not; every validated model is kept in validated/ until the run ends.
+    keep_within: float = 0.0
 
 
 @dataclass
@@ -86,6 +90,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     stopped: str = ""  # "early stopping" | "budget" | "epochs"
     seconds: float = 0.0
+    top: dict = field(default_factory=dict)  # the best-scoring validation, where `best` is an earlier one kept
 
 
 Progress = Callable[[float, str], None]
@@ -160,6 +165,10 @@ class ReaderTrainer:
     def best_dir(self) -> Path:
         return self.out_dir / "best"
 
+    @property
+    def validated_dir(self) -> Path:
+        return self.out_dir / "validated"
+
     def _save_checkpoint(self, opt, sched, state: dict) -> None:
         def write(tmp: Path) -> None:
             self.model.save(tmp / "model")
@@ -183,12 +192,27 @@ class ReaderTrainer:
         log.info("eval %s", metrics)
         if progress:
             progress(step / total, f"step {step}/{total} validation EM {metrics['em']} F1 {metrics['f1']}")
+        if self.cfg.keep_within > 0:
+            _write_folder(self.validated_dir / f"step-{step}", self.model.save)
         if metrics["f1"] > state["best_f1"] or not state["best"]:
             state.update(best_f1=metrics["f1"], best_step=step, best=metrics, bad_evals=0)
             self._save_best()
         else:
             state["bad_evals"] += 1
         state["seconds"] = self.clock() - t0
+
+    def _keep_earliest_within(self, state: dict) -> dict:
+        """With `keep_within`: put the earliest validated model within that many F1 points of the best
+        in best/, and return its metrics (the best's where no earlier one is close enough)."""
+        if self.cfg.keep_within <= 0 or not state["best"]:
+            return state["best"]
+        kept = next(h for h in state["history"] if h["f1"] >= state["best_f1"] - self.cfg.keep_within)
+        if kept["step"] != state["best_step"]:
+            src = self.validated_dir / f"step-{kept['step']}"
+            _write_folder(self.best_dir, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
+            log.info("keeping step %d (validation F1 %s), within %s F1 points of step %d's %s", kept["step"],
+                     kept["f1"], self.cfg.keep_within, state["best_step"], state["best_f1"])
+        return kept
 
     def train(self, train: Sequence[TrainExample], val: Sequence[TrainExample],
               progress: Progress | None = None) -> TrainResult:
@@ -260,7 +284,9 @@ class ReaderTrainer:
                         break
             if stopped != "epochs":
                 break
+        kept = self._keep_earliest_within(state)
         return TrainResult(steps=state["step"], epochs_done=round(state["step"] / steps_per_epoch, 2),
-                           best_step=state["best_step"], best=state["best"], history=state["history"],
-                           stopped=stopped, seconds=round(self.clock() - t0, 1))
+                           best_step=kept.get("step", state["best_step"]), best=kept, history=state["history"],
+                           stopped=stopped, seconds=round(self.clock() - t0, 1),
+                           top=state["best"] if kept.get("step") != state["best_step"] else {})
 

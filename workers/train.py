@@ -52,6 +52,7 @@ class ReaderJobSpec:
     warmup_steps: int = 50
     eval_every: int = 200
     patience: int = 3
+    keep_within: float = 0.0  # F1 points (models.training.TrainConfig.keep_within; 0: keep the best)
     max_minutes: float = 0.0
     max_self_articles: int = 600
     self_per_article: int = 2  # self-labeled questions asked of each sampled article (at most one a sentence)
@@ -99,6 +100,7 @@ class ReaderJobSpec:
         """The training loop's settings this spec implies."""
         return TrainConfig(lr=self.learning_rate, batch_size=self.batch_size, max_epochs=self.max_epochs,
                            warmup_steps=self.warmup_steps, eval_every=self.eval_every, patience=self.patience,
+                           keep_within=self.keep_within,
                            max_minutes=self.max_minutes, seed=self.seed, n_passages=self.n_passages,
                            eval_at_start=self.kind == "gemma" and self.validate_first)
 
@@ -206,6 +208,7 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     shutil.copytree(trainer.best_dir, dest)
     info = {"kind": spec.kind, "version": version, "parent_version": parent, "trained_until": until.isoformat(),
             "month": month, "spec": asdict(spec), "data": counts, "validation": result.best,
+            **({"validation_top": result.top} if result.top else {}),
             "history": result.history, "stopped": result.stopped, "steps": result.steps,
             "train_seconds": result.seconds, **({"precision": precision} if precision else {})}
     write_reader_info(dest, info)

@@ -88,6 +88,8 @@ def test_main_says_what_is_wrong_and_exits_2(tmp_path, tiny_base, capsys):
     data = export(tmp_path / "data")
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--batch-size", "0"]) == 2
     assert "--batch-size 0 is out of range" in capsys.readouterr().err
+    assert te.main([str(data), "--out", str(tmp_path / "v"), "--keep-within", "-1"]) == 2
+    assert "--keep-within -1.0 is out of range" in capsys.readouterr().err
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--last-layers", "2"]) == 2
     assert "--last-layers goes with --method last-layers" in capsys.readouterr().err
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--max-length", "-1"]) == 2

@@ -1,0 +1,79 @@
+"""Which validated model a training keeps: the best, or (keep_within) the earliest close to it."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from models.readers import ReaderPassage
+from models.training import ReaderTrainer, TrainConfig, TrainExample
+
+DAY = dt.date(2023, 3, 1)
+
+
+class Toy(torch.nn.Module):
+    """One weight that every step moves: a saved folder tells which step it was saved at."""
+
+    config = SimpleNamespace(n_passages=1)
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def save(self, folder: Path) -> None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "w.json").write_text(json.dumps(self.w.item()))
+
+
+class Scripted(ReaderTrainer):
+    """Every step moves the weight (loss -w: AdamW with lr 1 moves it by about 1); validation F1 comes
+    from a script, one value per validation."""
+
+    def __init__(self, f1s: list[float], out_dir: Path, **cfg) -> None:
+        self.f1s = list(f1s)
+        super().__init__(Toy(), "extractive", TrainConfig(batch_size=1, warmup_steps=1, eval_every=1,
+                                                          patience=10, **cfg), out_dir)
+
+    def batch_loss(self, batch):
+        return -self.model.w
+
+    def evaluate(self, examples):
+        return {"n": len(examples), "em": 0.0, "f1": self.f1s.pop(0)}
+
+
+def run(tmp_path: Path, f1s: list[float], **cfg):
+    trainer = Scripted(f1s, tmp_path / "run", lr=1.0, max_epochs=len(f1s), **cfg)
+    data = [TrainExample("q", "Who?", DAY, ("Ada",), (ReaderPassage("t", "Ada.", DAY),))]
+    result = trainer.train(data, data)
+    saved_w = json.loads((trainer.best_dir / "w.json").read_text())
+    return trainer, result, saved_w
+
+
+def weight_at(tmp_path: Path, step: int) -> float:
+    return json.loads((tmp_path / "run" / "validated" / f"step-{step}" / "w.json").read_text())
+
+
+def test_by_default_the_best_validation_is_kept_and_nothing_else_saved(tmp_path):
+    trainer, result, saved_w = run(tmp_path, [40.0, 42.0, 30.0, 20.0])
+    assert result.best_step == 2 and result.best["f1"] == 42.0 and result.top == {}
+    assert not trainer.validated_dir.exists()
+
+
+def test_keep_within_keeps_the_earliest_model_close_to_the_best(tmp_path):
+    trainer, result, saved_w = run(tmp_path, [40.0, 42.0, 30.0, 20.0], keep_within=3.0)
+    assert result.best_step == 1 and result.best["f1"] == 40.0
+    assert result.top["step"] == 2 and result.top["f1"] == 42.0
+    # best/ holds the model as it was at step 1, not step 2's
+    assert saved_w == pytest.approx(weight_at(tmp_path, 1))
+    assert saved_w != pytest.approx(weight_at(tmp_path, 2))
+
+
+def test_keep_within_keeps_the_best_when_no_earlier_model_is_close(tmp_path):
+    trainer, result, saved_w = run(tmp_path, [30.0, 42.0, 41.0], keep_within=3.0)
+    assert result.best_step == 2 and result.top == {}
+    assert saved_w == pytest.approx(weight_at(tmp_path, 2))
