@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 
 # ---- jobs ---------------------------------------------------------------------------------------
 
+# F1 points on the held-back month's validation questions (65 gold ones of March for the 2023-04-01 cut):
+# a later checkpoint that scores less than this above an earlier one is not kept. Between two checkpoints
+# of one run, about 7% of questions flip, so on 65 questions a difference of 3 points is one standard
+# error. Later checkpoints within it of the best did worse on the next quarter (README, "Which checkpoint
+# to keep").
+GEMMA_KEEP_WITHIN = 3.0
+
+
 @dataclass(frozen=True)
 class ReaderJobSpec:
     kind: str = "fid"  # fid | extractive | gemma | ranker (workers/train_ranker.py)
@@ -78,9 +86,10 @@ class ReaderJobSpec:
         """The defaults that suit Gemma 3 270M on CPU: 5 passages in training and serving (on 2023-04..06,
         EM 29.5 against 26.9 for 3 on one store, reading 1.7x slower; zero-shot Gemma keeps 3), 4
         questions a step, frequent validation and a short warm-up (a step takes seconds, and a
-        30-minute budget is a hundred or two of them), fewer self-labeled articles."""
+        30-minute budget is a hundred or two of them), fewer self-labeled articles, and the earliest
+        validated model within GEMMA_KEEP_WITHIN F1 points of the best kept."""
         values = dict(kind="gemma", n_passages=5, infer_passages=5, batch_size=4, eval_every=50, warmup_steps=10,
-                      max_self_articles=300, titles=True)
+                      max_self_articles=300, titles=True, keep_within=GEMMA_KEEP_WITHIN)
         return cls(**{**values, **overrides})
 
     def gemma_config(self):

@@ -74,6 +74,9 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                  max_length: Optional[int] = typer.Option(None, min=0, help="gemma: training tokens per example, "
                                                           "passages cut to fit (default 320; 0: the served prompt "
                                                           "whole, no cut)"),
+                 keep_within: Optional[float] = typer.Option(None, min=0.0, help="F1 points: keep the earliest "
+                                                             "validated model within this of the best validation F1 "
+                                                             "(default: 3 for gemma, 0 for the others: the best)"),
                  export: Optional[Path] = typer.Option(None, help="gemma: write the training data and settings to "
                                                        "this folder instead of training, for `python -m "
                                                        "models.train_exported` on another machine (a GPU)")
@@ -88,9 +91,12 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
     spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed, gold)
     if max_length is not None and kind != "gemma":
         fail("--max-length is for --kind gemma")
+    if keep_within is not None and kind == "ranker":
+        fail("--keep-within is for gemma, fid and extractive readers (the ranker keeps its best fit)")
     spec = replace(spec, self_per_article=self_per_article,
                    **({} if self_articles is None else {"max_self_articles": self_articles}),
-                   **({} if max_length is None else {"max_length": max_length}))
+                   **({} if max_length is None else {"max_length": max_length}),
+                   **({} if keep_within is None else {"keep_within": keep_within}))
     if export is not None:
         _check_export(export, kind=kind, allowed="gemma", why="models.train_exported trains Gemma readers",
                       activate=activate, importer="sqa models import")

@@ -16,7 +16,7 @@ from models.gemma import resolve_training_precision
 from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE
 from models.reader_base import ReaderPassage
 from models.trained import INFO_FILE, load_trained_reader, read_reader_info
-from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
+from workers.train import GEMMA_KEEP_WITHIN, ReaderJobSpec, run_finetune_job, run_train_job
 
 
 def test_gemma_spec_defaults():
@@ -25,6 +25,9 @@ def test_gemma_spec_defaults():
         "gemma", 5, 5, 4, 50, 10)
     assert spec.learning_rate == 2e-4 and ReaderJobSpec.for_gemma(method="last-layers").learning_rate == 2e-5
     assert ReaderJobSpec(kind="extractive").learning_rate == 5e-5  # the other kinds keep theirs
+    # the earliest validated model within 3 F1 points of the best is kept; the other kinds keep the best
+    assert spec.keep_within == GEMMA_KEEP_WITHIN == 3.0 and spec.train_config().keep_within == 3.0
+    assert ReaderJobSpec(kind="fid").train_config().keep_within == 0.0
 
 
 def test_only_a_gemma_run_validates_before_its_first_step_and_only_when_asked():
@@ -46,6 +49,20 @@ def test_cli_no_gold_is_refused_for_the_ranker_and_reaches_the_gemma_spec(sqa):
     spec = _reader_spec("gemma", 30, 1, None, None, 0, gold=False)
     assert spec.gold is False and spec.data_config().gold is False
     assert _reader_spec("gemma", 30, 1, None, None, 0).data_config().gold is True
+
+
+def test_cli_keep_within_reaches_the_training_and_is_refused_for_the_ranker(sqa):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", "--keep-within", "1")
+    assert r.exit_code == 2 and "--keep-within is for gemma, fid and extractive readers" in r.output
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--keep-within", "-1")
+    assert r.exit_code == 2 and "--keep-within" in r.output
+    specs = []
+    with patch("app.cli.training.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)), \
+            patch("workers.train.run_train_job", side_effect=lambda ctx, job, **kw: specs.append(kw["spec"]) or "v"):
+        for extra in (["--keep-within", "0"], ["--keep-within", "1.5"], []):
+            r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", *extra)
+            assert r.exit_code == 0, r.output
+    assert [s.train_config().keep_within for s in specs] == [0.0, 1.5, GEMMA_KEEP_WITHIN]
 
 
 @pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
