@@ -203,10 +203,12 @@ class ReaderTrainer:
 
     def _keep_earliest_within(self, state: dict) -> dict:
         """With `keep_within`: put the earliest validated model within that many F1 points of the best
-        in best/, and return its metrics (the best's where no earlier one is close enough)."""
+        in best/, and return its metrics (the best's where no earlier one is close enough, or where the
+        earlier ones were validated without being kept: a run resumed from a checkpoint of another rule)."""
         if self.cfg.keep_within <= 0 or not state["best"]:
             return state["best"]
-        kept = next(h for h in state["history"] if h["f1"] >= state["best_f1"] - self.cfg.keep_within)
+        kept = next(h for h in state["history"] if h["f1"] >= state["best_f1"] - self.cfg.keep_within
+                    and (h["step"] == state["best_step"] or (self.validated_dir / f"step-{h['step']}").is_dir()))
         if kept["step"] != state["best_step"]:
             src = self.validated_dir / f"step-{kept['step']}"
             _write_folder(self.best_dir, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))

@@ -77,3 +77,16 @@ def test_keep_within_keeps_the_best_when_no_earlier_model_is_close(tmp_path):
     trainer, result, saved_w = run(tmp_path, [30.0, 42.0, 41.0], keep_within=3.0)
     assert result.best_step == 2 and result.top == {}
     assert saved_w == pytest.approx(weight_at(tmp_path, 2))
+
+
+def test_an_earlier_model_that_was_not_kept_is_passed_over(tmp_path):
+    """A run resumed under keep_within from validations made without it has no folder for them."""
+    trainer = Scripted([], tmp_path / "run", keep_within=3.0)
+    trainer.best_dir.mkdir(parents=True)
+    (trainer.best_dir / "w.json").write_text("2.0")
+    (trainer.validated_dir / "step-3").mkdir(parents=True)
+    (trainer.validated_dir / "step-3" / "w.json").write_text("3.0")
+    history = [{"step": 1, "f1": 41.0}, {"step": 2, "f1": 42.0}, {"step": 3, "f1": 40.0}]
+    state = {"history": history, "best": history[1], "best_f1": 42.0, "best_step": 2}
+    assert trainer._keep_earliest_within(state) == history[1]  # step 1 has no folder; step 3 is later
+    assert (trainer.best_dir / "w.json").read_text() == "2.0"
