@@ -139,7 +139,7 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
             "trained_until": job["trained_until"], "month": None,
             "spec": {**job["spec"], **{k: v for k, v in (overrides or {}).items()
                                        if k in ("lr", "batch_size", "max_epochs", "warmup_steps", "eval_every",
-                                                "patience", "keep_within", "max_minutes", "seed")},
+                                                "patience", "keep_within", "max_steps", "max_minutes", "seed")},
                      **{k: v for k, v in (model_overrides or {}).items() if k == "method"},
                      **({"n_passages": mcfg.n_passages, "infer_passages": mcfg.n_passages}
                         if "n_passages" in (model_overrides or {}) else {})},
@@ -181,6 +181,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--patience", type=int, default=None, help="validations without a better F1 before stopping")
     p.add_argument("--keep-within", type=float, default=None, help="F1 points: keep the earliest validated model "
                    "within this of the best validation F1 (the export's: the job's setting; 0: the best)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps, validating there "
+                   "(the export's: the job's setting, no cap unless `sqa train reader --export` was given one; 0: none)")
     p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the loop (0: none)")
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (the job's: 16)")
     p.add_argument("--method", choices=("lora", "last-layers"), default=None,
@@ -207,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
              "lr": ("--lr", args.lr, 0), "warmup_steps": ("--warmup-steps", args.warmup_steps, 0),
              "eval_every": ("--eval-every", args.eval_every, 1), "patience": ("--patience", args.patience, 1),
              "keep_within": ("--keep-within", args.keep_within, 0),
+             "max_steps": ("--max-steps", args.max_steps, 0),
              "max_minutes": ("--max-minutes", args.max_minutes, 0)}  # TrainConfig field: (flag, value, least)
     overrides = {}
     for name, (flag, value, least) in flags.items():

@@ -79,6 +79,10 @@ class TrainConfig:
     # the best itself (0: the best). On a few dozen validation questions a later step's small gain is
     # noise more often than not; every validated model is kept in validated/ until the run ends.
     keep_within: float = 0.0
+    # Stop after this many steps, validating there (0: the epochs, early stopping and the budget decide).
+    # The learning-rate schedule still runs over the epochs, so the first max_steps steps are the same
+    # as an uncapped run's.
+    max_steps: int = 0
 
 
 @dataclass
@@ -88,7 +92,7 @@ class TrainResult:
     best_step: int
     best: dict  # validation metrics of the best checkpoint
     history: list[dict] = field(default_factory=list)
-    stopped: str = ""  # "early stopping" | "budget" | "epochs"
+    stopped: str = ""  # "early stopping" | "budget" | "max steps" | "epochs"
     seconds: float = 0.0
     top: dict = field(default_factory=dict)  # the best-scoring validation, where `best` is an earlier one kept
 
@@ -218,7 +222,7 @@ class ReaderTrainer:
 
     def train(self, train: Sequence[TrainExample], val: Sequence[TrainExample],
               progress: Progress | None = None) -> TrainResult:
-        """Train to the end (epochs, early stopping or budget); resumes from `checkpoint/` when
+        """Train to the end (epochs, early stopping, budget or max_steps); resumes from `checkpoint/` when
         one exists. The best model by validation F1 is left in `best/`."""
         cfg = self.cfg
         if not train:
@@ -244,7 +248,10 @@ class ReaderTrainer:
         if cfg.eval_at_start and val and state["step"] == 0 and not state["history"]:
             self._validate(val, state, None, t0, total, progress)  # step 0: the score before training
         stopped = "epochs"
-        while state["step"] < total:
+        last = min(total, cfg.max_steps) if cfg.max_steps > 0 else total
+        if last < total and state["step"] >= last:
+            stopped = "max steps"  # resumed after the cap's validation: nothing left to train
+        while state["step"] < last:
             epoch, offset = divmod(state["step"], steps_per_epoch)
             order = list(range(len(train)))
             random.Random(cfg.seed + epoch).shuffle(order)
@@ -265,7 +272,7 @@ class ReaderTrainer:
                 if progress and step % 10 == 0:
                     progress(step / total, f"step {step}/{total} loss {loss.item() if loss is not None else 0:.3f}")
                 over_budget = cfg.max_minutes and self.clock() - t0 > cfg.max_minutes * 60
-                if (over_budget and state["history"] and step < total
+                if (over_budget and state["history"] and step < last
                         and step - state["history"][-1]["step"] < max(1, cfg.eval_every // 5)):
                     # The budget ran out a few steps after a validation: another would cost as long as
                     # many steps (minutes for Gemma on a CPU) to score a model barely moved; the best
@@ -274,7 +281,7 @@ class ReaderTrainer:
                     self._save_checkpoint(opt, sched, state)
                     stopped = "budget"
                     break
-                if step % cfg.eval_every == 0 or step == total or over_budget:
+                if step % cfg.eval_every == 0 or step == last or over_budget:
                     self._validate(val, state, loss, t0, total, progress)
                     self._save_checkpoint(opt, sched, state)
                     self.model.train()
@@ -282,6 +289,8 @@ class ReaderTrainer:
                         stopped = "early stopping"
                     elif over_budget:
                         stopped = "budget"
+                    elif step == last < total:
+                        stopped = "max steps"
                     if stopped != "epochs":
                         break
             if stopped != "epochs":

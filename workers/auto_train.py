@@ -183,7 +183,8 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     if what["action"] == "train":
         version = run_train_job(ctx, job, until=until, spec=spec, activate=False)
     else:
-        parent_spec = replace(spec, lr=spec.learning_rate / 2, max_epochs=1, patience=2)
+        # A fine-tune is not capped at a first training's steps (GEMMA_MAX_STEPS): its budget decides.
+        parent_spec = replace(spec, lr=spec.learning_rate / 2, max_epochs=1, patience=2, max_steps=0)
         version = run_finetune_job(ctx, job, month=month_key(held_from), spec=parent_spec, activate=False,
                                    max_minutes=cfg.max_minutes)
     job.update(message=f"checking {version} against the serving reader on {len(questions)} {source} "

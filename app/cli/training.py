@@ -77,6 +77,9 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
                  keep_within: Optional[float] = typer.Option(None, min=0.0, help="F1 points: keep the earliest "
                                                              "validated model within this of the best validation F1 "
                                                              "(default: 3 for gemma, 0 for the others: the best)"),
+                 max_steps: Optional[int] = typer.Option(None, min=0, help="stop after this many steps, validating "
+                                                         "there (default: 50 for gemma, its first validation; 0: no "
+                                                         "cap, the epochs, early stopping and --max-minutes decide)"),
                  export: Optional[Path] = typer.Option(None, help="gemma: write the training data and settings to "
                                                        "this folder instead of training, for `python -m "
                                                        "models.train_exported` on another machine (a GPU)")
@@ -93,13 +96,18 @@ def train_reader(until: str = typer.Option(..., help="YYYY-MM-DD: train on what 
         fail("--max-length is for --kind gemma")
     if keep_within is not None and kind == "ranker":
         fail("--keep-within is for gemma, fid and extractive readers (the ranker keeps its best fit)")
+    if max_steps is not None and kind == "ranker":
+        fail("--max-steps is for gemma, fid and extractive readers (the ranker is fitted, not stepped)")
     spec = replace(spec, self_per_article=self_per_article,
                    **({} if self_articles is None else {"max_self_articles": self_articles}),
                    **({} if max_length is None else {"max_length": max_length}),
-                   **({} if keep_within is None else {"keep_within": keep_within}))
+                   **({} if keep_within is None else {"keep_within": keep_within}),
+                   **({} if max_steps is None else {"max_steps": max_steps}))
     if export is not None:
         _check_export(export, kind=kind, allowed="gemma", why="models.train_exported trains Gemma readers",
                       activate=activate, importer="sqa models import")
+        if max_steps is None:  # trained elsewhere with other batches and epochs: no cap unless asked for
+            spec = replace(spec, max_steps=0)
         info = run_job("export-training-data", {"until": str(cut), "kind": kind, "to": str(export)},
                        lambda ctx, job: run_export_job(ctx, job, until=cut, dest=export, spec=spec))
         d = info["data"]

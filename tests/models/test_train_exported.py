@@ -90,6 +90,8 @@ def test_main_says_what_is_wrong_and_exits_2(tmp_path, tiny_base, capsys):
     assert "--batch-size 0 is out of range" in capsys.readouterr().err
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--keep-within", "-1"]) == 2
     assert "--keep-within -1.0 is out of range" in capsys.readouterr().err
+    assert te.main([str(data), "--out", str(tmp_path / "v"), "--max-steps", "-1"]) == 2
+    assert "--max-steps -1 is out of range" in capsys.readouterr().err
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--last-layers", "2"]) == 2
     assert "--last-layers goes with --method last-layers" in capsys.readouterr().err
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--max-length", "-1"]) == 2

@@ -132,3 +132,31 @@ def test_the_re_ranker_is_left_out_while_another_re_ranker_training_holds_its_lo
         what = _train_reranker(ctx, job, dt.date(2024, 3, 1), AutoTrainConfig())
     assert what["action"] == "skip" and "already running" in what["reason"]
     assert not (loaded_settings.work_dir / "train-reranker").exists()  # it gathered nothing
+
+
+@pytest.mark.parametrize("action", ["train", "finetune"])
+def test_a_first_training_is_capped_at_its_first_validation_and_a_fine_tune_is_not(loaded_settings, new_job, action):
+    """The spec each path hands to the reader job: a first training stops at GEMMA_MAX_STEPS, a
+    fine-tune of the serving version runs on its budget."""
+    from unittest.mock import patch
+
+    from workers.train import GEMMA_MAX_STEPS
+
+    class Handed(Exception):
+        pass
+
+    specs = []
+
+    def capture(ctx, job, **kw):
+        specs.append(kw["spec"])
+        raise Handed
+
+    ctx, job = new_job(loaded_settings, AUTO_TRAIN)
+    cfg = AutoTrainConfig(max_minutes=5, rerank=False)
+    with patch("workers.auto_train.plan", return_value={"action": action, "parent": "gemma-old"}), \
+            patch("workers.train.run_train_job", side_effect=capture), \
+            patch("workers.train.run_finetune_job", side_effect=capture), pytest.raises(Handed):
+        after_ingest(ctx, job, until=dt.date(2024, 3, 1), cfg=cfg)
+    (spec,) = specs
+    assert spec.kind == "gemma" and spec.max_minutes == 5
+    assert spec.train_config().max_steps == (GEMMA_MAX_STEPS if action == "train" else 0)

@@ -16,7 +16,7 @@ from models.gemma import resolve_training_precision
 from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE
 from models.reader_base import ReaderPassage
 from models.trained import INFO_FILE, load_trained_reader, read_reader_info
-from workers.train import GEMMA_KEEP_WITHIN, ReaderJobSpec, run_finetune_job, run_train_job
+from workers.train import GEMMA_KEEP_WITHIN, GEMMA_MAX_STEPS, ReaderJobSpec, run_finetune_job, run_train_job
 
 
 def test_gemma_spec_defaults():
@@ -28,6 +28,9 @@ def test_gemma_spec_defaults():
     # the earliest validated model within 3 F1 points of the best is kept; the other kinds keep the best
     assert spec.keep_within == GEMMA_KEEP_WITHIN == 3.0 and spec.train_config().keep_within == 3.0
     assert ReaderJobSpec(kind="fid").train_config().keep_within == 0.0
+    # a first Gemma training stops at its first validation; the other kinds are not capped
+    assert spec.max_steps == GEMMA_MAX_STEPS == spec.eval_every == 50 and spec.train_config().max_steps == 50
+    assert ReaderJobSpec(kind="fid").train_config().max_steps == 0
 
 
 def test_only_a_gemma_run_validates_before_its_first_step_and_only_when_asked():
@@ -63,6 +66,29 @@ def test_cli_keep_within_reaches_the_training_and_is_refused_for_the_ranker(sqa)
             r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", *extra)
             assert r.exit_code == 0, r.output
     assert [s.train_config().keep_within for s in specs] == [0.0, 1.5, GEMMA_KEEP_WITHIN]
+
+
+def test_cli_max_steps_reaches_the_training_is_refused_for_the_ranker_and_an_export_is_uncapped(sqa, tmp_path):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", "--max-steps", "10")
+    assert r.exit_code == 2 and "--max-steps is for gemma, fid and extractive readers" in r.output
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--max-steps", "-1")
+    assert r.exit_code == 2 and "--max-steps" in r.output
+    specs = []
+    with patch("app.cli.training.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)), \
+            patch("workers.train.run_train_job", side_effect=lambda ctx, job, **kw: specs.append(kw["spec"]) or "v"):
+        for extra in (["--max-steps", "0"], ["--max-steps", "120"], []):
+            r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", *extra)
+            assert r.exit_code == 0, r.output
+    assert [s.train_config().max_steps for s in specs] == [0, 120, GEMMA_MAX_STEPS]
+    # An export is trained elsewhere, with its own batches and epochs: no cap unless one is asked for.
+    exported = []
+    fake = {"data": {"train": 1, "val": 1}}
+    with patch("app.cli.training.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)), \
+            patch("workers.train.run_export_job", side_effect=lambda ctx, job, **kw: exported.append(kw["spec"]) or fake):
+        for extra in ([], ["--max-steps", "80"]):
+            r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--export", str(tmp_path / "x"), *extra)
+            assert r.exit_code == 0, r.output
+    assert [s.max_steps for s in exported] == [0, 80]
 
 
 @pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
@@ -103,7 +129,9 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
             assert active_version(session).version == second
     finally:
         db.close()
-    assert read_reader_info(loaded_production_settings.models_dir / second)["spec"]["lr"] == pytest.approx(1e-4)
+    ft_spec = read_reader_info(loaded_production_settings.models_dir / second)["spec"]
+    assert ft_spec["lr"] == pytest.approx(1e-4)
+    assert info["spec"]["max_steps"] == GEMMA_MAX_STEPS and ft_spec["max_steps"] == 0  # a fine-tune is not capped
 
 
 @pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
