@@ -54,41 +54,34 @@ def test_cli_no_gold_is_refused_for_the_ranker_and_reaches_the_gemma_spec(sqa):
     assert _reader_spec("gemma", 30, 1, None, None, 0).data_config().gold is True
 
 
-def test_cli_keep_within_reaches_the_training_and_is_refused_for_the_ranker(sqa):
-    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", "--keep-within", "1")
-    assert r.exit_code == 2 and "--keep-within is for gemma, fid and extractive readers" in r.output
-    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--keep-within", "-1")
-    assert r.exit_code == 2 and "--keep-within" in r.output
+def _handed_specs(sqa, target: str, *extras: list[str], fake=None) -> list:
+    """The specs `sqa train reader --kind gemma ... EXTRA` hands to `workers.train.<target>`, one per extra."""
     specs = []
     with patch("app.cli.training.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)), \
-            patch("workers.train.run_train_job", side_effect=lambda ctx, job, **kw: specs.append(kw["spec"]) or "v"):
-        for extra in (["--keep-within", "0"], ["--keep-within", "1.5"], []):
+            patch(f"workers.train.{target}", side_effect=lambda ctx, job, **kw: specs.append(kw["spec"]) or fake or "v"):
+        for extra in extras:
             r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", *extra)
             assert r.exit_code == 0, r.output
-    assert [s.train_config().keep_within for s in specs] == [0.0, 1.5, GEMMA_KEEP_WITHIN]
+    return specs
 
 
-def test_cli_max_steps_reaches_the_training_is_refused_for_the_ranker_and_an_export_is_uncapped(sqa, tmp_path):
-    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", "--max-steps", "10")
-    assert r.exit_code == 2 and "--max-steps is for gemma, fid and extractive readers" in r.output
-    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--max-steps", "-1")
-    assert r.exit_code == 2 and "--max-steps" in r.output
-    specs = []
-    with patch("app.cli.training.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)), \
-            patch("workers.train.run_train_job", side_effect=lambda ctx, job, **kw: specs.append(kw["spec"]) or "v"):
-        for extra in (["--max-steps", "0"], ["--max-steps", "120"], []):
-            r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", *extra)
-            assert r.exit_code == 0, r.output
-    assert [s.train_config().max_steps for s in specs] == [0, 120, GEMMA_MAX_STEPS]
-    # An export is trained elsewhere, with its own batches and epochs: no cap unless one is asked for.
-    exported = []
-    fake = {"data": {"train": 1, "val": 1}}
-    with patch("app.cli.training.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)), \
-            patch("workers.train.run_export_job", side_effect=lambda ctx, job, **kw: exported.append(kw["spec"]) or fake):
-        for extra in ([], ["--max-steps", "80"]):
-            r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--export", str(tmp_path / "x"), *extra)
-            assert r.exit_code == 0, r.output
-    assert [s.max_steps for s in exported] == [0, 80]
+@pytest.mark.parametrize("option,value,field,default", [("--keep-within", "1.5", "keep_within", GEMMA_KEEP_WITHIN),
+                                                        ("--max-steps", "120", "max_steps", GEMMA_MAX_STEPS)])
+def test_cli_loop_options_reach_the_training_and_are_refused_for_the_ranker(sqa, option, value, field, default):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", option, "1")
+    assert r.exit_code == 2 and f"{option} is for gemma, fid and extractive readers" in r.output
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", option, "-1")
+    assert r.exit_code == 2 and option in r.output
+    specs = _handed_specs(sqa, "run_train_job", [option, "0"], [option, value], [])
+    assert [getattr(s.train_config(), field) for s in specs] == [0, float(value), default]
+
+
+def test_cli_an_export_is_uncapped_unless_asked(sqa, tmp_path):
+    """An export is trained elsewhere, with its own batches and epochs: no step cap unless one is asked for."""
+    export = ["--export", str(tmp_path / "x")]
+    specs = _handed_specs(sqa, "run_export_job", export, [*export, "--max-steps", "80"],
+                          fake={"data": {"train": 1, "val": 1}})
+    assert [s.max_steps for s in specs] == [0, 80]
 
 
 @pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
