@@ -245,10 +245,10 @@ class ReaderTrainer:
             state.update(saved)
             log.info("resuming from step %d", state["step"])
         t0 = self.clock() - state["seconds"]
-        if cfg.eval_at_start and val and state["step"] == 0 and not state["history"]:
-            self._validate(val, state, None, t0, total, progress)  # step 0: the score before training
-        stopped = "epochs"
         last = min(total, cfg.max_steps) if cfg.max_steps > 0 else total
+        if cfg.eval_at_start and val and state["step"] == 0 and not state["history"]:
+            self._validate(val, state, None, t0, last, progress)  # step 0: the score before training
+        stopped = "epochs"
         if last < total and state["step"] >= last:
             stopped = "max steps"  # resumed after the cap's validation: nothing left to train
         while state["step"] < last:
@@ -270,7 +270,7 @@ class ReaderTrainer:
                 state["step"] += 1
                 step = state["step"]
                 if progress and step % 10 == 0:
-                    progress(step / total, f"step {step}/{total} loss {loss.item() if loss is not None else 0:.3f}")
+                    progress(step / last, f"step {step}/{last} loss {loss.item() if loss is not None else 0:.3f}")
                 over_budget = cfg.max_minutes and self.clock() - t0 > cfg.max_minutes * 60
                 if (over_budget and state["history"] and step < last
                         and step - state["history"][-1]["step"] < max(1, cfg.eval_every // 5)):
@@ -282,7 +282,7 @@ class ReaderTrainer:
                     stopped = "budget"
                     break
                 if step % cfg.eval_every == 0 or step == last or over_budget:
-                    self._validate(val, state, loss, t0, total, progress)
+                    self._validate(val, state, loss, t0, last, progress)  # progress: of the steps it will run
                     self._save_checkpoint(opt, sched, state)
                     self.model.train()
                     if state["bad_evals"] >= cfg.patience:

@@ -119,3 +119,11 @@ def test_max_steps_stops_there_with_a_validation_and_the_uncapped_runs_model(tmp
 def test_a_cap_past_the_epochs_changes_nothing(tmp_path):
     _, result, _ = run(tmp_path, [40.0, 42.0, 30.0], max_steps=10)
     assert result.steps == 3 and result.stopped == "epochs" and result.best_step == 2
+
+
+def test_a_capped_runs_progress_ends_at_its_cap(tmp_path):
+    trainer = Scripted([40.0], tmp_path / "run", lr=1.0, eval_every=3, max_steps=2, max_epochs=5)
+    data = [TrainExample("q", "Who?", DAY, ("Ada",), (ReaderPassage("t", "Ada.", DAY),))]
+    seen = []
+    trainer.train(data, data, progress=lambda fraction, message: seen.append((fraction, message)))
+    assert seen[-1][0] == 1.0 and seen[-1][1].startswith("step 2/2 validation")
