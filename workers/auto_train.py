@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evaluation.metrics import exact_match, token_f1
@@ -183,8 +183,7 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     if what["action"] == "train":
         version = run_train_job(ctx, job, until=until, spec=spec, activate=False)
     else:
-        # A fine-tune is not capped at a first training's steps (GEMMA_MAX_STEPS): its budget decides.
-        parent_spec = replace(spec, lr=spec.learning_rate / 2, max_epochs=1, patience=2, max_steps=0)
+        parent_spec = spec.for_finetune()
         version = run_finetune_job(ctx, job, month=month_key(held_from), spec=parent_spec, activate=False,
                                    max_minutes=cfg.max_minutes)
     job.update(message=f"checking {version} against the serving reader on {len(questions)} {source} "

@@ -102,6 +102,13 @@ class ReaderJobSpec:
                       max_steps=GEMMA_MAX_STEPS)
         return cls(**{**values, **overrides})
 
+    def for_finetune(self, **overrides) -> "ReaderJobSpec":
+        """This spec as a fine-tune of a trained version: half its learning rate, one epoch, an earlier
+        stop (patience 2) and no step cap (GEMMA_MAX_STEPS caps a first training; a fine-tune's budget
+        decides). `overrides` win."""
+        values = dict(lr=self.learning_rate / 2, max_epochs=1, patience=2, max_steps=0)
+        return replace(self, **{**values, **overrides})
+
     def gemma_config(self):
         """The Gemma model settings this spec implies (gemma only): its passages as served, method,
         headlines and training length."""
@@ -337,8 +344,8 @@ def run_finetune_job(ctx: JobContext, job: JobHandle, *, month: str, spec: Reade
                          f"run `sqa train reader --kind ranker --until {next_month(first)}`")
     info = read_reader_info(parent_dir)
     base = ReaderJobSpec(**{k: v for k, v in (info.get("spec") or {}).items() if k in ReaderJobSpec.__dataclass_fields__})
-    spec = spec or replace(base, kind=kind, lr=replace(base, kind=kind).learning_rate / 2, max_epochs=1,
-                           max_self_articles=400, eval_every=100, patience=2, max_minutes=max_minutes, max_steps=0)
+    spec = spec or replace(base, kind=kind).for_finetune(max_self_articles=400, eval_every=100,
+                                                         max_minutes=max_minutes)
     data = spec.data_config(data)
     prev = month_start(first - dt.timedelta(days=1))
     work = ctx.work_dir / "finetune" / f"{parent}-{month}"

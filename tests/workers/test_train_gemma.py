@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import replace
 
 from unittest.mock import patch
 
@@ -31,6 +32,19 @@ def test_gemma_spec_defaults():
     # a first Gemma training stops at its first validation; the other kinds are not capped
     assert spec.max_steps == GEMMA_MAX_STEPS == spec.eval_every == 50 and spec.train_config().max_steps == 50
     assert ReaderJobSpec(kind="fid").train_config().max_steps == 0
+
+
+def test_a_finetune_spec_halves_the_rate_runs_one_epoch_and_is_not_capped():
+    first = ReaderJobSpec.for_gemma(max_minutes=30, seed=3)
+    tune = first.for_finetune()
+    assert (tune.lr, tune.max_epochs, tune.patience, tune.max_steps) == (1e-4, 1, 2, 0)
+    assert tune.train_config().max_steps == 0 and tune.learning_rate == first.learning_rate / 2
+    # everything else is the parent's: passages, batch, validation cadence, budget, seed
+    assert replace(tune, lr=first.lr, max_epochs=first.max_epochs, patience=first.patience,
+                   max_steps=first.max_steps) == first
+    # a spec with its own rate halves that; overrides win over the fine-tune's values
+    assert ReaderJobSpec(kind="fid", lr=1e-3).for_finetune().learning_rate == 5e-4
+    assert first.for_finetune(patience=5, eval_every=100).patience == 5
 
 
 def test_only_a_gemma_run_validates_before_its_first_step_and_only_when_asked():
