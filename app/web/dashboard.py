@@ -244,27 +244,33 @@ def _runs(session, limit: int = 50) -> list[dict]:
 
 
 def _scored(session, runs: list[EvalRun]) -> list[dict]:
-    """Each run with its mean scores over every answered row and per subset (one grouped query)."""
+    """Each run with its mean scores over every answered row and per subset (one grouped query). A
+    run's pooled mean of a score weighs each subset by its rows that have that score (a row evaluated
+    before `grounded` was recorded has none), so a subset of unscored rows does not dilute it."""
     ids = [r.id for r in runs]
     scores: dict[int, dict] = {i: {} for i in ids}
+    scored: dict[int, dict] = {i: {} for i in ids}  # run -> subset -> rows with each score
+    keys = ("em", "f1", "recall", "grounded")
     if ids:
         grounded = case((EvalResult.grounded.is_(True), 1.0), (EvalResult.grounded.is_(False), 0.0))  # else NULL
-        rows = session.execute(select(EvalResult.run_id, EvalResult.subset, func.count(), func.avg(EvalResult.em),
-                                      func.avg(EvalResult.f1), func.avg(EvalResult.recall), func.avg(grounded))
+        columns = (EvalResult.em, EvalResult.f1, EvalResult.recall, grounded)
+        rows = session.execute(select(EvalResult.run_id, EvalResult.subset, func.count(),
+                                      *(func.avg(c) for c in columns), *(func.count(c) for c in columns))
                                .where(EvalResult.run_id.in_(ids)).group_by(EvalResult.run_id, EvalResult.subset))
-        for run_id, subset, n, em, f1, recall, share in rows:
-            scores[run_id][subset] = {"n": n, "em": em, "f1": f1, "recall": recall, "grounded": share}
+        for run_id, subset, n, *values in rows:
+            means, counts = values[:len(keys)], values[len(keys):]
+            scores[run_id][subset] = {"n": n, **dict(zip(keys, means))}
+            scored[run_id][subset] = dict(zip(keys, counts))
     out = []
     for r in runs:
-        parts = scores[r.id]
+        parts, counts = scores[r.id], scored[r.id]
         n = sum(p["n"] for p in parts.values())
 
         def pooled(key):
-            vals = [(p[key], p["n"]) for p in parts.values() if p[key] is not None]
+            vals = [(p[key], counts[s][key]) for s, p in parts.items() if p[key] is not None]
             return sum(v * c for v, c in vals) / sum(c for _, c in vals) if vals else None
 
-        out.append({"run": r, "n": n, "em": pooled("em"), "f1": pooled("f1"), "recall": pooled("recall"),
-                    "grounded": pooled("grounded"),
+        out.append({"run": r, "n": n, **{k: pooled(k) for k in keys},
                     "subsets": parts, "label": (r.params or {}).get("quarter") or
                     f"{(r.params or {}).get('first', '')}..{(r.params or {}).get('last', '')}".strip(".")})
     return out
