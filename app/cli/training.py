@@ -404,11 +404,41 @@ def models_import(folder: Path = typer.Argument(..., help="a version folder trai
                                                 "version")) -> None:
     """Register a reader version trained on another machine: the folder is checked (the tensors must
     load onto the model), copied into SQA_HOME/models under a new version name, and listed."""
-    from app.cli.common import open_database
     from app.services.reader_registry import import_version
-    from models.trained import load_trained_model, read_reader_info
 
     s = settings()
+    row = _register(s, lambda session, check: import_version(session, folder, models_dir=s.models_dir,
+                                                             activate=activate, check=check))
+    val = (row.metrics or {}).get("validation") or {}
+    typer.echo(f"imported {folder} as reader version {row.version} (validation EM {val.get('em', '-')} F1 "
+               f"{val.get('f1', '-')}); " + ("it is the active version" if activate else
+                                             f"`sqa models activate {row.version}` serves it"))
+
+
+@models_cli.command("soup", epilog="Example: sqa models soup gemma-2023-04-01-52ff5b gemma-2023-04-01-e0c66c")
+@guard
+def models_soup(versions: list[str] = typer.Argument(..., help="two or more ready Gemma LoRA versions, runs "
+                                                      "of the same settings with another seed each"),
+                activate: bool = typer.Option(False, "--activate/--no-activate", help="make it the active "
+                                              "version")) -> None:
+    """Register the uniform soup of Gemma versions trained alike (another seed each, e.g. `sqa train
+    reader --kind gemma --seed N`): one version whose weights are the mean of theirs, serving at the
+    cost of one. README, "A soup of seeds", has what it measured."""
+    from app.services.reader_registry import soup_versions
+
+    s = settings()
+    row = _register(s, lambda session, check: soup_versions(session, versions, models_dir=s.models_dir,
+                                                            activate=activate, check=check))
+    typer.echo(f"reader version {row.version} is the soup of {', '.join(versions)}; " +
+               ("it is the active version" if activate else f"`sqa models activate {row.version}` serves it"))
+
+
+def _register(s, make):
+    """`make(session, check)` registers a version folder in one transaction (a ValueError exits 2)
+    and returns its row; `check` loads a folder
+    as this SQA_HOME would serve it. A copied folder whose row is not committed is removed."""
+    from app.cli.common import open_database
+    from models.trained import load_trained_model, read_reader_info
 
     def check(path: Path) -> None:
         try:
@@ -422,24 +452,23 @@ def models_import(folder: Path = typer.Argument(..., help="a version folder trai
             raise ValueError(f"{path} does not load as a trained reader: {exc}") from exc
 
     db = open_database(s)
-    version = None
+    row = None
     try:
         with db.sessions() as session, session.begin():
-            row = import_version(session, folder, models_dir=s.models_dir, activate=activate, check=check)
-            version, val = row.version, (row.metrics or {}).get("validation") or {}
+            row = make(session, check)
+            session.flush()
+            session.expunge(row)
     except ValueError as exc:
         fail(str(exc))
     except Exception:
-        if version is not None:  # copied but not committed: no folder without its row
+        if row is not None:  # copied but not committed: no folder without its row
             import shutil
 
-            shutil.rmtree(s.models_dir / version, ignore_errors=True)
+            shutil.rmtree(s.models_dir / row.version, ignore_errors=True)
         raise
     finally:
         db.close()
-    typer.echo(f"imported {folder} as reader version {version} (validation EM {val.get('em', '-')} F1 "
-               f"{val.get('f1', '-')}); " + ("it is the active version" if activate else
-                                             f"`sqa models activate {version}` serves it"))
+    return row
 
 
 @cli.command("selflabel", epilog="Example: sqa selflabel --month 2023-03")

@@ -157,12 +157,13 @@ activate = activate_version
 
 
 def import_version(session: Session, folder: Path, *, models_dir: Path, activate: bool = False,
-                   check=None) -> ReaderModel:
+                   check=None, origin: str | None = None) -> ReaderModel:
     """Register a version folder trained elsewhere (`python -m models.train_exported`): its
     reader.json says the kind, the cut-off and the scores; `check(folder)` (default: nothing) loads
     it to prove the tensors fit the model. The folder is copied under `models_dir` with a new
     version name (the original is left alone); the copy is registered in `session` (flushes; commit
-    to publish it), and made the active version with `activate`.
+    to publish it), and made the active version with `activate`. Its reader.json records where it
+    came from: `origin`, or the folder's path.
 
     Raises:
         ValueError for a folder that is not a trained reader (or whose tensors do not fit).
@@ -192,7 +193,7 @@ def import_version(session: Session, folder: Path, *, models_dir: Path, activate
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         shutil.copytree(folder, tmp)
-        write_reader_info(tmp, {**info, "version": version, "imported_from": str(folder.resolve())})
+        write_reader_info(tmp, {**info, "version": version, "imported_from": origin or str(folder.resolve())})
         tmp.replace(dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -209,3 +210,48 @@ def import_version(session: Session, folder: Path, *, models_dir: Path, activate
         shutil.rmtree(dest, ignore_errors=True)
         raise
     return row
+
+
+def soup_versions(session: Session, versions: list[str], *, models_dir: Path, activate: bool = False,
+                  check=None) -> ReaderModel:
+    """Register the uniform soup of ready Gemma LoRA versions (runs of the same settings, another seed
+    each: `models.gemma_train.write_soup`) as a new version, like `import_version`: its reader.json
+    names the members (`soup_of`), the latest cut-off of theirs and the first member's spec; it has
+    no validation score of its own (measure it: `python -m bench.bench_quality` with
+    SQA_READER=gemma:<folder>, or `sqa train auto`'s check). `check(folder)` loads it.
+
+    Raises:
+        NotFoundError for an unknown version; ConflictError for one not ready; ValueError for fewer
+        than two, a repeated one, a kind other than gemma or members that do not average.
+    """
+    import shutil
+
+    from models.gemma_train import write_soup
+    from models.trained import read_reader_info, write_reader_info
+
+    if len(versions) < 2:
+        raise ValueError(f"a soup needs at least two versions, got {len(versions)}")
+    if len(set(versions)) != len(versions):
+        raise ValueError(f"a version is named twice in {', '.join(versions)}: a soup averages distinct runs")
+    rows = [get_version(session, v) for v in versions]
+    folders = [check_servable(r, models_dir) for r in rows]
+    for r in rows:
+        if r.kind != "gemma":
+            raise ValueError(f"reader version {r.version} is a {r.kind} reader: a soup averages Gemma LoRA versions")
+    infos = [read_reader_info(f) for f in folders]
+    untils = [str(i["trained_until"])[:10] for i in infos if i.get("trained_until")]
+    tmp = models_dir / f".soup-{secrets.token_hex(4)}"
+    try:
+        write_soup(folders, tmp)
+        first = infos[0]
+        write_reader_info(tmp, {"kind": "gemma", "trained_until": max(untils) if untils else None,
+                                "label": max(untils) if untils else "soup", "soup_of": list(versions),
+                                "parent_version": None, "spec": first.get("spec"), "validation": None,
+                                "members_validation": {v: i.get("validation") for v, i in zip(versions, infos)},
+                                "data": first.get("data"), "stopped": "soup",
+                                **({"precision": first["precision"]} if first.get("precision") else {})})
+        return import_version(session, tmp, models_dir=models_dir, activate=activate, check=check,
+                              origin=f"soup of {', '.join(versions)}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+

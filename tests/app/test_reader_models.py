@@ -632,3 +632,104 @@ def test_cli_train_reader_max_length_is_for_gemma_only_and_never_negative(sqa):
     assert r.exit_code == 2 and "--max-length is for --kind gemma" in r.output, r.output
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--max-length", "-5")
     assert r.exit_code == 2 and "--max-length" in r.output, r.output
+
+
+# ---- soups of seeds (`sqa models soup`) ------------------------------------------------------------
+
+def gemma_run(settings: Settings, db, version: str, *, seed: int, until: str = "2023-04-01", rank: int = 2,
+              kind: str = "gemma", **config) -> str:
+    """A registered Gemma LoRA version with small random adapters (models.gemma_train's file names)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
+
+    d = settings.models_dir / version
+    d.mkdir(parents=True)
+    g = torch.Generator().manual_seed(seed)
+    save_file({"layer.q_proj.lora_A.default.weight": torch.randn(rank, 8, generator=g),
+               "layer.q_proj.lora_B.default.weight": torch.randn(6, rank, generator=g)}, d / WEIGHTS_FILE)
+    (d / CONFIG_FILE).write_text(json.dumps(GemmaConfig(lora_r=rank, lora_alpha=2 * rank, **config).to_json()))
+    (d / "reader.json").write_text(json.dumps({
+        "kind": kind, "version": version, "trained_until": until, "spec": {"kind": "gemma", "seed": seed},
+        "validation": {"n": 60, "em": 50.0 + seed, "f1": 55.0 + seed}}))
+    with db.sessions() as session, session.begin():
+        registry.register_version(session, version=version, kind=kind, path=version,
+                                  trained_until=dt.date.fromisoformat(until))
+    return version
+
+
+def test_registry_soup_registers_the_mean_of_the_members_as_a_new_version(settings, db):
+    from safetensors.torch import load_file
+
+    a = gemma_run(settings, db, "gemma-2023-04-01-aaaaaa", seed=0)
+    b = gemma_run(settings, db, "gemma-2023-04-15-bbbbbb", seed=1, until="2023-04-15")
+    before = {v: (settings.models_dir / v / "trained.safetensors").read_bytes() for v in (a, b)}
+    checked: list[Path] = []
+    with db.sessions() as session, session.begin():
+        version = registry.soup_versions(session, [a, b], models_dir=settings.models_dir, activate=True,
+                                         check=checked.append).version
+    assert re.fullmatch(r"gemma-2023-04-15-[0-9a-f]{6}", version) and len(checked) == 1
+    with db.sessions() as session:
+        row = registry.get_version(session, version)
+        assert (row.kind, row.trained_until, row.active, row.state) == ("gemma", dt.date(2023, 4, 15), True, "ready")
+    folder = settings.models_dir / version
+    info = json.loads((folder / "reader.json").read_text())
+    assert info["soup_of"] == [a, b] and info["imported_from"] == f"soup of {a}, {b}" and info["validation"] is None
+    assert info["members_validation"][b]["em"] == 51.0 and info["spec"]["seed"] == 0
+    assert json.loads((folder / "gemma_config.json").read_text())["lora_r"] == 4
+    # its weight change is the mean of the members' (B A), the members untouched
+    st = [load_file(settings.models_dir / v / "trained.safetensors") for v in (a, b, version)]
+
+    def delta(s):
+        return s["layer.q_proj.lora_B.default.weight"] @ s["layer.q_proj.lora_A.default.weight"]
+
+    import torch
+
+    torch.testing.assert_close(delta(st[2]), (delta(st[0]) + delta(st[1])) / 2)
+    assert all((settings.models_dir / v / "trained.safetensors").read_bytes() == before[v] for v in (a, b))
+    assert not list(settings.models_dir.glob(".soup-*")) and not list(settings.models_dir.glob(".*importing"))
+
+
+def test_registry_soup_refuses_what_does_not_average_and_stores_nothing(settings, db):
+    a = gemma_run(settings, db, "gemma-2023-04-01-aaaaaa", seed=0)
+    other = gemma_run(settings, db, "gemma-2023-04-01-cccccc", seed=2, n_passages=5)
+    wide = gemma_run(settings, db, "gemma-2023-04-01-dddddd", seed=3, rank=4)
+    fid = make_version(settings, db, "fid-2023-04-01-eeeeee")
+    cases = [([a], ValueError, "at least two"),
+             ([a, a], ValueError, "named twice"),
+             ([a, "gemma-nope"], NotFoundError, "no reader version 'gemma-nope'"),
+             ([a, fid], ValueError, "is a fid reader"),
+             ([a, other], ValueError, "differs from the first in n_passages"),
+             ([a, wide], ValueError, "differs from the first in lora_r")]
+    for versions, error, message in cases:
+        with db.sessions() as session, session.begin():
+            with pytest.raises(error, match=message):
+                registry.soup_versions(session, versions, models_dir=settings.models_dir)
+    with db.sessions() as session:
+        assert len(registry.list_versions(session)) == 4
+    assert sorted(p.name for p in settings.models_dir.iterdir()) == sorted([a, other, wide, fid])
+
+
+def test_cli_models_soup_registers_a_loadable_soup_or_says_what_is_wrong(sqa, monkeypatch):
+    import models.gemma_train
+
+    loaded: list[Path] = []
+    monkeypatch.setattr(models.gemma_train.GemmaModel, "load", classmethod(
+        lambda cls, path, **kw: loaded.append(Path(path))))
+    r = sqa("models", "soup", "gemma-nope")
+    assert r.exit_code == 2 and "at least two versions" in r.output, r.output
+    r = sqa("models", "soup", "gemma-nope", "gemma-nada")
+    assert r.exit_code == 2 and "no reader version 'gemma-nope'" in r.output, r.output
+    settings = get_settings()
+    db = open_database(settings)
+    try:
+        a = gemma_run(settings, db, "gemma-2023-04-01-aaaaaa", seed=0)
+        b = gemma_run(settings, db, "gemma-2023-04-01-bbbbbb", seed=1)
+    finally:
+        db.close()
+    r = sqa("models", "soup", a, b, "--activate")
+    assert r.exit_code == 0 and f"is the soup of {a}, {b}; it is the active version" in r.output, r.output
+    assert len(loaded) == 1  # loaded once, on this SQA_HOME's base, before it was registered
+    lines = sqa("models", "list").output.splitlines()
+    assert sum(line.startswith("* gemma-2023-04-01-") for line in lines) == 1 and len(lines) == 4, lines
