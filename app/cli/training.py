@@ -435,8 +435,8 @@ def models_soup(versions: list[str] = typer.Argument(..., help="two or more read
 
 def _register(s, make):
     """`make(session, check)` registers a version folder in one transaction (a ValueError exits 2)
-    and returns its row; `check` loads a folder
-    as this SQA_HOME would serve it. A copied folder whose row is not committed is removed."""
+    and returns its row; `check` loads a folder as this SQA_HOME would serve it. A copied folder
+    whose row is not committed is removed."""
     from app.cli.common import open_database
     from models.trained import load_trained_model, read_reader_info
 
