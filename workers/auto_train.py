@@ -25,7 +25,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from evaluation.metrics import exact_match, token_f1
@@ -50,6 +51,9 @@ class AutoTrainConfig:
     reranker_depth: int = 30  # SQA_RERANK_DEPTH: it learns on the candidates it will re-rank when serving
     check_questions: int = 40  # held-back questions both readers answer
     seed: int = 0
+    # SQA_AUTO_TRAIN_SEEDS: a first training runs up to this many times (seed, seed + 1, ...) while
+    # the budget has room for another run as long as the runs so far took, and serves their soup
+    seeds: int = 2
 
 
 @dataclass(frozen=True)
@@ -156,11 +160,41 @@ def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTr
             "recency_weight": info["recency_weight"]}
 
 
+def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds: int) -> tuple[str, list[str]]:
+    """A first training: `spec` run with seed, seed + 1, ... (up to `seeds` runs, each a version of
+    its own, not activated), and their soup registered as one more version (README, "A soup of
+    seeds": the soup of two read better than each of them on two stores). Another run starts only
+    while the budget (`spec.max_minutes`) has room for one more as long as the runs so far took on
+    average, so a tight budget trains one run, as before. Returns (the version to check, the runs).
+
+    Each run has the same budget in its spec, so an interrupted run resumes from its checkpoints
+    (its work folder's key); a run already saved when the job stopped is trained again on the rerun."""
+    from app.services.reader_registry import soup_versions
+    from workers.train import run_train_job
+
+    t0, members = time.monotonic(), []
+    for k in range(max(1, seeds)):
+        spent = (time.monotonic() - t0) / 60
+        if k and spec.max_minutes and spec.max_minutes - spent < spent / k:
+            log.info("auto-train: %d run(s) in %.1f of %.0f minutes: no room for another", k, spent, spec.max_minutes)
+            break
+        if k:
+            job.update(message=f"training run {k + 1} of up to {seeds} (seed {spec.seed + k}) for a soup of seeds")
+        members.append(run_train_job(ctx, job, until=until, spec=replace(spec, seed=spec.seed + k), activate=False))
+    if len(members) == 1:
+        return members[0], members
+    job.update(message=f"averaging {', '.join(members)} into one version (a soup of seeds)")
+    with ctx.sessions() as session, session.begin():
+        soup = soup_versions(session, members, models_dir=ctx.models_dir,
+                             check=lambda folder: ctx.load_reader_folder(folder)).version
+    return soup, members
+
+
 def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTrainConfig) -> dict:
     """Train on what is dated before `until` (the first ingested month's start, or the last one's),
     check on the month before it, activate if better. Returns what happened (the job's counts)."""
     from app.services.reader_registry import activate_version, get_version, version_dir
-    from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
+    from workers.train import ReaderJobSpec, run_finetune_job
 
     reranker = _train_reranker(ctx, job, until, cfg) if cfg.rerank else None
     what = plan(ctx, until)
@@ -181,7 +215,9 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     # month anyway, and scoring the untrained base first took 4 to 8 of a 10-minute budget's minutes.
     spec = ReaderJobSpec.for_gemma(max_minutes=cfg.max_minutes, seed=cfg.seed, validate_first=False)
     if what["action"] == "train":
-        version = run_train_job(ctx, job, until=until, spec=spec, activate=False)
+        version, members = train_seeds(ctx, job, until=until, spec=spec, seeds=cfg.seeds)
+        if len(members) > 1:
+            what = {**what, "soup_of": members}
     else:
         parent_spec = spec.for_finetune()
         version = run_finetune_job(ctx, job, month=month_key(held_from), spec=parent_spec, activate=False,
@@ -219,7 +255,8 @@ def describe(done: dict) -> str:
     if done.get("action") == "skip":
         return f"{head}reader skipped: {done['reason']}"
     c = done["check"]
-    return (f"{head}reader {done['version']} {'activated' if done['activated'] else 'not activated'}: on "
+    soup = f" (the soup of {len(done['soup_of'])} runs: {', '.join(done['soup_of'])})" if done.get("soup_of") else ""
+    return (f"{head}reader {done['version']}{soup} {'activated' if done['activated'] else 'not activated'}: on "
             f"{c['new']['n']} {c['questions']} questions of {c['month']} it scores EM {c['new']['em']} F1 "
             f"{c['new']['f1']}, the serving reader EM {c['serving']['em']} F1 {c['serving']['f1']}")
 

@@ -221,6 +221,9 @@ class Settings(BaseSettings):
     auto_train: bool = True
     # The training budget of one such run, in minutes (the best checkpoint within it is kept).
     auto_train_minutes: float = Field(default=30.0, gt=0)
+    # A first training (no version active yet) runs up to this many seeds while that budget has room
+    # for another run, and serves their soup (README, "A soup of seeds"); 1 trains one run.
+    auto_train_seeds: int = Field(default=2, ge=1, le=8)
     # ...and a re-ranker first (SQA_RERANKER=auto), activated only if it beats the first stage on the
     # held-back month. On by default since the feature re-ranker (below) trains in a minute on 2 cores
     # and lifted the trained reader's EM on the 353 questions of 2023-04..06 (README, "Re-ranking").

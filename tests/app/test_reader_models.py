@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 import models.trained
+import tests.gemma_runs
 from app.core.config import Settings, get_settings, parse_reader_spec
 from app.db.base import Base
 from app.db.tables import ReaderModel
@@ -636,27 +637,9 @@ def test_cli_train_reader_max_length_is_for_gemma_only_and_never_negative(sqa):
 
 # ---- soups of seeds (`sqa models soup`) ------------------------------------------------------------
 
-def gemma_run(settings: Settings, db, version: str, *, seed: int, until: str = "2023-04-01", rank: int = 2,
-              kind: str = "gemma", **config) -> str:
-    """A registered Gemma LoRA version with small random adapters (models.gemma_train's file names)."""
-    import torch
-    from safetensors.torch import save_file
-
-    from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
-
-    d = settings.models_dir / version
-    d.mkdir(parents=True)
-    g = torch.Generator().manual_seed(seed)
-    save_file({"layer.q_proj.lora_A.default.weight": torch.randn(rank, 8, generator=g),
-               "layer.q_proj.lora_B.default.weight": torch.randn(6, rank, generator=g)}, d / WEIGHTS_FILE)
-    (d / CONFIG_FILE).write_text(json.dumps(GemmaConfig(lora_r=rank, lora_alpha=2 * rank, **config).to_json()))
-    (d / "reader.json").write_text(json.dumps({
-        "kind": kind, "version": version, "trained_until": until, "spec": {"kind": "gemma", "seed": seed},
-        "validation": {"n": 60, "em": 50.0 + seed, "f1": 55.0 + seed}}))
-    with db.sessions() as session, session.begin():
-        registry.register_version(session, version=version, kind=kind, path=version,
-                                  trained_until=dt.date.fromisoformat(until))
-    return version
+def gemma_run(settings: Settings, db, version: str, **kw) -> str:
+    """tests.gemma_runs.gemma_run under these settings and database."""
+    return tests.gemma_runs.gemma_run(settings.models_dir, db.sessions, version, **kw)
 
 
 def test_registry_soup_registers_the_mean_of_the_members_as_a_new_version(settings, db):

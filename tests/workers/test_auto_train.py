@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 
 import pytest
 import torch
@@ -160,3 +161,55 @@ def test_a_first_training_is_capped_at_its_first_validation_and_a_fine_tune_is_n
     (spec,) = specs
     assert spec.kind == "gemma" and spec.max_minutes == 5
     assert spec.train_config().max_steps == (GEMMA_MAX_STEPS if action == "train" else 0)
+
+
+@pytest.mark.parametrize(("seeds", "budget", "runs"), [(2, 30, 2), (2, 10, 1), (1, 30, 1), (3, 30, 3), (3, 25, 2)])
+def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_soup(
+        loaded_settings, new_job, seeds, budget, runs):
+    """`train_seeds`: each run (9 minutes on a fake clock) is the same spec with the next seed; another
+    starts only if what is left of the budget is at least the runs' mean; two or more are averaged
+    into a registered soup (real LoRA tensors: tests/gemma_runs.py), one is returned as it is."""
+    from unittest.mock import patch
+
+    from tests.gemma_runs import gemma_run
+    from workers.auto_train import train_seeds
+    from workers.train import ReaderJobSpec
+
+    ctx, job = new_job(loaded_settings, AUTO_TRAIN)
+    loaded = []
+    ctx = dataclasses.replace(ctx, load_reader_folder=loaded.append)  # the soup is loaded before it is stored
+    clock, specs = [1000.0], []
+
+    def fake_run(ctx, job, *, until, spec, activate):
+        assert activate is False and until == dt.date(2024, 3, 1)
+        specs.append(spec)
+        clock[0] += 9 * 60
+        return gemma_run(ctx.models_dir, ctx.sessions, f"gemma-2024-03-01-00000{spec.seed}", seed=spec.seed,
+                         until="2024-03-01")
+
+    spec = ReaderJobSpec.for_gemma(max_minutes=budget, seed=4, validate_first=False)
+    with patch("workers.train.run_train_job", side_effect=fake_run), \
+            patch("workers.auto_train.time.monotonic", side_effect=lambda: clock[0]):
+        version, members = train_seeds(ctx, job, until=dt.date(2024, 3, 1), spec=spec, seeds=seeds)
+    assert [s.seed for s in specs] == list(range(4, 4 + runs))
+    assert all(dataclasses.replace(s, seed=4) == spec for s in specs)  # nothing else differs: each resumes alike
+    assert members == [f"gemma-2024-03-01-00000{4 + k}" for k in range(runs)]
+    with ctx.sessions() as session:
+        active = active_version(session)
+    assert active is None  # nothing is activated here: after_ingest's check decides
+    if runs == 1:
+        assert version == members[0] and loaded == []
+        return
+    info = read_reader_info(ctx.models_dir / version)
+    assert version not in members and info["soup_of"] == members
+    assert len(loaded) == 1 and loaded[0].name.startswith(".soup-")  # checked before it was moved in
+    assert json.loads((ctx.models_dir / version / "gemma_config.json").read_text())["lora_r"] == 2 * runs
+
+
+def test_describe_names_the_runs_of_a_soup():
+    done = {"action": "train", "version": "gemma-2023-04-01-cccccc", "activated": True,
+            "soup_of": ["gemma-2023-04-01-aaaaaa", "gemma-2023-04-01-bbbbbb"],
+            "check": {"month": "2023-03", "questions": "gold", "new": {"n": 40, "em": 35.0, "f1": 40.0},
+                      "serving": {"n": 40, "em": 20.0, "f1": 25.0}}}
+    assert describe(done).startswith("reader gemma-2023-04-01-cccccc (the soup of 2 runs: gemma-2023-04-01-aaaaaa, "
+                                     "gemma-2023-04-01-bbbbbb) activated: on 40 gold questions of 2023-03")
