@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 
 import pytest
 from unittest.mock import patch
@@ -271,6 +272,37 @@ def test_save_writes_only_the_trained_tensors_and_load_restores_them_exactly(tmp
     with torch.no_grad():
         assert torch.equal(model.net(input_ids=ids, attention_mask=mask).logits,
                            loaded.net(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_a_soup_of_saved_runs_loads_and_trains_on_as_one_lora_of_the_summed_rank(tmp_path, tiny_base):
+    """What the monthly fine-tune does with a served soup (`sqa train auto` serves one): it loads the
+    soup as a version of its own (rank 2r) and trains it further (that it is the mean of its members:
+    tests/models/test_gemma_soup.py)."""
+    models_dir = tmp_path / "models"
+    (models_dir / "base").mkdir(parents=True)
+    runs = []
+    for seed in (1, 2):
+        run = tiny()  # the same base and adapters at first...
+        torch.manual_seed(seed)
+        with torch.no_grad():  # ...then each run's own (two seeds)
+            for p in run.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        _train_a_step(run)
+        run.save(models_dir / f"run{seed}")
+        runs.append(run)
+    a, b = (r.state_dict() for r in runs)
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # two different runs
+    gemma_train.write_soup([models_dir / "run1", models_dir / "run2"], models_dir / "soup")
+    soup = GemmaModel.load(models_dir / "soup")
+    assert soup.config.lora_r == 8 and soup.config.lora_alpha == 2 * runs[0].config.lora_alpha
+    soup.eval()
+    assert math.isfinite(soup.loss(ITEMS, ANSWERS).item())
+    before = {k: v.clone() for k, v in soup.state_dict().items()}
+    _train_a_step(soup)
+    after = soup.state_dict()
+    assert all(after[k].shape == before[k].shape for k in before)
+    assert any(not torch.equal(after[k], before[k]) for k in before if "lora_A" in k)  # it trains on
+    assert any(not torch.equal(after[k], before[k]) for k in before if "lora_B" in k)
 
 
 def test_load_looks_for_the_base_beside_the_version_then_where_it_was_trained(tmp_path, tiny_base):
