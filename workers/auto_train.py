@@ -162,10 +162,11 @@ def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTr
 
 def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds: int) -> tuple[str, list[str]]:
     """A first training: `spec` run with seed, seed + 1, ... (up to `seeds` runs, each a version of
-    its own, not activated), and their soup registered as one more version (README, "A soup of
-    seeds": the soup of two read better than each of them on two stores). Another run starts only
-    while the budget (`spec.max_minutes`) has room for one more as long as the runs so far took on
-    average, so a tight budget trains one run, as before. Returns (the version to check, the runs).
+    its own, not activated), and their soup registered as one more version (README, "Two seeds and
+    their soup are the default": on two stores, three soups of two runs each scored 1.0 to 1.9 EM
+    above their runs' mean). Another run starts only while the budget (`spec.max_minutes`) has room
+    for one more as long as the runs so far took on average, so a tight budget trains one run, as
+    before. Returns (the version to check, the runs).
 
     Each run has the same budget in its spec, so an interrupted run resumes from its checkpoints
     (its work folder's key); a run already saved when the job stopped is trained again on the rerun."""
