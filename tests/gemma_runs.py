@@ -8,9 +8,10 @@ from pathlib import Path
 
 
 def gemma_run(models_dir: Path, sessions, version: str, *, seed: int, until: str = "2023-04-01", rank: int = 2,
-              kind: str = "gemma", **config) -> str:
-    """Write `version`'s folder under `models_dir` (adapters drawn with `seed`, validation EM 50 + seed)
-    and register it, not active, through `sessions` (a sessionmaker). Returns the version."""
+              kind: str = "gemma", info: dict | None = None, **config) -> str:
+    """Write `version`'s folder under `models_dir` (adapters drawn with `seed`, validation EM 50 + seed;
+    `info` overrides reader.json's fields) and register it, not active, through `sessions` (a
+    sessionmaker). Returns the version."""
     import torch
     from safetensors.torch import save_file
 
@@ -25,7 +26,7 @@ def gemma_run(models_dir: Path, sessions, version: str, *, seed: int, until: str
     (d / CONFIG_FILE).write_text(json.dumps(GemmaConfig(lora_r=rank, lora_alpha=2 * rank, **config).to_json()))
     (d / "reader.json").write_text(json.dumps({
         "kind": kind, "version": version, "trained_until": until, "spec": {"kind": "gemma", "seed": seed},
-        "validation": {"n": 60, "em": 50.0 + seed, "f1": 55.0 + seed}}))
+        "validation": {"n": 60, "em": 50.0 + seed, "f1": 55.0 + seed}, **(info or {})}))
     with sessions() as session, session.begin():
         register_version(session, version=version, kind=kind, path=version, trained_until=dt.date.fromisoformat(until))
     return version

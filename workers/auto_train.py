@@ -168,26 +168,38 @@ def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds:
     for one more as long as the runs so far took on average, so a tight budget trains one run, as
     before. Returns (the version to check, the runs).
 
-    Each run has the same budget in its spec, so an interrupted run resumes from its checkpoints
-    (its work folder's key); a run already saved when the job stopped is trained again on the rerun."""
-    from app.services.reader_registry import soup_versions
-    from workers.train import run_train_job
+    Resumable run by run: each run has the same budget in its spec, so an interrupted one resumes
+    from its checkpoints (its work folder's key), and a run a stopped job already saved over the
+    passages served now (`workers.train.saved_run`) is taken as it is, not trained again."""
+    from app.services.reader_registry import find_soup, soup_versions
+    from workers.train import current_retrieval_key, run_train_job, saved_run
 
-    t0, members = time.monotonic(), []
+    key = current_retrieval_key(ctx)
+    t0, members, trained = time.monotonic(), [], 0
     for k in range(max(1, seeds)):
+        run = replace(spec, seed=spec.seed + k)
+        if (done := saved_run(ctx, until=until, spec=run, key=key)) is not None:
+            log.info("auto-train: run %d (seed %d) was saved by a stopped job: %s", k + 1, run.seed, done)
+            job.update(message=f"run {k + 1} (seed {run.seed}) is {done}, saved by a stopped job")
+            members.append(done)
+            continue
         spent = (time.monotonic() - t0) / 60
-        if k and spec.max_minutes and spec.max_minutes - spent < spent / k:
-            log.info("auto-train: %d run(s) in %.1f of %.0f minutes: no room for another", k, spent, spec.max_minutes)
+        if trained and spec.max_minutes and spec.max_minutes - spent < spent / trained:
+            log.info("auto-train: %d run(s) in %.1f of %.0f minutes: no room for another", trained, spent,
+                     spec.max_minutes)
             break
         if k:
-            job.update(message=f"training run {k + 1} of up to {seeds} (seed {spec.seed + k}) for a soup of seeds")
-        members.append(run_train_job(ctx, job, until=until, spec=replace(spec, seed=spec.seed + k), activate=False))
+            job.update(message=f"training run {k + 1} of up to {seeds} (seed {run.seed}) for a soup of seeds")
+        members.append(run_train_job(ctx, job, until=until, spec=run, activate=False))
+        trained += 1
     if len(members) == 1:
         return members[0], members
     job.update(message=f"averaging {', '.join(members)} into one version (a soup of seeds)")
     with ctx.sessions() as session, session.begin():
-        soup = soup_versions(session, members, models_dir=ctx.models_dir,
-                             check=lambda folder: ctx.load_reader_folder(folder)).version
+        soup = find_soup(session, members, models_dir=ctx.models_dir)  # made by a stopped job
+        if soup is None:
+            soup = soup_versions(session, members, models_dir=ctx.models_dir,
+                                 check=lambda folder: ctx.load_reader_folder(folder)).version
     return soup, members
 
 

@@ -10,6 +10,7 @@ the finished model becomes a registered version folder under `models_dir`.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import random
 import shutil
@@ -186,6 +187,7 @@ def _training_data(ctx: JobContext, job: JobHandle, work: Path, make_data) -> tu
         counts = {"train": len(train), "val": len(val), **asdict(dc)}
         if previous:
             counts["previous_run"] = previous
+    counts["retrieval"] = key  # what the examples were retrieved over (a saved version's: `saved_run`)
     log.info("training data: %s", counts)
     job.update(counts=counts)
     if not train:
@@ -251,6 +253,38 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     return version
 
 
+def current_retrieval_key(ctx: JobContext) -> str:
+    """The key of the passages a reader training would retrieve now (the served retriever over the
+    serving snapshot: `workers.reader_data.retrieval_key`)."""
+    encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
+    return retrieval_key(ctx, encoder, snapshot, rerank=True)
+
+
+def saved_run(ctx: JobContext, *, until: dt.date, spec: ReaderJobSpec, key: str) -> str | None:
+    """A version `run_train_job(until=until, spec=spec)` already saved over the passages served now
+    (`key`: `current_retrieval_key`): ready, not active, trained from the base with this very spec
+    (seed included) and examples retrieved under `key`; the newest, or None. A job that trains
+    several runs (`sqa train auto`'s seeds) resumes with it rather than training it again."""
+    from app.services.reader_registry import list_versions, version_dir
+    from models.trained import read_reader_info
+
+    want = json.loads(json.dumps(asdict(spec), default=str))
+    with ctx.sessions() as session:
+        rows = [r for r in list_versions(session) if r.kind == spec.kind and r.state == "ready" and not r.active
+                and r.parent_version is None and r.trained_until == until]
+        folders = {r.version: version_dir(r, ctx.models_dir) for r in rows}
+    for version, folder in sorted(folders.items(), key=lambda kv: kv[1].stat().st_mtime if kv[1].exists() else 0,
+                                  reverse=True):
+        try:
+            info = read_reader_info(folder)
+        except (OSError, ValueError):
+            continue
+        if (info.get("spec") == want and (info.get("data") or {}).get("retrieval") == key
+                and not info.get("soup_of") and not info.get("imported_from")):
+            return version
+    return None
+
+
 def _first_training_data(until: dt.date, data: DataConfig):
     """make_data for a first training: gold questions from the index's first day to the month before
     `until`, validated on that month, plus self-labeled questions of the articles before `until`."""
@@ -289,8 +323,6 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     on (built the same way, resumable the same way), written to `dest` with the settings a training
     elsewhere needs (`models.train_exported`, e.g. on a GPU machine that has neither the store nor
     the index); `sqa models import` brings the trained version back. Returns the job file's content."""
-    import json
-
     from models.gemma import build_prompt, gemma_folder
     from models.train_exported import JOB_FILE, save_tokenizer
 

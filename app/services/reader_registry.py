@@ -212,6 +212,22 @@ def import_version(session: Session, folder: Path, *, models_dir: Path, activate
     return row
 
 
+def find_soup(session: Session, versions: list[str], *, models_dir: Path) -> str | None:
+    """A ready version that is the soup of exactly these `versions`, in this order (`soup_of`), or None."""
+    from models.trained import read_reader_info
+
+    for row in list_versions(session):
+        folder = version_dir(row, models_dir)
+        if row.kind != "gemma" or row.state != "ready" or not (folder / "reader.json").exists():
+            continue
+        try:
+            if read_reader_info(folder).get("soup_of") == list(versions):
+                return row.version
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def soup_versions(session: Session, versions: list[str], *, models_dir: Path, activate: bool = False,
                   check=None) -> ReaderModel:
     """Register the uniform soup of ready Gemma LoRA versions (runs of the same settings, another seed

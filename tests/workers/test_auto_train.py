@@ -163,6 +163,22 @@ def test_a_first_training_is_capped_at_its_first_validation_and_a_fine_tune_is_n
     assert spec.train_config().max_steps == (GEMMA_MAX_STEPS if action == "train" else 0)
 
 
+def _fake_runs(clock, specs, key="key-1"):
+    """A stand-in for run_train_job: 9 minutes on the fake clock, then a registered LoRA version whose
+    reader.json holds the spec and the retrieval key as a real run's does."""
+    from tests.gemma_runs import gemma_run
+
+    def fake_run(ctx, job, *, until, spec, activate):
+        assert activate is False and until == dt.date(2024, 3, 1)
+        specs.append(spec)
+        clock[0] += 9 * 60
+        return gemma_run(ctx.models_dir, ctx.sessions, f"gemma-2024-03-01-{len(specs):02d}000{spec.seed}",
+                         seed=spec.seed, until="2024-03-01",
+                         info={"spec": json.loads(json.dumps(dataclasses.asdict(spec))), "data": {"retrieval": key}})
+
+    return fake_run
+
+
 @pytest.mark.parametrize(("seeds", "budget", "runs"), [(2, 30, 2), (2, 10, 1), (1, 30, 1), (3, 30, 3), (3, 25, 2)])
 def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_soup(
         loaded_settings, new_job, seeds, budget, runs):
@@ -171,7 +187,6 @@ def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_
     into a registered soup (real LoRA tensors: tests/gemma_runs.py), one is returned as it is."""
     from unittest.mock import patch
 
-    from tests.gemma_runs import gemma_run
     from workers.auto_train import train_seeds
     from workers.train import ReaderJobSpec
 
@@ -179,21 +194,14 @@ def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_
     loaded = []
     ctx = dataclasses.replace(ctx, load_reader_folder=loaded.append)  # the soup is loaded before it is stored
     clock, specs = [1000.0], []
-
-    def fake_run(ctx, job, *, until, spec, activate):
-        assert activate is False and until == dt.date(2024, 3, 1)
-        specs.append(spec)
-        clock[0] += 9 * 60
-        return gemma_run(ctx.models_dir, ctx.sessions, f"gemma-2024-03-01-00000{spec.seed}", seed=spec.seed,
-                         until="2024-03-01")
-
     spec = ReaderJobSpec.for_gemma(max_minutes=budget, seed=4, validate_first=False)
-    with patch("workers.train.run_train_job", side_effect=fake_run), \
+    with patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs)), \
+            patch("workers.train.current_retrieval_key", return_value="key-1"), \
             patch("workers.auto_train.time.monotonic", side_effect=lambda: clock[0]):
         version, members = train_seeds(ctx, job, until=dt.date(2024, 3, 1), spec=spec, seeds=seeds)
     assert [s.seed for s in specs] == list(range(4, 4 + runs))
     assert all(dataclasses.replace(s, seed=4) == spec for s in specs)  # nothing else differs: each resumes alike
-    assert members == [f"gemma-2024-03-01-00000{4 + k}" for k in range(runs)]
+    assert members == [f"gemma-2024-03-01-{k + 1:02d}000{4 + k}" for k in range(runs)]
     with ctx.sessions() as session:
         active = active_version(session)
     assert active is None  # nothing is activated here: after_ingest's check decides
@@ -204,6 +212,41 @@ def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_
     assert version not in members and info["soup_of"] == members
     assert len(loaded) == 1 and loaded[0].name.startswith(".soup-")  # checked before it was moved in
     assert json.loads((ctx.models_dir / version / "gemma_config.json").read_text())["lora_r"] == 2 * runs
+
+
+def test_a_rerun_takes_the_runs_and_the_soup_a_stopped_job_saved_over_the_same_passages(loaded_settings, new_job):
+    """A job stopped after its first run (or after its soup) trains only what is missing when run
+    again; runs saved over other passages (a new ingest or re-ranker since) are trained again."""
+    from unittest.mock import patch
+
+    from workers.auto_train import train_seeds
+    from workers.train import ReaderJobSpec
+
+    ctx, job = new_job(loaded_settings, AUTO_TRAIN)
+    ctx = dataclasses.replace(ctx, load_reader_folder=lambda folder: None)
+    clock, specs = [1000.0], []
+    spec = ReaderJobSpec.for_gemma(max_minutes=30, seed=0, validate_first=False)
+    until = dt.date(2024, 3, 1)
+
+    def rerun(key, seeds=2):
+        with patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs, key)), \
+                patch("workers.train.current_retrieval_key", return_value=key), \
+                patch("workers.auto_train.time.monotonic", side_effect=lambda: clock[0]):
+            return train_seeds(ctx, job, until=until, spec=spec, seeds=seeds)
+
+    first, (run0,) = rerun("key-1", seeds=1)  # as if the job stopped after its first run
+    assert first == run0 and [s.seed for s in specs] == [0]
+    soup, members = rerun("key-1")
+    assert members[0] == run0 and [s.seed for s in specs] == [0, 1]  # only the second run trained
+    assert read_reader_info(ctx.models_dir / soup)["soup_of"] == members
+    again, same = rerun("key-1")  # everything saved: nothing trained, the same soup
+    assert (again, same) == (soup, members) and len(specs) == 2
+    with ctx.sessions() as session:
+        from app.services.reader_registry import list_versions
+
+        assert len(list_versions(session)) == 3  # two runs, one soup: nothing registered twice
+    other, fresh = rerun("key-2")  # another index or re-ranker: trained again
+    assert [s.seed for s in specs] == [0, 1, 0, 1] and set(fresh).isdisjoint(members) and other != soup
 
 
 def test_describe_names_the_runs_of_a_soup():
