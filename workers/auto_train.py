@@ -8,7 +8,8 @@ serving now, and activates it only if it answers better there:
 
 - no trained reader is active (a fresh store serves zero-shot Gemma): a Gemma version is trained from
   the base model on the gold questions before the held-back month, the self-labeled questions of the
-  news before M, and validated on the held-back month (`workers.train.run_train_job`);
+  news before M, and validated on the held-back month (`workers.train.run_train_job`), with the next
+  seeds too while the budget has room, and the soup of the runs is the new version (`train_seeds`);
 - a Gemma version is active and was trained on data before the held-back month: it is fine-tuned on
   the held-back month's news with replay of older questions (`workers.train.run_finetune_job`);
 - otherwise (already trained through it, or another kind chosen by hand): nothing runs, and the
@@ -160,38 +161,43 @@ def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTr
             "recency_weight": info["recency_weight"]}
 
 
-def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds: int) -> tuple[str, list[str]]:
+def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds: int,
+                clock=time.monotonic) -> tuple[str, list[str]]:
     """A first training: `spec` run with seed, seed + 1, ... (up to `seeds` runs, each a version of
     its own, not activated), and their soup registered as one more version (README, "Two seeds and
     their soup are the default": on two stores, three soups of two runs each scored 1.0 to 1.9 EM
-    above their runs' mean). Another run starts only while the budget (`spec.max_minutes`) has room
-    for one more as long as the runs so far took on average, so a tight budget trains one run, as
-    before. Returns (the version to check, the runs).
+    above their runs' mean). Returns (the version to check, the runs).
 
-    Resumable run by run: each run has the same budget in its spec, so an interrupted one resumes
-    from its checkpoints (its work folder's key), and a run a stopped job already saved over the
-    passages served now (`workers.train.saved_run`) is taken as it is, not trained again."""
+    Another run starts only while the budget (`spec.max_minutes`) has room for one more as long as
+    the runs so far took on average, so a tight budget trains one run, as before. The budget is each
+    run's cap too (it is in the spec, so an interrupted run resumes from its checkpoints: its work
+    folder's key); a first training stops at its first validation well within it.
+
+    Resumable run by run: a run a stopped job already saved over the passages served now
+    (`workers.train.saved_run`) is taken as it is, its training minutes counted against the budget,
+    and an existing soup of the same runs is not registered again."""
     from app.services.reader_registry import find_soup, soup_versions
     from workers.train import current_retrieval_key, run_train_job, saved_run
 
     key = current_retrieval_key(ctx)
-    t0, members, trained = time.monotonic(), [], 0
+    t0, members, earlier = clock(), [], 0.0  # earlier: minutes of the runs a stopped job saved
     for k in range(max(1, seeds)):
         run = replace(spec, seed=spec.seed + k)
-        if (done := saved_run(ctx, until=until, spec=run, key=key)) is not None:
-            log.info("auto-train: run %d (seed %d) was saved by a stopped job: %s", k + 1, run.seed, done)
-            job.update(message=f"run {k + 1} (seed {run.seed}) is {done}, saved by a stopped job")
-            members.append(done)
+        if (saved := saved_run(ctx, until=until, spec=run, key=key)) is not None:
+            version, info = saved
+            earlier += float(info.get("train_seconds") or 0.0) / 60
+            log.info("auto-train: run %d (seed %d) was saved by a stopped job: %s", k + 1, run.seed, version)
+            job.update(message=f"run {k + 1} (seed {run.seed}) is {version}, saved by a stopped job")
+            members.append(version)
             continue
-        spent = (time.monotonic() - t0) / 60
-        if trained and spec.max_minutes and spec.max_minutes - spent < spent / trained:
-            log.info("auto-train: %d run(s) in %.1f of %.0f minutes: no room for another", trained, spent,
+        spent = (clock() - t0) / 60 + earlier
+        if members and spec.max_minutes and spec.max_minutes - spent < spent / len(members):
+            log.info("auto-train: %d run(s) in %.1f of %.0f minutes: no room for another", len(members), spent,
                      spec.max_minutes)
             break
         if k:
             job.update(message=f"training run {k + 1} of up to {seeds} (seed {run.seed}) for a soup of seeds")
         members.append(run_train_job(ctx, job, until=until, spec=run, activate=False))
-        trained += 1
     if len(members) == 1:
         return members[0], members
     job.update(message=f"averaging {', '.join(members)} into one version (a soup of seeds)")

@@ -164,8 +164,7 @@ def _training_data(ctx: JobContext, job: JobHandle, work: Path, make_data) -> tu
     work under another index snapshot, retriever, re-ranker or encoder (a new ingest came between) is
     deleted, checkpoints included: its examples hold passages a run would not retrieve now, so the
     training starts over on new ones."""
-    encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
-    key = retrieval_key(ctx, encoder, snapshot, rerank=True)
+    encoder, snapshot, key = _served_retrieval(ctx)
     stamp = work / RETRIEVAL_STAMP
     previous = None
     if work.exists() and any(work.iterdir()) and (not stamp.exists() or stamp.read_text().strip() != key):
@@ -253,35 +252,33 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     return version
 
 
-def current_retrieval_key(ctx: JobContext) -> str:
-    """The key of the passages a reader training would retrieve now (the served retriever over the
-    serving snapshot: `workers.reader_data.retrieval_key`)."""
+def _served_retrieval(ctx: JobContext):
+    """(encoder, serving snapshot, key of the passages a reader training retrieves over them now:
+    `workers.reader_data.retrieval_key`)."""
     encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
-    return retrieval_key(ctx, encoder, snapshot, rerank=True)
+    return encoder, snapshot, retrieval_key(ctx, encoder, snapshot, rerank=True)
 
 
-def saved_run(ctx: JobContext, *, until: dt.date, spec: ReaderJobSpec, key: str) -> str | None:
+def current_retrieval_key(ctx: JobContext) -> str:
+    """The key of the passages a reader training would retrieve now (what a version's data records)."""
+    return _served_retrieval(ctx)[2]
+
+
+def saved_run(ctx: JobContext, *, until: dt.date, spec: ReaderJobSpec, key: str) -> tuple[str, dict] | None:
     """A version `run_train_job(until=until, spec=spec)` already saved over the passages served now
-    (`key`: `current_retrieval_key`): ready, not active, trained from the base with this very spec
-    (seed included) and examples retrieved under `key`; the newest, or None. A job that trains
-    several runs (`sqa train auto`'s seeds) resumes with it rather than training it again."""
-    from app.services.reader_registry import list_versions, version_dir
-    from models.trained import read_reader_info
+    (`key`: `current_retrieval_key`): ready, not active, trained from the base (not a fine-tune, an
+    import or a soup) with this very spec (seed and budget included) and examples retrieved under
+    `key`. The newest such (version, reader.json), or None. A job that trains several runs (`sqa
+    train auto`'s seeds) resumes with it rather than training it again."""
+    from app.services.reader_registry import ready_infos
 
-    want = json.loads(json.dumps(asdict(spec), default=str))
+    want = json.loads(json.dumps(asdict(spec), default=str))  # as reader.json holds it
     with ctx.sessions() as session:
-        rows = [r for r in list_versions(session) if r.kind == spec.kind and r.state == "ready" and not r.active
-                and r.parent_version is None and r.trained_until == until]
-        folders = {r.version: version_dir(r, ctx.models_dir) for r in rows}
-    for version, folder in sorted(folders.items(), key=lambda kv: kv[1].stat().st_mtime if kv[1].exists() else 0,
-                                  reverse=True):
-        try:
-            info = read_reader_info(folder)
-        except (OSError, ValueError):
-            continue
-        if (info.get("spec") == want and (info.get("data") or {}).get("retrieval") == key
-                and not info.get("soup_of") and not info.get("imported_from")):
-            return version
+        for row, info in ready_infos(session, ctx.models_dir, spec.kind):
+            if (not row.active and row.parent_version is None and row.trained_until == until
+                    and info.get("spec") == want and (info.get("data") or {}).get("retrieval") == key
+                    and not info.get("soup_of") and not info.get("imported_from")):
+                return row.version, info
     return None
 
 

@@ -219,10 +219,11 @@ class Settings(BaseSettings):
     # Train the reader after an ingest (`sqa ingest`, the monthly job) on what is dated before the
     # ingested month, and activate it if it answers better on the month before (workers/auto_train.py).
     auto_train: bool = True
-    # The training budget of one such run, in minutes (the best checkpoint within it is kept).
+    # The training budget of one such job, in minutes (the best checkpoint within it is kept).
     auto_train_minutes: float = Field(default=30.0, gt=0)
     # A first training (no version active yet) runs up to this many seeds while that budget has room
-    # for another run, and serves their soup (README, "A soup of seeds"); 1 trains one run.
+    # for another run, and checks their soup (README, "Two seeds and their soup are the default"); 1
+    # trains one run.
     auto_train_seeds: int = Field(default=2, ge=1, le=8)
     # ...and a re-ranker first (SQA_RERANKER=auto), activated only if it beats the first stage on the
     # held-back month. On by default since the feature re-ranker (below) trains in a minute on 2 cores

@@ -212,20 +212,24 @@ def import_version(session: Session, folder: Path, *, models_dir: Path, activate
     return row
 
 
-def find_soup(session: Session, versions: list[str], *, models_dir: Path) -> str | None:
-    """A ready version that is the soup of exactly these `versions`, in this order (`soup_of`), or None."""
+def ready_infos(session: Session, models_dir: Path, kind: str = "gemma"):
+    """(row, reader.json) of each ready version of `kind`, newest first; a folder whose reader.json is
+    missing or unreadable is passed over."""
     from models.trained import read_reader_info
 
     for row in list_versions(session):
-        folder = version_dir(row, models_dir)
-        if row.kind != "gemma" or row.state != "ready" or not (folder / "reader.json").exists():
+        if row.kind != kind or row.state != "ready":
             continue
         try:
-            if read_reader_info(folder).get("soup_of") == list(versions):
-                return row.version
+            yield row, read_reader_info(version_dir(row, models_dir))
         except (OSError, ValueError):
             continue
-    return None
+
+
+def find_soup(session: Session, versions: list[str], *, models_dir: Path) -> str | None:
+    """A ready version that is the soup of exactly these `versions`, in this order (`soup_of`), or None."""
+    return next((row.version for row, info in ready_infos(session, models_dir) if info.get("soup_of") == list(versions)),
+                None)
 
 
 def soup_versions(session: Session, versions: list[str], *, models_dir: Path, activate: bool = False,

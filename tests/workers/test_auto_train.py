@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from app.bootstrap import open_context
-from app.services.reader_registry import active_version, register_version
+from app.services.reader_registry import active_version, get_version, register_version
 from models.trained import read_reader_info
 from workers.auto_train import AUTO_TRAIN, AutoTrainConfig, after_ingest, describe, held_back_questions, plan
+from workers.train import current_retrieval_key
 
 from tests.conftest import SAMPLE
 
@@ -95,7 +96,7 @@ def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_pr
     (settings.models_dir / "base").symlink_to(gemma_cache)
     until = dt.date(2024, 3, 1)
     with open_context(settings) as ctx:
-        cfg = AutoTrainConfig(max_minutes=0.05, check_questions=4, rerank=False)
+        cfg = AutoTrainConfig(max_minutes=0.05, check_questions=4, rerank=False, seeds=1)
         done = ctx.runner.run_new(AUTO_TRAIN, {"until": str(until)},
                                   lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
                                   result_key="auto_train", message=describe)
@@ -110,6 +111,7 @@ def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_pr
         # the version learnt nothing dated on or after the ingested month
         info = read_reader_info(ctx.models_dir / done["version"])
         assert info["trained_until"] == str(until) and info["data"]["gold"] > 0
+        assert info["data"]["retrieval"] == current_retrieval_key(ctx)  # what a rerun matches a saved run by
         # the untrained base was not scored before the first step: the check above scored the serving reader
         assert info["spec"]["validate_first"] is False and info["history"][0]["step"] > 0
 
@@ -174,7 +176,8 @@ def _fake_runs(clock, specs, key="key-1"):
         clock[0] += 9 * 60
         return gemma_run(ctx.models_dir, ctx.sessions, f"gemma-2024-03-01-{len(specs):02d}000{spec.seed}",
                          seed=spec.seed, until="2024-03-01",
-                         info={"spec": json.loads(json.dumps(dataclasses.asdict(spec))), "data": {"retrieval": key}})
+                         info={"spec": json.loads(json.dumps(dataclasses.asdict(spec))), "data": {"retrieval": key},
+                               "train_seconds": 9 * 60})
 
     return fake_run
 
@@ -196,9 +199,9 @@ def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_
     clock, specs = [1000.0], []
     spec = ReaderJobSpec.for_gemma(max_minutes=budget, seed=4, validate_first=False)
     with patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs)), \
-            patch("workers.train.current_retrieval_key", return_value="key-1"), \
-            patch("workers.auto_train.time.monotonic", side_effect=lambda: clock[0]):
-        version, members = train_seeds(ctx, job, until=dt.date(2024, 3, 1), spec=spec, seeds=seeds)
+            patch("workers.train.current_retrieval_key", return_value="key-1"):
+        version, members = train_seeds(ctx, job, until=dt.date(2024, 3, 1), spec=spec, seeds=seeds,
+                                       clock=lambda: clock[0])
     assert [s.seed for s in specs] == list(range(4, 4 + runs))
     assert all(dataclasses.replace(s, seed=4) == spec for s in specs)  # nothing else differs: each resumes alike
     assert members == [f"gemma-2024-03-01-{k + 1:02d}000{4 + k}" for k in range(runs)]
@@ -219,20 +222,20 @@ def test_a_rerun_takes_the_runs_and_the_soup_a_stopped_job_saved_over_the_same_p
     again; runs saved over other passages (a new ingest or re-ranker since) are trained again."""
     from unittest.mock import patch
 
+    from app.services.reader_registry import list_versions
     from workers.auto_train import train_seeds
     from workers.train import ReaderJobSpec
 
     ctx, job = new_job(loaded_settings, AUTO_TRAIN)
     ctx = dataclasses.replace(ctx, load_reader_folder=lambda folder: None)
     clock, specs = [1000.0], []
-    spec = ReaderJobSpec.for_gemma(max_minutes=30, seed=0, validate_first=False)
     until = dt.date(2024, 3, 1)
 
-    def rerun(key, seeds=2):
+    def rerun(key, seeds=2, budget=30):
+        spec = ReaderJobSpec.for_gemma(max_minutes=budget, seed=0, validate_first=False)
         with patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs, key)), \
-                patch("workers.train.current_retrieval_key", return_value=key), \
-                patch("workers.auto_train.time.monotonic", side_effect=lambda: clock[0]):
-            return train_seeds(ctx, job, until=until, spec=spec, seeds=seeds)
+                patch("workers.train.current_retrieval_key", return_value=key):
+            return train_seeds(ctx, job, until=until, spec=spec, seeds=seeds, clock=lambda: clock[0])
 
     first, (run0,) = rerun("key-1", seeds=1)  # as if the job stopped after its first run
     assert first == run0 and [s.seed for s in specs] == [0]
@@ -242,11 +245,44 @@ def test_a_rerun_takes_the_runs_and_the_soup_a_stopped_job_saved_over_the_same_p
     again, same = rerun("key-1")  # everything saved: nothing trained, the same soup
     assert (again, same) == (soup, members) and len(specs) == 2
     with ctx.sessions() as session:
-        from app.services.reader_registry import list_versions
-
         assert len(list_versions(session)) == 3  # two runs, one soup: nothing registered twice
     other, fresh = rerun("key-2")  # another index or re-ranker: trained again
     assert [s.seed for s in specs] == [0, 1, 0, 1] and set(fresh).isdisjoint(members) and other != soup
+    # a tight budget: the saved run's 9 minutes count, so no second run starts on the rerun either
+    one, (tight,) = rerun("key-3", seeds=1, budget=10)
+    again_one, same_one = rerun("key-3", budget=10)
+    assert (again_one, same_one) == (one, [tight]) and len(specs) == 5
+
+
+@pytest.mark.parametrize("change", ["active", "fine-tune", "imported", "soup", "until", "budget", "seed", "key"])
+def test_a_saved_run_is_only_a_first_training_of_this_very_spec_cut_and_passages(loaded_settings, new_job, change):
+    from tests.gemma_runs import gemma_run
+    from workers.train import ReaderJobSpec, saved_run
+
+    ctx, _ = new_job(loaded_settings, AUTO_TRAIN)
+    spec = ReaderJobSpec.for_gemma(max_minutes=30, seed=0, validate_first=False)
+    saved = dataclasses.replace(spec, max_minutes=20) if change == "budget" else \
+        dataclasses.replace(spec, seed=1) if change == "seed" else spec
+    info = {"spec": json.loads(json.dumps(dataclasses.asdict(saved))),
+            "data": {"retrieval": "other" if change == "key" else "key-1"},
+            **({"imported_from": "/elsewhere"} if change == "imported" else {}),
+            **({"soup_of": ["a", "b"]} if change == "soup" else {})}
+    version = gemma_run(ctx.models_dir, ctx.sessions, "gemma-2024-03-01-abcdef", seed=0,
+                        until="2024-02-29" if change == "until" else "2024-03-01", info=info)
+    with ctx.sessions() as session, session.begin():
+        row = get_version(session, version)
+        row.active = change == "active"
+        row.parent_version = "gemma-parent" if change == "fine-tune" else None
+    assert saved_run(ctx, until=dt.date(2024, 3, 1), spec=spec, key="key-1") is None
+    with ctx.sessions() as session, session.begin():  # the same version as a plain saved run of this spec: found
+        row = get_version(session, version)
+        row.active, row.parent_version, row.trained_until = False, None, dt.date(2024, 3, 1)
+    path = ctx.models_dir / version / "reader.json"
+    plain = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("imported_from", "soup_of")}
+    path.write_text(json.dumps({**plain, "spec": json.loads(json.dumps(dataclasses.asdict(spec))),
+                                "data": {"retrieval": "key-1"}}))
+    found = saved_run(ctx, until=dt.date(2024, 3, 1), spec=spec, key="key-1")
+    assert found is not None and found[0] == version
 
 
 def test_describe_names_the_runs_of_a_soup():
