@@ -53,7 +53,7 @@ class AutoTrainConfig:
     check_questions: int = 40  # held-back questions both readers answer
     seed: int = 0
     # SQA_AUTO_TRAIN_SEEDS: a first training runs up to this many times (seed, seed + 1, ...) while
-    # the budget has room for another run as long as the runs so far took, and serves their soup
+    # the budget has room for another run as long as the runs so far took, and checks their soup
     seeds: int = 2
 
 
@@ -205,7 +205,7 @@ def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds:
         soup = find_soup(session, members, models_dir=ctx.models_dir)  # made by a stopped job
         if soup is None:
             soup = soup_versions(session, members, models_dir=ctx.models_dir,
-                                 check=lambda folder: ctx.load_reader_folder(folder)).version
+                                 check=ctx.load_reader_folder).version
     return soup, members
 
 
