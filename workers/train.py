@@ -272,7 +272,7 @@ def saved_run(ctx: JobContext, *, until: dt.date, spec: ReaderJobSpec, key: str)
     train auto`'s seeds) resumes with it rather than training it again."""
     from app.services.reader_registry import ready_infos
 
-    want = json.loads(json.dumps(asdict(spec), default=str))  # as reader.json holds it
+    want = asdict(spec)  # plain str, int, float and bool fields: equal to what reader.json reads back
     with ctx.sessions() as session:
         for row, info in ready_infos(session, ctx.models_dir, spec.kind):
             if (not row.active and row.parent_version is None and row.trained_until == until

@@ -176,7 +176,7 @@ def _fake_runs(clock, specs, key="key-1"):
         clock[0] += 9 * 60
         return gemma_run(ctx.models_dir, ctx.sessions, f"gemma-2024-03-01-{len(specs):02d}000{spec.seed}",
                          seed=spec.seed, until="2024-03-01",
-                         info={"spec": json.loads(json.dumps(dataclasses.asdict(spec))), "data": {"retrieval": key},
+                         info={"spec": dataclasses.asdict(spec), "data": {"retrieval": key},
                                "train_seconds": 9 * 60})
 
     return fake_run
@@ -263,7 +263,7 @@ def test_a_saved_run_is_only_a_first_training_of_this_very_spec_cut_and_passages
     spec = ReaderJobSpec.for_gemma(max_minutes=30, seed=0, validate_first=False)
     saved = dataclasses.replace(spec, max_minutes=20) if change == "budget" else \
         dataclasses.replace(spec, seed=1) if change == "seed" else spec
-    info = {"spec": json.loads(json.dumps(dataclasses.asdict(saved))),
+    info = {"spec": dataclasses.asdict(saved),
             "data": {"retrieval": "other" if change == "key" else "key-1"},
             **({"imported_from": "/elsewhere"} if change == "imported" else {}),
             **({"soup_of": ["a", "b"]} if change == "soup" else {})}
@@ -279,7 +279,7 @@ def test_a_saved_run_is_only_a_first_training_of_this_very_spec_cut_and_passages
         row.active, row.parent_version, row.trained_until = False, None, dt.date(2024, 3, 1)
     path = ctx.models_dir / version / "reader.json"
     plain = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("imported_from", "soup_of")}
-    path.write_text(json.dumps({**plain, "spec": json.loads(json.dumps(dataclasses.asdict(spec))),
+    path.write_text(json.dumps({**plain, "spec": dataclasses.asdict(spec),
                                 "data": {"retrieval": "key-1"}}))
     found = saved_run(ctx, until=dt.date(2024, 3, 1), spec=spec, key="key-1")
     assert found is not None and found[0] == version
