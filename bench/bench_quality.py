@@ -13,6 +13,9 @@ sample of --max-questions), each asked as of its own date:
 - recall@1/5/10/20/50: the share of questions whose top-k retrieved passages (the service's
   retriever, same date filter) hold a gold answer string; `own articles`: the share whose own
   search-result articles, as stored, hold one (a ceiling for any retriever over this corpus);
+  `in the news of the 7 / 30 days before`: the share whose answer string occurs in any stored
+  article published in the N days up to the question's date (the question's day included): how
+  many answers the week's or the month's news holds at all, whatever finds them;
 - end to end: `service.answer(question, as_of)` as the API runs it (EM/F1, and timings_ms per stage);
 - gold passage: the same reader given only the stored passage that holds the answer (reading
   without retrieval; questions without one are left out of that row and counted);
@@ -37,7 +40,7 @@ import time
 from pathlib import Path
 
 from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
-from evaluation.metrics import answer_in_text
+from evaluation.metrics import answer_in_haystack, answer_in_text, haystack
 from evaluation.trust import Judged, confidence_bands, describe, grounded_split
 from indexer.chunking import passage_body
 
@@ -45,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 DEFAULT_WINDOWS = "2023-01-01:2023-03-31,2023-04-01:2023-06-30"
 KS = (1, 5, 10, 20, 50)
+NEWS_DAYS = (7, 30)  # "in the news of the N days before the question"
 
 
 def parse_windows(text: str) -> list[tuple[dt.date, dt.date]]:
@@ -148,6 +152,38 @@ def own_article_hit(session, question) -> bool:
     return any(answer_in_text(list(question.answers), t) for t in texts)
 
 
+class RecentNews:
+    """The stored articles published from `max(days)` days before the first question to the last
+    question's date, normalised once (`evaluation.metrics.haystack`) and ordered by day, so that
+    `holds` asks "is an answer in the news of the N days before?" for each question cheaply."""
+
+    def __init__(self, session, questions, days: tuple[int, ...] = NEWS_DAYS) -> None:
+        from sqlalchemy import select
+
+        from app.db.tables import Article
+
+        self.days = days
+        if not questions:
+            self._days, self._texts = [], []
+            return
+        first = min(q.asked for q in questions) - dt.timedelta(days=max(days))
+        last = max(q.asked for q in questions)
+        rows = session.execute(select(Article.published, Article.text)
+                               .where(Article.published >= first, Article.published <= last)
+                               .order_by(Article.published, Article.id)).all()
+        self._days = [published for published, _ in rows]
+        self._texts = [haystack(text) for _, text in rows]
+
+    def holds(self, question, days: int) -> bool:
+        """Whether an article published in [asked - days, asked] holds a gold answer."""
+        import bisect
+
+        lo = bisect.bisect_left(self._days, question.asked - dt.timedelta(days=days))
+        hi = bisect.bisect_right(self._days, question.asked)
+        answers = list(question.answers)
+        return any(answer_in_haystack(answers, text) for text in self._texts[lo:hi])
+
+
 def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
     from tqdm import tqdm
 
@@ -165,7 +201,9 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     confidence: dict[str, float] = {}  # the reader's probability of its end-to-end answer
     in_headline: set[str] = set()  # ... of those, only in a headline the reader reads
     n_read = service.passages_for(reader)
+    news: dict[int, set[str]] = {days: set() for days in NEWS_DAYS}  # questions whose answer the N days' news holds
     with sessions() as session:
+        recent = RecentNews(session, questions)
         for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
             found = service.retriever.retrieve(session, snap, q.text, q.asked, max(KS))
             assert all(p.published <= q.asked for p in found), "a passage published after the question date"
@@ -173,6 +211,9 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             for k in KS:
                 hits[k] += any(has[:k])
             own += own_article_hit(session, q)
+            for days in NEWS_DAYS:
+                if recent.holds(q, days):
+                    news[days].add(q.qid)
             top = [ReaderPassage(p.title, p.text, p.published) for p in found[:n_read]]
             if _reads_answer(reader, q, top):
                 held.add(q.qid)
@@ -214,6 +255,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     judged = [Judged(score(e2e, [q])["em"] == 1.0, q.qid in grounded, confidence.get(q.qid)) for q in questions]
     return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
             "own_articles": round(100 * own / n, 1) if n else 0.0,
+            "news": {f"{days}d": round(100 * len(held_by) / n, 1) if n else 0.0 for days, held_by in news.items()},
             "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
             "grounded": grounded_split(judged),
             "confidence": confidence_bands(judged),
@@ -223,6 +265,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
             "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers),
                                     "read": q.qid in held, "grounded": q.qid in grounded,
+                                    "news_days": min((d for d in NEWS_DAYS if q.qid in news[d]), default=None),
                                     "confidence": confidence.get(q.qid)} for q in questions}}
 
 
@@ -276,6 +319,9 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
     print(f"\n{label}: {m['n']} questions (generation subset)")
     print("  retrieval recall " + "  ".join(f"{k} {v:.1f}" for k, v in r.items())
           + f"   own articles {m['own_articles']:.1f}")
+    if "news" in m:
+        print("  in the news of the " + " / ".join(k.removesuffix("d") for k in m["news"]) + " days before: "
+              + " / ".join(f"{v:.1f}" for v in m["news"].values()) + "% of questions")
     print(f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})")
     if "reader_reads_answer" in m:
         h = m["reader_reads_answer"]

@@ -130,12 +130,22 @@ def answer_in_text(references: str | Iterable[str], text: str) -> bool:
     Returns:
         True when a non-empty normalised reference is a contiguous token span of the text.
     """
-    haystack = f" {normalize_answer(text)} "
+    return answer_in_haystack(references, haystack(text))
+
+
+def haystack(text: str) -> str:
+    """`text` normalised and padded with a space each side: what `answer_in_haystack` searches.
+    Worth keeping when one text is searched for many questions' answers."""
+    return f" {normalize_answer(text)} "
+
+
+def answer_in_haystack(references: str | Iterable[str], padded: str) -> bool:
+    """`answer_in_text` over a text already passed through `haystack`."""
     for ref in _as_list(references):
         needle = normalize_answer(ref)
         # Tokens are single-space separated, so padding with spaces makes substring search a
         # whole-token span search.
-        if needle and f" {needle} " in haystack:
+        if needle and f" {needle} " in padded:
             return True
     return False
 

@@ -3,8 +3,10 @@ first-entity reader, the default hybrid retriever) over one window, figures that
 answers it printed, and a rerun that reuses every cached answer."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -57,6 +59,12 @@ def test_bench_quality_on_the_sample_measures_the_served_pipeline(served_env, tm
     gold = [p for p in preds.values() if p["gold"] is not None]
     assert window["gold_passage"]["n"] == len(gold) > 0 and window["gold_passage"]["left_out"] == 13 - len(gold)
     assert window["latency_ms"]["total"]["n"] == 13
+    news = window["news"]  # the month's news holds every answer the week's holds, and more
+    assert set(news) == {"7d", "30d"} and 0.0 < news["7d"] <= news["30d"] <= 100.0
+    assert "in the news of the 7 / 30 days before: " in printed
+    for days in (7, 30):  # each question says the shortest span whose news holds its answer
+        held = sum(1 for p in preds.values() if p["news_days"] is not None and p["news_days"] <= days)
+        assert news[f"{days}d"] == pytest.approx(100 * held / 13, abs=0.05)
     assert window["latency_ms"]["total"]["p50_ms"] >= window["latency_ms"]["read"]["p50_ms"]
 
     partial = Path(f"{out}.partial.jsonl")
@@ -152,3 +160,36 @@ def test_bench_quality_splits_the_published_system_by_what_our_reader_reads(serv
     b = window["baseline"]
     assert (b["em_when_read"], b["em_otherwise"]) == (100.0, 0.0)
     assert b["em"] == pytest.approx(100 * len(read) / len(preds), abs=0.05)
+
+
+def test_recent_news_holds_an_answer_published_in_the_days_before_the_question(sqlite_settings):
+    """RecentNews: an article published on the question's date or up to N days before counts for N;
+    one published a day earlier, or after the question, does not; answers match as whole words."""
+    from app.bootstrap import open_database
+    from app.db.tables import Article
+
+    RecentNews = load_script("bench/bench_quality.py").RecentNews
+    asked = dt.date(2023, 4, 14)
+    articles = [("Jon Rahm won the Masters.", asked - dt.timedelta(days=7)),
+                ("The Denver Nuggets won the title.", asked - dt.timedelta(days=31)),
+                ("Miami beat Boston.", asked + dt.timedelta(days=1)),
+                ("Chicagoland weather.", asked)]
+    db = open_database(sqlite_settings)
+    try:
+        with db.sessions() as session:
+            session.add_all([Article(url=f"https://example.com/{i}", text=text, published=day, content_hash=str(i))
+                             for i, (text, day) in enumerate(articles)])
+            session.commit()
+        with db.sessions() as session:
+            def q(*answers):
+                return SimpleNamespace(asked=asked, answers=answers)
+            news = RecentNews(session, [q("x")])
+            assert news.holds(q("Jon Rahm"), 7) and news.holds(q("jon rahm."), 30)
+            assert not news.holds(q("Jon Rahm"), 6)  # a day too early
+            assert not news.holds(q("Denver Nuggets"), 30)  # 31 days before
+            assert not news.holds(q("Miami"), 30)  # published after the question
+            assert not news.holds(q("Chicago"), 7)  # "Chicagoland" is another word
+            assert news.holds(q("Chicago", "Chicagoland weather"), 7)
+            assert not RecentNews(session, []).holds(q("Jon Rahm"), 7)  # no questions, no news loaded
+    finally:
+        db.close()
