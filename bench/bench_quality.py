@@ -193,7 +193,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
 
     reader = service.reader
     hits = {k: 0 for k in KS}
-    own = 0
+    own_held: set[str] = set()  # questions whose own articles hold an answer
     e2e, gold, times = {}, {}, {"retrieve": [], "rerank": [], "read": [], "total": [], "gold_read": []}
     n_gold = 0
     held: set[str] = set()  # questions whose answer lies in what the reader reads
@@ -210,7 +210,8 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             has = [answer_in_text(list(q.answers), passage_body(p.text, p.published)) for p in found]
             for k in KS:
                 hits[k] += any(has[:k])
-            own += own_article_hit(session, q)
+            if own_article_hit(session, q):
+                own_held.add(q.qid)
             for days in NEWS_DAYS:
                 if recent.holds(q, days):
                     news[days].add(q.qid)
@@ -254,7 +255,8 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     with_gold = [q for q in questions if q.qid in gold]
     judged = [Judged(score(e2e, [q])["em"] == 1.0, q.qid in grounded, confidence.get(q.qid)) for q in questions]
     return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
-            "own_articles": round(100 * own / n, 1) if n else 0.0,
+            "own_articles": round(100 * len(own_held) / n, 1) if n else 0.0,
+            "own_split": _own_split(own_held, held, e2e, questions),
             "news": {f"{days}d": round(100 * len(held_by) / n, 1) if n else 0.0 for days, held_by in news.items()},
             "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
             "grounded": grounded_split(judged),
@@ -264,7 +266,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
                                 for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
             "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
             "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers),
-                                    "read": q.qid in held, "grounded": q.qid in grounded,
+                                    "read": q.qid in held, "own": q.qid in own_held, "grounded": q.qid in grounded,
                                     "news_days": min((d for d in NEWS_DAYS if q.qid in news[d]), default=None),
                                     "confidence": confidence.get(q.qid)} for q in questions}}
 
@@ -274,6 +276,17 @@ def _reads_answer(reader, question, passages) -> bool:
     context as cut, headlines included where it prints them), date prefixes left out."""
     read = reader.context(question.text, passages) if hasattr(reader, "context") else passages
     return any(answer_in_text(list(question.answers), passage_body(p.text, p.published)) for p in read)
+
+
+def _own_split(own_held: set[str], held: set[str], predictions: dict, questions) -> dict:
+    """Of the questions whose own articles hold an answer (the evidence the benchmark gathered for
+    them), how many the reader reads an answer for, and end-to-end EM on them and on the rest:
+    whether what the reader misses is evidence the corpus has, or an answer it does not state."""
+    inside = [q for q in questions if q.qid in own_held]
+    outside = [q for q in questions if q.qid not in own_held]
+    return {"n": len(inside), "read": sum(1 for q in inside if q.qid in held),
+            "em": round(100 * score(predictions, inside)["em"], 1) if inside else 0.0,
+            "em_otherwise": round(100 * score(predictions, outside)["em"], 1) if outside else 0.0}
 
 
 def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str] = frozenset()) -> dict:
@@ -319,6 +332,10 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
     print(f"\n{label}: {m['n']} questions (generation subset)")
     print("  retrieval recall " + "  ".join(f"{k} {v:.1f}" for k, v in r.items())
           + f"   own articles {m['own_articles']:.1f}")
+    if "own_split" in m:
+        o = m["own_split"]
+        print(f"  own articles hold one for {o['n']}: the reader reads one for {o['read']} of them; "
+              f"EM {o['em']:.1f} on them, {o['em_otherwise']:.1f} on the rest")
     if "news" in m:
         print("  in the news of the " + " / ".join(k.removesuffix("d") for k in m["news"]) + " days before: "
               + " / ".join(f"{v:.1f}" for v in m["news"].values()) + "% of questions")

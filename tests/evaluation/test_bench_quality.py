@@ -62,6 +62,13 @@ def test_bench_quality_on_the_sample_measures_the_served_pipeline(served_env, tm
     news = window["news"]  # the month's news holds every answer the week's holds, and more
     assert set(news) == {"7d", "30d"} and 0.0 < news["7d"] <= news["30d"] <= 100.0
     assert "in the news of the 7 / 30 days before: " in printed
+    own = sum(p["own"] for p in preds.values())
+    assert window["own_articles"] == pytest.approx(100 * own / 13, abs=0.05)
+    o = window["own_split"]
+    assert o["n"] == own and o["read"] == sum(p["own"] and p["read"] for p in preds.values()) <= own
+    whole = (o["em"] * own + o["em_otherwise"] * (13 - own)) / 13
+    assert whole == pytest.approx(em, abs=0.1)  # EM on those and on the rest make up the whole
+    assert f"own articles hold one for {own}: the reader reads one for {o['read']} of them" in printed
     for days in (7, 30):  # each question says the shortest span whose news holds its answer
         held = sum(1 for p in preds.values() if p["news_days"] is not None and p["news_days"] <= days)
         assert news[f"{days}d"] == pytest.approx(100 * held / 13, abs=0.05)
