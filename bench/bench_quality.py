@@ -14,8 +14,8 @@ sample of --max-questions), each asked as of its own date:
   retriever, same date filter) hold a gold answer string; `own articles`: the share whose own
   search-result articles, as stored, hold one (a ceiling for any retriever over this corpus);
   `in the news of the 7 / 30 days before`: the share whose answer string occurs in any stored
-  article published in the N days up to the question's date (the question's day included): how
-  many answers the week's or the month's news holds at all, whatever finds them;
+  article published on the question's date or in the N days before it: how many answers the
+  week's or the month's news holds at all, whatever finds them;
 - end to end: `service.answer(question, as_of)` as the API runs it (EM/F1, and timings_ms per stage);
 - gold passage: the same reader given only the stored passage that holds the answer (reading
   without retrieval; questions without one are left out of that row and counted);
@@ -31,6 +31,7 @@ the same reader, snapshot and question, so a long run can be killed and resumed.
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as dt
 import json
 import os
@@ -162,7 +163,6 @@ class RecentNews:
 
         from app.db.tables import Article
 
-        self.days = days
         if not questions:
             self._days, self._texts = [], []
             return
@@ -176,8 +176,6 @@ class RecentNews:
 
     def holds(self, question, days: int) -> bool:
         """Whether an article published in [asked - days, asked] holds a gold answer."""
-        import bisect
-
         lo = bisect.bisect_left(self._days, question.asked - dt.timedelta(days=days))
         hi = bisect.bisect_right(self._days, question.asked)
         answers = list(question.answers)
@@ -282,11 +280,9 @@ def _own_split(own_held: set[str], held: set[str], predictions: dict, questions)
     """Of the questions whose own articles hold an answer (the evidence the benchmark gathered for
     them), how many the reader reads an answer for, and end-to-end EM on them and on the rest:
     whether what the reader misses is evidence the corpus has, or an answer it does not state."""
-    inside = [q for q in questions if q.qid in own_held]
-    outside = [q for q in questions if q.qid not in own_held]
-    return {"n": len(inside), "read": sum(1 for q in inside if q.qid in held),
-            "em": round(100 * score(predictions, inside)["em"], 1) if inside else 0.0,
-            "em_otherwise": round(100 * score(predictions, outside)["em"], 1) if outside else 0.0}
+    split = _split_by(own_held, predictions, questions)
+    return {"n": split["n"], "read": len(own_held & held), "em": split["em_when_read"],
+            "em_otherwise": split["em_otherwise"]}
 
 
 def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str] = frozenset()) -> dict:
