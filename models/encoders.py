@@ -51,7 +51,7 @@ def query_text(encoder, question: str, as_of: dt.date) -> str:
     encoder was trained on it (`dated_queries`: DPR versions, see `DualEncoder`), else the bare
     question. The untuned MiniLM matches the date words of a dated question to the date every
     passage starts with: on the 353 clean questions of 2023-04..06 dense recall@5 is 39.4 dated,
-    46.7 bare (README, "The bare question for the dense retriever")."""
+    46.7 bare (docs/reader-experiments.md, "The bare question for the dense retriever")."""
     return question_in_format(question, as_of, "dated" if getattr(encoder, "dated_queries", False) else "bare")
 
 

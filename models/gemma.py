@@ -263,8 +263,8 @@ def resolve_training_precision(precision: str, device: str = "cpu") -> str:
     "auto" -> "bfloat16" where the device computes it natively (as `resolve_precision`) and also on
     a CPU that oneDNN emulates it on (`onednn_bfloat16`): versions trained in float32 scored about
     4 points of EM lower on 2023-04..06 than the same job trained under bfloat16 autocast, and the
-    emulated autocast trained as well as the native one (README, "Training in float32 makes the
-    weaker version"), at 2.8x the time a step. Elsewhere "float32"; the others as given.
+    emulated autocast trained as well as the native one (docs/reader-experiments.md, "Training in
+    float32 makes the weaker version"), at 2.8x the time a step. Elsewhere "float32"; the others as given.
 
     Example:
         >>> resolve_training_precision("float32")

@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 GEMMA_KEEP_WITHIN = 3.0
 
 # Steps of a first Gemma training (4 questions a step): it stops at its first validation. In four runs
-# (README, "Which checkpoint to keep"), the step-50 model scored on the next quarter at least as well as
-# the checkpoint the validation would have kept (7 and 4 of 353 questions better in the two runs where
-# the two differ), and 1.3 EM points better than step 100 on average (one run of four the other way):
+# (docs/reader-experiments.md, "Which checkpoint to keep"), the step-50 model scored on the next
+# quarter at least as well as the checkpoint the validation would have kept (7 and 4 of 353
+# questions better in the two runs where the two differ), and 1.3 EM points better than step 100 on
+# average (one run of four the other way):
 # March's few dozen questions do not rank the later checkpoints. The run takes about 9 minutes instead
 # of 20-30. A fine-tune of a trained version is not capped (run_finetune_job).
 GEMMA_MAX_STEPS = 50

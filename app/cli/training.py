@@ -423,7 +423,7 @@ def models_soup(versions: list[str] = typer.Argument(..., help="two or more read
                                               "version")) -> None:
     """Register the uniform soup of Gemma versions trained alike (another seed each, e.g. `sqa train
     reader --kind gemma --seed N`): one version whose weights are the mean of theirs, serving at the
-    cost of one. README, "A soup of seeds", has what it measured."""
+    cost of one. docs/reader-experiments.md, "A soup of seeds", has what it measured."""
     from app.services.reader_registry import soup_versions
 
     s = settings()

@@ -222,8 +222,8 @@ class Settings(BaseSettings):
     # The training budget of one such job, in minutes (the best checkpoint within it is kept).
     auto_train_minutes: float = Field(default=30.0, gt=0)
     # A first training (no version active yet) runs up to this many seeds while that budget has room
-    # for another run, and checks their soup (README, "Two seeds and their soup are the default"); 1
-    # trains one run.
+    # for another run, and checks their soup (docs/reader-experiments.md, "Two seeds and their soup
+    # are the default"); 1 trains one run.
     auto_train_seeds: int = Field(default=2, ge=1, le=8)
     # ...and a re-ranker first (SQA_RERANKER=auto), activated only if it beats the first stage on the
     # held-back month. On by default since the feature re-ranker (below) trains in a minute on 2 cores
