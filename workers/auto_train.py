@@ -165,8 +165,9 @@ def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds:
                 clock=time.monotonic) -> tuple[str, list[str]]:
     """A first training: `spec` run with seed, seed + 1, ... (up to `seeds` runs, each a version of
     its own, not activated), and their soup registered as one more version
-    (docs/reader-experiments.md, "Two seeds and their soup are the default": on two stores, four soups of two runs each scored 0.6 to 1.9 EM
-    above their runs' mean). Returns (the version to check, the runs).
+    (docs/reader-experiments.md, "Two seeds and their soup are the default": on two stores, four
+    soups of two runs each scored 0.6 to 1.9 EM above their runs' mean). Returns (the version to
+    check, the runs).
 
     Another run starts only while the budget (`spec.max_minutes`) has room for one more as long as
     the runs so far took on average, so a tight budget trains one run, as before. The budget is each
