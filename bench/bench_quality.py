@@ -20,7 +20,11 @@ sample of --max-questions), each asked as of its own date:
 - gold passage: the same reader given only the stored passage that holds the answer (reading
   without retrieval; questions without one are left out of that row and counted);
 - a published system's answers on the same question ids (--baseline, GPT-3 + Google search), also
-  split by whether our reader reads an answer: where the gap to it lies, in reading or in finding.
+  split by whether our reader reads an answer: where the gap to it lies, in reading or in finding;
+  and paired with ours (evaluation.paired): the questions only one of the two gets right, the exact
+  McNemar p-value and a bootstrap interval of the EM difference, so a gap of a few questions is not
+  read as more than the questions' luck. End-to-end EM comes with its own bootstrap interval.
+  `python -m bench.compare_quality A.json B.json` pairs two runs of this benchmark the same way.
 
 `--snapshot ID` measures over a recorded index state instead of the serving one: the index as it stood
 before the window (lag -1Q in StreamingQA's terms) against the serving one (0Q), the reader unchanged.
@@ -41,7 +45,8 @@ import time
 from pathlib import Path
 
 from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
-from evaluation.metrics import answer_in_haystack, answer_in_text, haystack
+from evaluation.metrics import answer_in_haystack, answer_in_text, exact_match, haystack
+from evaluation.paired import describe_paired, em_interval, paired_em
 from evaluation.trust import Judged, confidence_bands, describe, grounded_split
 from indexer.chunking import passage_body
 
@@ -309,6 +314,12 @@ def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
     return {"em_when_read": split["em_when_read"], "em_otherwise": split["em_otherwise"]}
 
 
+def right_answers(predictions: dict[str, str | None], questions) -> dict[str, bool]:
+    """qid -> whether the prediction matches a gold answer exactly (no prediction: wrong, as `score` counts it)."""
+    return {q.qid: predictions.get(q.qid) is not None and exact_match(predictions[q.qid], list(q.answers)) == 1.0
+            for q in questions}
+
+
 def open_recorded_snapshot(service, db, snapshot_id: str):
     """A recorded index state (an older serving snapshot, or a replay's quarter-end one), or None."""
     from sqlalchemy import select
@@ -335,7 +346,10 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
     if "news" in m:
         print("  in the news of the " + " / ".join(k.removesuffix("d") for k in m["news"]) + " days before: "
               + " / ".join(f"{v:.1f}" for v in m["news"].values()) + "% of questions")
-    print(f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})")
+    interval = m.get("em_interval")
+    print(f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})"
+          + (f"  EM {round(100 * interval['level'])}% interval {interval['low']:.1f}..{interval['high']:.1f}"
+             if interval else ""))
     if "reader_reads_answer" in m:
         h = m["reader_reads_answer"]
         print(f"  reader reads one  {h['share']:.1f}% of questions (n {h['n']}): EM {h['em_when_read']:.1f} on those, "
@@ -349,6 +363,8 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
         print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "
               f"EM {baseline['em_when_read']:.1f} where our reader reads an answer, {baseline['em_otherwise']:.1f} "
               "on the rest")
+        if baseline.get("paired"):
+            print("    paired: " + describe_paired(baseline["paired"], "ours", "theirs"))
     print("  latency ms        " + "  ".join(f"{s} p50 {v['p50_ms']} p95 {v['p95_ms']}" for s, v in lat.items()
                                              if v["n"]))
 
@@ -419,11 +435,14 @@ def main(argv: list[str] | None = None) -> int:
             if snap.newest_day is not None and snap.newest_day < last:
                 print(f"note: the index ends on {snap.newest_day}, before {last}: is the window ingested?")
             m = measure_window(service, db.sessions, snap, questions, cache, bar=bar)
+            ours = right_answers({qid: p["e2e"] for qid, p in m["predictions"].items()}, questions)
+            m["em_interval"] = em_interval(ours)
             base = None
             if baseline:
                 s = score(baseline, questions)
                 base = {"system": args.baseline, "em": round(100 * s["em"], 1), "f1": round(100 * s["f1"], 1),
-                        "answered": s["answered"], **baseline_split(m, baseline, questions)}
+                        "answered": s["answered"], **baseline_split(m, baseline, questions),
+                        "paired": paired_em(ours, right_answers(baseline, questions))}
             m.update(left_out_of_subset=dict(left_out), baseline=base)
             print_window(label, m, base)
             results[label] = m

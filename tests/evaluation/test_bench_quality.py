@@ -162,11 +162,21 @@ def test_bench_quality_splits_the_published_system_by_what_our_reader_reads(serv
         f.write("\n".join(lines) + "\n")
     assert main([*base, "--baseline", "fake_gen", "--data", str(tmp_path / "data"),
                  "--out", str(tmp_path / "second.json")]) == 0
-    assert "EM 100.0 where our reader reads an answer, 0.0 on the rest" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "EM 100.0 where our reader reads an answer, 0.0 on the rest" in printed
     [window] = json.loads((tmp_path / "second.json").read_text())["windows"].values()
     b = window["baseline"]
     assert (b["em_when_read"], b["em_otherwise"]) == (100.0, 0.0)
     assert b["em"] == pytest.approx(100 * len(read) / len(preds), abs=0.05)
+    # Paired with ours question by question: the system is right exactly on `read`.
+    ours = {qid for qid, p in preds.items() if exact_match(p["e2e"], p["answers"])}
+    paired = b["paired"]
+    assert (paired["n"], paired["only_a"], paired["only_b"]) == (len(preds), len(ours - read), len(read - ours))
+    assert paired["em_a"] == window["end_to_end"]["em"] and paired["em_b"] == b["em"]
+    assert paired["low"] <= paired["difference"] <= paired["high"]
+    assert f"paired: ours {paired['em_a']:.1f} against theirs {paired['em_b']:.1f} (n {len(preds)})" in printed
+    interval = window["em_interval"]
+    assert interval["n"] == len(preds) and interval["low"] <= window["end_to_end"]["em"] <= interval["high"]
 
 
 def test_recent_news_holds_an_answer_published_in_the_days_before_the_question(sqlite_settings):

@@ -1,0 +1,61 @@
+"""bench/compare_quality.py: two bench_quality runs paired question by question, and clear errors
+for files that are not such runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import load_script
+
+
+def _main():
+    return load_script("bench/compare_quality.py").main
+
+
+def _run(path, windows: dict[str, dict[str, tuple[str, str, bool]]]):
+    """A bench_quality --out file: {label: {qid: (prediction, gold, reader reads an answer)}}."""
+    path.write_text(json.dumps({"config": {}, "windows": {
+        label: {"n": len(preds), "predictions": {qid: {"e2e": p, "answers": [g], "read": read}
+                                                 for qid, (p, g, read) in preds.items()}}
+        for label, preds in windows.items()}}))
+    return path
+
+
+def test_compare_quality_pairs_two_runs_by_question(tmp_path, capsys):
+    march = {"q1": ("Paris", "Paris", True), "q2": ("Rome", "Milan", True), "q3": ("5", "7", False),
+             "q4": ("Iowa", "Iowa", False), "q5": ("the Bengals", "Bengals", True)}
+    a = _run(tmp_path / "a.json", {"2023-03-01..2023-03-31": march, "2023-04-01..2023-06-30": march})
+    variant = dict(march, q2=("Milan", "Milan", True), q4=("Florida", "Iowa", False), q3=("7", "7", False),
+                   q6=("x", "y", False))
+    b = _run(tmp_path / "b.json", {"2023-03-01..2023-03-31": variant})
+    out = tmp_path / "cmp.json"
+    assert _main()([str(a), str(b), "--names", "default,variant", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "2023-04-01..2023-06-30: in one run only, left out" in printed
+    assert "variant 80.0 against default 60.0 (n 5): +20.0 EM" in printed  # B against A: B - A
+    assert "only variant right 2, only default right 1" in printed
+    assert "F1 80.0 against 60.0" in printed
+    assert "1 questions in one run only" in printed
+    r = json.loads(out.read_text())["windows"]["2023-03-01..2023-03-31"]
+    assert (r["read"]["n"], r["read"]["only_a"], r["read"]["only_b"], r["not_read"]["n"]) == (3, 1, 0, 2)
+    assert (r["not_read"]["only_a"], r["not_read"]["only_b"]) == (1, 1)
+
+
+@pytest.mark.parametrize("content, message", [("{not json", "cannot read it as JSON"),
+                                              ('{"windows": {"w": {"n": 3}}}', "not a bench.bench_quality")])
+def test_compare_quality_refuses_a_file_that_is_not_a_run(tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    good = _run(tmp_path / "good.json", {"w": {"q1": ("a", "a", True)}})
+    assert _main()([str(good), str(bad)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_compare_quality_refuses_runs_without_a_shared_window(tmp_path, capsys):
+    a = _run(tmp_path / "a.json", {"w1": {"q1": ("a", "a", True)}})
+    b = _run(tmp_path / "b.json", {"w2": {"q1": ("a", "a", True)}})
+    assert _main()([str(a), str(b)]) == 2
+    assert "no window in common" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _main()([str(a), str(b), "--names", "one"])
