@@ -7,8 +7,10 @@ For each window both runs measured, on the questions both answered: each run's e
 B's difference from A, the questions only one of them gets right (gained and lost going from A to
 B), the exact McNemar
 p-value of that split and a paired bootstrap interval of the EM difference (evaluation.paired), and
-the same split where A's reader reads an answer and where it does not. A window or a question only
-one run has is left out and said. Exit code 2 for a file that is not such a run.
+the same split where A's reader reads an answer and where it does not; with several windows, the
+same figures over all their questions together (`all windows`: the test is stronger on more
+questions). A window or a question only one run has is left out and said. Exit code 2 for a file
+that is not such a run.
 """
 from __future__ import annotations
 
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             raise NotARun(f"{args.a} and {args.b} measured no window in common "
                           f"({', '.join(run_a)} against {', '.join(run_b)})")
         results = {label: compare_window(run_a[label], run_b[label]) for label in shared}
+        if len(shared) > 1:  # the windows' questions together (a qid is one question, whatever its window)
+            results["all windows"] = compare_window({q: r for label in shared for q, r in run_a[label].items()},
+                                                    {q: r for label in shared for q, r in run_b[label].items()})
     except NotARun as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

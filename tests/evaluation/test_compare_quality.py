@@ -37,6 +37,7 @@ def test_compare_quality_pairs_two_runs_by_question(tmp_path, capsys):
     assert "only variant right 2, only default right 1" in printed
     assert "F1 80.0 against 60.0" in printed
     assert "1 questions in one run only" in printed
+    assert "all windows" not in printed  # one window in common: nothing to pool
     r = json.loads(out.read_text())["windows"]["2023-03-01..2023-03-31"]
     assert (r["read"]["n"], r["read"]["only_a"], r["read"]["only_b"], r["not_read"]["n"]) == (3, 1, 0, 2)
     assert (r["not_read"]["only_a"], r["not_read"]["only_b"]) == (1, 1)
@@ -59,3 +60,16 @@ def test_compare_quality_refuses_runs_without_a_shared_window(tmp_path, capsys):
     assert "no window in common" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _main()([str(a), str(b), "--names", "one"])
+
+
+def test_compare_quality_pools_the_windows_it_shares(tmp_path, capsys):
+    a = _run(tmp_path / "a.json", {"w1": {"q1": ("a", "a", True), "q2": ("b", "c", True)},
+                                   "w2": {"q3": ("d", "e", False), "q4": ("f", "f", False)}})
+    b = _run(tmp_path / "b.json", {"w1": {"q1": ("a", "a", True), "q2": ("c", "c", True)},
+                                   "w2": {"q3": ("e", "e", False), "q4": ("x", "f", False)}})
+    out = tmp_path / "cmp.json"
+    assert _main()([str(a), str(b), "--out", str(out)]) == 0
+    pooled = json.loads(out.read_text())["windows"]["all windows"]
+    assert (pooled["all"]["n"], pooled["all"]["only_a"], pooled["all"]["only_b"]) == (4, 2, 1)
+    assert (pooled["read"]["n"], pooled["not_read"]["n"]) == (2, 2)
+    assert "\nall windows\n  B 75.0 against A 50.0 (n 4): +25.0 EM" in capsys.readouterr().out
