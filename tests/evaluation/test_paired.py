@@ -1,8 +1,6 @@
 """evaluation/paired.py: discordant counts, the exact McNemar test and bootstrap intervals of EM."""
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from evaluation.paired import describe_paired, em_interval, mcnemar_p, paired_em
@@ -57,7 +55,10 @@ def test_paired_em_pairs_by_question_and_counts_the_rest():
 
 def test_intervals_are_reproducible_and_narrow_with_more_questions():
     a, b = _systems(both=30, only_a=10, only_b=20, neither=40)
-    assert paired_em(a, b) == paired_em(a, b)  # a fixed seed
+    assert paired_em(a, b) == paired_em(a, b)  # a fixed seed: the same figures every run
+    other = paired_em(a, b, seed=1)
+    assert (other["low"], other["high"]) != (paired_em(a, b)["low"], paired_em(a, b)["high"])
+    assert other["p"] == paired_em(a, b)["p"]  # the exact test does not resample
     small = em_interval({f"q{i}": i % 3 == 0 for i in range(60)})
     large = em_interval({f"q{i}": i % 3 == 0 for i in range(600)})
     assert small["low"] < small["em"] < small["high"]
@@ -72,4 +73,16 @@ def test_describe_paired_says_both_scores_the_counts_and_the_p_value():
     line = describe_paired(paired_em(a, b), "ours", "GPT-3")
     assert line.startswith("ours 40.0 against GPT-3 53.3 (n 30): -13.3 EM, 95% interval ")
     assert "only ours right 2, only GPT-3 right 6, McNemar p 0.29" in line
-    assert not math.isnan(paired_em(a, b)["p"])
+    a, b = _systems(both=10, only_a=0, only_b=30, neither=10)
+    assert describe_paired(paired_em(a, b)).endswith("only A right 0, only B right 30, McNemar p < 0.001")
+    a, b = _systems(both=10, only_a=3, only_b=3, neither=10)
+    assert describe_paired(paired_em(a, b)).endswith("McNemar p 1")
+
+
+def test_bounds_never_print_as_minus_zero():
+    from evaluation.paired import _points
+
+    assert f"{_points(-1e-12):+.1f}" == "+0.0"  # round(-1e-10, 1) alone is -0.0
+    a, b = _systems(both=12, only_a=2, only_b=0, neither=339)  # many resamples hold neither of the two
+    r = paired_em(a, b)
+    assert r["low"] == 0.0 and "interval +0.0.." in describe_paired(r)
