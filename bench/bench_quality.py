@@ -45,8 +45,8 @@ import time
 from pathlib import Path
 
 from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
-from evaluation.metrics import answer_in_haystack, answer_in_text, exact_match, haystack
-from evaluation.paired import describe_paired, em_interval, paired_em
+from evaluation.metrics import answer_in_haystack, answer_in_text, haystack
+from evaluation.paired import correct, describe_paired, em_interval, paired_em
 from evaluation.trust import Judged, confidence_bands, describe, grounded_split
 from indexer.chunking import passage_body
 
@@ -316,8 +316,7 @@ def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
 
 def right_answers(predictions: dict[str, str | None], questions) -> dict[str, bool]:
     """qid -> whether the prediction matches a gold answer exactly (no prediction: wrong, as `score` counts it)."""
-    return {q.qid: predictions.get(q.qid) is not None and exact_match(predictions[q.qid], list(q.answers)) == 1.0
-            for q in questions}
+    return {q.qid: correct(predictions.get(q.qid), q.answers) for q in questions}
 
 
 def open_recorded_snapshot(service, db, snapshot_id: str):

@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from evaluation.metrics import exact_match, token_f1
-from evaluation.paired import describe_paired, paired_em
+from evaluation.metrics import token_f1
+from evaluation.paired import correct, describe_paired, paired_em
 
 POOLED = "all windows"
 
@@ -49,27 +49,28 @@ def load_run(path: Path) -> tuple[dict, dict]:
 
 
 def _right(preds: dict, qids) -> dict[str, bool]:
-    return {q: preds[q]["e2e"] is not None and exact_match(preds[q]["e2e"], preds[q]["answers"]) == 1.0 for q in qids}
+    return {q: correct(preds[q]["e2e"], preds[q]["answers"]) for q in qids}
 
 
 def _f1(preds: dict, qids) -> float:
     return round(100 * sum(token_f1(preds[q]["e2e"] or "", preds[q]["answers"]) for q in qids) / len(qids), 1)
 
 
+# paired_em(B, A)'s keys -> their names by role (B is new, A the reference); the others keep theirs.
+_ROLES = {"em_a": "em_new", "em_b": "em_ref", "only_a": "gained", "only_b": "lost"}
+
+
 def _new_against_reference(new: dict, ref: dict, qids) -> dict:
     """`paired_em` of B (new) against A (the reference), with the keys named by role: em_new, em_ref,
     difference (B - A), gained (only B right), lost (only A right), p, low, high, level, n."""
-    r = paired_em(_right(new, qids), _right(ref, qids))
-    return {"n": r["n"], "em_ref": r["em_b"], "em_new": r["em_a"], "difference": r["difference"],
-            "gained": r["only_a"], "lost": r["only_b"], "p": r["p"], "low": r["low"], "high": r["high"],
-            "level": r["level"]}
+    return {_ROLES.get(k, k): v for k, v in paired_em(_right(new, qids), _right(ref, qids)).items()
+            if k != "left_out"}
 
 
 def _describe(r: dict, a: str, b: str) -> str:
     """`describe_paired`'s line for B against A."""
-    return describe_paired({"n": r["n"], "em_a": r["em_new"], "em_b": r["em_ref"], "difference": r["difference"],
-                            "only_a": r["gained"], "only_b": r["lost"], "p": r["p"], "low": r["low"],
-                            "high": r["high"], "level": r["level"]}, b, a)
+    back = {role: key for key, role in _ROLES.items()}
+    return describe_paired({back.get(k, k): v for k, v in r.items()}, b, a)
 
 
 def compare_window(a: dict, b: dict) -> dict | None:

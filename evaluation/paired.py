@@ -17,10 +17,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["paired_em", "em_interval", "describe_paired"]
+from evaluation.metrics import exact_match
+
+__all__ = ["correct", "paired_em", "em_interval", "describe_paired"]
 
 BOOTSTRAP_ROUNDS = 10_000
 LEVEL = 0.95
+
+
+def correct(prediction: str | None, answers) -> bool:
+    """Whether `prediction` matches a gold answer exactly; no prediction is wrong (as
+    `evaluation.bakeoff.score` counts it)."""
+    return prediction is not None and exact_match(prediction, list(answers)) == 1.0
 
 
 def _bootstrap_means(values: np.ndarray, rounds: int, seed: int) -> np.ndarray:
