@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from indexer.errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ivf import FLAT, ShardSpec
-from indexer.shards import check_key
+from indexer.shards import check_key, is_live_key
 from indexer.storage import LocalStore, as_store
 
 __all__ = ["FileRef", "ShardEntry", "Manifest", "new_snapshot_id", "write_manifest", "read_manifest",
@@ -181,7 +181,8 @@ class Manifest:
                 raise ValueError(f"shard {e.key} has dim {e.dim}, the manifest {self.dim}")
             if e.encoder is not None and e.encoder != self.encoder:  # a query never mixes encoders
                 raise ValueError(f"shard {e.key} was encoded with {e.encoder}, the manifest's encoder is {self.encoder}")
-        for prev, cur in zip(shards, shards[1:]):
+        settled = [e for e in shards if not is_live_key(e.key)]  # live pieces may share days (ids never)
+        for prev, cur in zip(settled, settled[1:]):
             if cur.span[0] <= prev.span[1]:
                 raise ValueError(
                     f"shards {prev.key} ({prev.min_day}..{prev.max_day}) and {cur.key} "
@@ -219,6 +220,20 @@ class Manifest:
             created_at=now.isoformat(),
             shards=tuple(e for e in self.shards if e.key not in gone) + (entry,),
         )
+
+    def with_shards(self, add: Iterable[ShardEntry], *, drop: Iterable[str] = ()) -> Manifest:
+        """A new snapshot (fresh id and created_at) with the entries `add` (replacing their keys)
+        and without the keys `drop`: a live publish adds pieces and retires others at once."""
+        add = tuple(add)
+        gone = set(drop) | {e.key for e in add}
+        now = _utc_now()
+        return replace(self, snapshot_id=new_snapshot_id(now), created_at=now.isoformat(),
+                       shards=tuple(e for e in self.shards if e.key not in gone) + add)
+
+    @property
+    def live(self) -> tuple[ShardEntry, ...]:
+        """The live pieces (`indexer.shards.is_live_key`)."""
+        return tuple(e for e in self.shards if is_live_key(e.key))
 
     def to_json(self) -> str:
         body = {"format": MANIFEST_FORMAT, **asdict(self), "total": self.total}

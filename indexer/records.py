@@ -18,6 +18,8 @@ class ArticleRecord:
     text: str
     published: dt.date
     source: str = ""  # which importer/collection it came from, e.g. "realtimeqa"
+    authors: tuple[str, ...] = ()
+    language: str = ""
 
     @property
     def content_hash(self) -> str:

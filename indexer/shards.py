@@ -34,6 +34,9 @@ from indexer.ivf import FLAT, ShardSpec, build_ivf, ivf_list_ids, ivf_search_par
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _MONTH_KEY_RE = re.compile(r"^\d{4}-\d{2}$")
 _HISTORY_KEY_RE = re.compile(r"^history-(\d{4}-\d{2})$")
+# A live piece: articles of a month published while it is open, in arrival order ("live-2023-04-000017").
+LIVE_PREFIX = "live-"
+_LIVE_KEY_RE = re.compile(r"^live-(\d{4}-\d{2})-(\d{6})$")
 
 
 def check_key(key: str) -> str:
@@ -43,13 +46,42 @@ def check_key(key: str) -> str:
     return key
 
 
+def live_key(month: str, seq: int) -> str:
+    """The key of live piece `seq` of `month` ('2023-04', 17 -> 'live-2023-04-000017')."""
+    if not _MONTH_KEY_RE.match(month) or not 0 <= seq < 1_000_000:
+        raise ValueError(f"a live piece needs a YYYY-MM month and a sequence number below 1,000,000, "
+                         f"not {month!r} and {seq!r}")
+    return f"{LIVE_PREFIX}{month}-{seq:06d}"
+
+
+def is_live_key(key: str) -> bool:
+    """Whether `key` names a live piece (which may overlap other shards' days: its ids never do)."""
+    return bool(_LIVE_KEY_RE.match(key))
+
+
+def live_key_parts(key: str) -> tuple[str, int]:
+    """'live-2023-04-000017' -> ('2023-04', 17)."""
+    m = _LIVE_KEY_RE.match(key)
+    if m is None:
+        raise ValueError(f"shard key {key!r} is not a live piece's (live-YYYY-MM-NNNNNN)")
+    return m.group(1), int(m.group(2))
+
+
+def overlap_allowed(a: str, b: str) -> bool:
+    """Two shards may share days only when one is a live piece: month and history shards partition
+    the days, live pieces hold late and current articles beside them (every passage has one id)."""
+    return is_live_key(a) or is_live_key(b)
+
+
 def key_span(key: str) -> tuple[dt.date | None, dt.date]:
-    """Days a shard key allows: '2023-04' -> (Apr 1, Apr 30); 'history-2023-01' -> (None, Dec 31, 2022).
+    """Days a shard key allows: '2023-04' and 'live-2023-04-000017' -> (Apr 1, Apr 30);
+    'history-2023-01' -> (None, Dec 31, 2022).
 
     Other keys (merged shards named otherwise) allow any day: (None, date.max).
     """
-    if _MONTH_KEY_RE.match(key):
-        first = parse_month(key)
+    live = _LIVE_KEY_RE.match(key)
+    if _MONTH_KEY_RE.match(key) or live:
+        first = parse_month(live.group(1) if live else key)
         return first, month_end(first)
     m = _HISTORY_KEY_RE.match(key)
     if m:
@@ -159,6 +191,19 @@ class MonthShard:
         if self.spec.is_ivf:
             return ivf_list_ids(self._index)[0]
         return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+
+    def vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids (n,) int64, vectors (n, dim) float32) of every passage, row i the vector of ids[i]:
+        what a live piece is merged, compacted or pruned from without encoding anything again.
+        Exact for flat shards and IVF-flat; IVF with a codec gives its decoded (approximate) vectors."""
+        if not self.spec.is_ivf:
+            flat = faiss.downcast_index(self._index.index)
+            return self.ids(), flat.reconstruct_n(0, self.ntotal)
+        index = faiss.deserialize_index(self.to_bytes())  # a private copy: make_direct_map changes it
+        ivf = faiss.extract_index_ivf(index)
+        ivf.make_direct_map()
+        ids = ivf_list_ids(index)[0]
+        return ids, np.vstack([ivf.reconstruct(int(i)) for i in ids]) if ids.size else np.zeros((0, self.dim), np.float32)
 
     def count_through(self, as_of: dt.date) -> int:
         """Passages of this shard published on or before `as_of`."""
@@ -297,7 +342,8 @@ class ShardedIndex:
             raise ValueError(f"shards disagree on dimension: {sorted(dims)}")
         if not dims:
             raise ValueError("an empty ShardedIndex needs its dim")
-        for prev, cur in zip(shards, shards[1:]):
+        settled = [s for s in shards if not is_live_key(s.key)]
+        for prev, cur in zip(settled, settled[1:]):
             if cur.min_day <= prev.max_day:  # overlapping spans could return a passage twice
                 raise ValueError(
                     f"shards {prev.key} ({prev.min_day}..{prev.max_day}) and "

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.queries import article_months, earliest_question_day
-from app.db.tables import Article, IndexSnapshot, Job, Passage
+from app.db.tables import Article, IndexSnapshot, Job, LiveQueueItem, Passage
 from app.services.errors import ConflictError, InvalidInputError, NoArticlesError
 from app.services.index_state import latest_snapshot_row
 from indexer.chunking import chunk_texts
@@ -33,10 +33,11 @@ from indexer.ids import make_ids
 from indexer.ivf import ShardPolicy
 from indexer.lexical import Bm25Shard
 from indexer.manifest import Manifest, read_manifest, write_manifest
-from indexer.shards import MonthShard
+from indexer.shards import MonthShard, is_live_key, live_key_parts
 from indexer.snapshot import garbage_files, write_shard
 from indexer.storage import as_store
 from models.encoders import TextEncoder
+from workers.compaction import commit_lock, gather_live, live_articles, live_entries
 from workers.drift import DriftConfig, drift_after_ingest
 from workers.locks import JobLock
 from workers.progress import Progress
@@ -145,6 +146,17 @@ def base_manifest(session: Session, index_dir: Path, encoder: TextEncoder, *, fr
     return manifest
 
 
+def rebuild_plans(keys: list[str]) -> list[ShardPlan]:
+    """The plans that rebuild a snapshot's shards: its month and history shards, plus the month of each
+    live piece that no other plan covers (a rebuild folds the pieces into month shards)."""
+    plans = [ShardPlan.from_key(k) for k in keys if not is_live_key(k)]
+    for month in sorted({live_key_parts(k)[0] for k in keys if is_live_key(k)}):
+        plan = ShardPlan.month(month)
+        if not any(p.first <= plan.first and plan.last <= p.last for p in plans):
+            plans.append(plan)
+    return sorted(plans, key=lambda p: p.first)
+
+
 def overlapping_keys(manifest: Manifest, plan: ShardPlan) -> list[str]:
     """Keys of shards whose days overlap the plan's (besides the plan's own key)."""
     return [e.key for e in manifest.shards
@@ -157,7 +169,7 @@ def check_month_request(session: Session, index_dir: Path, encoder: TextEncoder,
     n = session.scalar(select(Article.id).where(Article.published.between(plan.first, plan.last)).limit(1))
     if n is None:
         raise NoArticlesError(f"no articles published in {plan.key}: import them first (`sqa import ...`)")
-    clash = overlapping_keys(base_manifest(session, index_dir, encoder), plan)
+    clash = [k for k in overlapping_keys(base_manifest(session, index_dir, encoder), plan) if not is_live_key(k)]
     if clash:
         raise InvalidInputError(
             f"month {plan.key} lies inside shard(s) {', '.join(clash)}; rebuild that backfill with "
@@ -171,15 +183,16 @@ def plan_through(session: Session, manifest: Manifest, through: str, start: str 
     everything before the first month when the index is empty. Returns (plans, empty months)."""
     last = parse_month(through)
     months = article_months(session)
+    settled = [e for e in manifest.shards if not is_live_key(e.key)]  # live pieces are compacted, not skipped
     if start is not None:
         first = parse_month(start)
-    elif manifest.shards:
-        first = next_month(max(e.span[1] for e in manifest.shards))
+    elif settled:
+        first = next_month(max(e.span[1] for e in settled))
     else:
         q = earliest_question_day(session)
         first = month_start(q) if q else (parse_month(min(months)) if months else last)
     plans: list[ShardPlan] = []
-    if not manifest.shards and any(k < month_key(first) for k in months):
+    if not settled and any(k < month_key(first) for k in months):
         plans.append(ShardPlan.history(month_key(first)))
     empty = []
     m = first
@@ -248,7 +261,7 @@ def shard_rows(sf: sessionmaker[Session], plan: ShardPlan, progress: Progress | 
     order the shard indexes them; NoArticlesError when it has none."""
     with sf() as session:
         arts = session.execute(
-            select(Article.id, Article.text, Article.published)
+            select(Article.id, Article.text, Article.published, Article.version)
             .where(Article.published.between(plan.first, plan.last))
             .order_by(Article.published, Article.id)).all()
     if not arts:
@@ -283,6 +296,10 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
     with sf() as session:
         base_manifest(session, cfg.index_dir, encoder, fresh=fresh)  # fail fast on an encoder mismatch
     arts, rows = shard_rows(sf, plan, progress)
+    with sf() as session:  # what the live pieces hold already is copied at the commit, not encoded
+        pre = base_manifest(session, cfg.index_dir, encoder, fresh=fresh)
+        live_now = set() if fresh else live_articles(session, live_entries(pre, plan.first, plan.last))
+    rows = [r for r in rows if r[0] not in live_now]
     texts = [r[2] for r in rows]
     t1 = time.perf_counter()
 
@@ -291,31 +308,50 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
     t2 = time.perf_counter()
 
     progress.stage("commit", 1)
-    with sf() as session, session.begin():
+    with commit_lock(cfg.index_dir).hold(wait_s=600), sf() as session, session.begin():
         base = base_manifest(session, cfg.index_dir, encoder, fresh=fresh)
+        # The live pieces as they are now (a publish may have landed since): their passages go in as they are.
+        live = gather_live(session, cfg.index_dir, [] if fresh else live_entries(base, plan.first, plan.last),
+                           encoder.dim)
+        own = [i for i, r in enumerate(rows) if r[0] not in live.articles]
+        rows, vectors = [rows[i] for i in own], vectors[own] if own else vectors[:0]
         tmp_build = f"tmp-{secrets.token_hex(8)}"
         pks = session.scalars(
             insert(Passage).returning(Passage.id, sort_by_parameter_order=True),
             [dict(article_id=a, ordinal=o, text=t, published=p, faiss_id=-(i + 1), shard_key=plan.key,
-                  build_id=tmp_build) for i, (a, o, t, p) in enumerate(rows)]).all()
+                  build_id=tmp_build) for i, (a, o, t, p) in enumerate(rows)]).all() if rows else []
         days = np.array([day_number(r[3]) for r in rows], dtype=np.int64)
         ids = make_ids(days, np.asarray(pks, dtype=np.int64))  # (n,) day << 40 | primary key
-        session.execute(update(Passage), [{"id": pk, "faiss_id": int(fid)} for pk, fid in zip(pks, ids)])
+        if rows:
+            session.execute(update(Passage), [{"id": pk, "faiss_id": int(fid)} for pk, fid in zip(pks, ids)])
+        ids = np.concatenate([ids, live.ids])
+        vectors = np.ascontiguousarray(np.concatenate([vectors, live.vectors]), dtype=np.float32)
+        texts = [r[2] for r in rows] + live.texts
         shard = MonthShard.build(plan.key, vectors, ids, spec=cfg.shard_policy.spec_for(len(ids), encoder.dim))
         entry = write_shard(cfg.index_dir, shard, Bm25Shard.build(plan.key, texts, ids),  # + its BM25 file
                             encoder=encoder.name)
         build = entry.build
         session.execute(update(Passage).where(Passage.build_id == tmp_build).values(build_id=build))
+        reused = [int(i) for i in live.ids]
+        for start in range(0, len(reused), 500):
+            session.execute(update(Passage).where(Passage.faiss_id.in_(reused[start:start + 500]))
+                            .values(build_id=build, shard_key=plan.key))
+        # The queued articles indexed here, in the version read, leave the live queue in this commit.
+        done = [(a.id, a.version) for a in arts if a.id not in live.articles]
+        for start in range(0, len(done), 500):
+            session.execute(delete(LiveQueueItem).where(or_(*(and_(LiveQueueItem.article_id == i,
+                                                                   LiveQueueItem.version == v)
+                                                              for i, v in done[start:start + 500]))))
         manifest = base.with_shard(entry, drop=overlapping_keys(base, plan))
         name, sha = write_manifest(cfg.index_dir, manifest)
         session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=name,
                                   manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
                                   total=manifest.total, shard_keys=[e.key for e in manifest.shards], job_id=job_id))
         t3 = time.perf_counter()
-        counts = {"articles": len(arts), "passages": len(rows), "snapshot": manifest.snapshot_id,
+        counts = {"articles": len(arts), "passages": len(ids), "from_live": len(reused), "snapshot": manifest.snapshot_id,
                   "vectors_total": manifest.total}
         timings = {"chunk_s": round(t1 - t0, 3), "encode_s": round(t2 - t1, 3), "commit_s": round(t3 - t2, 3),
-                   "passages_per_s": round(len(rows) / max(t3 - t0, 1e-9), 2)}
+                   "passages_per_s": round(len(ids) / max(t3 - t0, 1e-9), 2)}
         if job is not None:
             if finish_job:
                 job.succeed_in(session, counts={plan.key: counts}, timings={plan.key: timings})
@@ -380,7 +416,7 @@ def plans_for(session: Session, params: IngestParams, cfg: IngestConfig, encoder
         keys = list(row.shard_keys) if row else []
         if not keys:
             raise InvalidInputError("nothing to rebuild: no index snapshot exists yet")
-        return [ShardPlan.from_key(k) for k in keys], [], True
+        return rebuild_plans(keys), [], True
     manifest = base_manifest(session, cfg.index_dir, encoder)
     plans, empty = plan_through(session, manifest, month_key(params.through),
                                 month_key(params.start) if params.start else None)

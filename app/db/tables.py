@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import (JSON, BigInteger, Boolean, Date, Float, ForeignKey, Index, Integer, String, Text,
-                        UniqueConstraint, false, text)
+                        UniqueConstraint, false, text, true)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.db.base import Base, UTCDateTime, utcnow
@@ -21,6 +21,53 @@ class Article(Base):
     source: Mapped[str] = mapped_column(String(64), default="")
     content_hash: Mapped[str] = mapped_column(String(64))
     imported_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Live intake (workers/live.py): a changed text is a new version of the article (its old passages
+    # are retired from later snapshots); authors and language as the pushing client gave them.
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    authors: Mapped[list] = mapped_column(JSON, default=list)
+    language: Mapped[str] = mapped_column(String(16), default="", server_default="")
+
+
+class LiveQueueItem(Base):
+    """An article version stored but not yet searchable: the live publisher's work list.
+
+    Written in the transaction that stores the article (so an acknowledged article is never lost)
+    and deleted in the transaction that records the snapshot holding its passages (by the live
+    publisher, or by the month ingest that compacts its month).
+    """
+
+    __tablename__ = "live_queue"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    article_id: Mapped[int] = mapped_column(ForeignKey("articles.id", ondelete="CASCADE"), unique=True)
+    version: Mapped[int] = mapped_column(Integer)
+    month: Mapped[str] = mapped_column(String(7), index=True)  # "YYYY-MM" of the article's publication day
+    queued_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    via: Mapped[str] = mapped_column(String(16), default="api")  # api | feed | inbox | nats
+
+
+class Feed(Base):
+    """An RSS or Atom feed the worker polls (workers/feeds.py): conditional GET state and its health."""
+
+    __tablename__ = "feeds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048), unique=True)
+    title: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(64), default="")  # the articles' source name
+    active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    etag: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    last_modified: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_fetch_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_ok_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    next_fetch_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_status: Mapped[int | None] = mapped_column(Integer, nullable=True)  # HTTP status; None before any fetch
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)  # consecutive failed polls (backoff)
+    last_new: Mapped[int] = mapped_column(Integer, default=0)  # new or updated articles at the last fetch
+    articles_total: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Passage(Base):
