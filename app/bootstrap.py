@@ -26,6 +26,7 @@ from app.services.reader_state import ReaderState, RegistrySource
 from app.services.reranking import RerankerState, RerankingRetriever, active_reranker
 from app.services.retrieval import Retriever, make_retriever
 from indexer.ivf import ShardPolicy
+from indexer.push import PushLimits
 from models.encoders import TextEncoder, describe_encoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
 from evaluation.drift import parse_features
@@ -34,6 +35,7 @@ from workers.context import JobContext
 from workers.drift import DriftConfig
 from workers.evaluate import EvalConfig
 from workers.ingest import IngestConfig
+from workers.live import LiveConfig
 from workers.runner import JobRunner
 from workers.transport import TransportConfig
 
@@ -212,6 +214,18 @@ def ingest_config(settings: Settings) -> IngestConfig:
                         batch_size=settings.encode_batch_size,
                         checkpoint_every=settings.checkpoint_every, drift=drift_config(settings),
                         shard_policy=shard_policy(settings))
+
+
+def live_config(settings: Settings) -> LiveConfig:
+    """SQA_LIVE_*: when the live publisher publishes."""
+    return LiveConfig(batch_articles=settings.live_batch_articles, max_wait_s=settings.live_max_wait_s,
+                      max_batch=settings.live_max_batch, merge_pieces=settings.live_merge_pieces,
+                      poll_s=settings.live_poll_s)
+
+
+def push_limits(settings: Settings) -> PushLimits:
+    """What one pushed article may hold (SQA_MAX_ARTICLE_CHARS)."""
+    return PushLimits(max_text_chars=settings.max_article_chars)
 
 
 def shard_policy(settings: Settings) -> ShardPolicy:

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.routes import admin, answers, evaluations, health, schedule
+from app.api.routes import admin, answers, articles, evaluations, health, schedule
 from app.web import dashboard as web_dashboard, pages as web_pages
 from app.web.templating import error_page, static_files, wants_page
 from app.core.config import Settings, get_settings
@@ -121,6 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(answers.router)
     app.include_router(admin.router)
+    app.include_router(articles.router)
     app.include_router(evaluations.router)
     app.include_router(schedule.router)
     # The pages: ask (/), the dashboard (/dashboard), their stylesheet and script (/static).
@@ -156,7 +157,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,
                        storage_uri=settings.limits_storage,
-                       admin_failure_limit=settings.admin_failure_limit)
+                       admin_failure_limit=settings.admin_failure_limit,
+                       body_paths={"/admin/articles": (settings.max_articles_body_bytes, "SQA_MAX_ARTICLES_BODY_BYTES")})
     app.add_middleware(RequestIds)  # outermost: every response, a 413 or 429 too, carries X-Request-ID
 
     @app.exception_handler(ServiceError)

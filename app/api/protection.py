@@ -30,15 +30,18 @@ UNLIMITED_PATHS = ("/healthz", "/readyz", "/metrics")
 class BodyLimit:
     """ASGI middleware: 413 for a request body over `max_bytes`."""
 
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, paths: dict[str, tuple[int, str]] | None = None) -> None:
+        """`paths`: routes with a limit of their own, {path: (bytes, the setting that sets it)}
+        (POST /admin/articles takes batches of news, SQA_MAX_ARTICLES_BODY_BYTES)."""
+        self.app, self.max_bytes, self.paths = app, max_bytes, dict(paths or {})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        max_bytes, setting = self.paths.get(scope.get("path", ""), (self.max_bytes, "SQA_MAX_BODY_BYTES"))
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await self._refuse(send, int(length))
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            return await self._refuse(send, int(length), max_bytes, setting)
         seen = 0
         started = refused = False
 
@@ -49,11 +52,11 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes and not started:
+                if seen > max_bytes and not started:
                     # answer now, and tell the app the client left (it stops reading; what it
                     # sends after this is dropped)
                     refused = True
-                    await self._refuse(send, None)
+                    await self._refuse(send, None, max_bytes, setting)
                     return {"type": "http.disconnect"}
             return message
 
@@ -67,10 +70,10 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, watched_send)
 
-    async def _refuse(self, send, length: int | None) -> None:
-        size = f"{length} bytes" if length is not None else f"over {self.max_bytes} bytes"
-        body = json.dumps({"detail": f"the request body is {size}; the limit is {self.max_bytes} bytes "
-                                     "(SQA_MAX_BODY_BYTES)", "request_id": current_request_id()}).encode()
+    async def _refuse(self, send, length: int | None, max_bytes: int, setting: str) -> None:
+        size = f"{length} bytes" if length is not None else f"over {max_bytes} bytes"
+        body = json.dumps({"detail": f"the request body is {size}; the limit is {max_bytes} bytes "
+                                     f"({setting})", "request_id": current_request_id()}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
@@ -139,7 +142,7 @@ def limits_storage(uri: str = "memory://"):
 
 
 def install(app: FastAPI, *, max_body_bytes: int, rate_limit: str, admin_failure_limit: str,
-            storage_uri: str = "memory://") -> None:
+            storage_uri: str = "memory://", body_paths: dict[str, tuple[int, str]] | None = None) -> None:
     """Add the body limit, the rate limit, the admin guard (app.state.admin_guard) and /metrics
     (its own registry per app, so that several apps in one process keep their counts apart); the
     limits count in `storage_uri` (shared by the replicas when it is Redis)."""
@@ -152,4 +155,4 @@ def install(app: FastAPI, *, max_body_bytes: int, rate_limit: str, admin_failure
         app, include_in_schema=False)
     if rate_limit:
         app.add_middleware(RateLimit, limit=rate_limit, storage=storage)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # outermost: before anything reads the body
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, paths=body_paths)  # outermost: before anything reads the body

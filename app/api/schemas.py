@@ -194,3 +194,46 @@ def json_error_responses(responses: dict[int | str, dict[str, Any]]) -> dict[int
 API_ERRORS = error_responses(400, 413, 422, 429)
 # Every admin route besides: authentication, lookups, conflicts, a store not ready.
 ADMIN_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503)
+
+
+# ---- live news (app/api/routes/articles.py) --------------------------------------------------------
+
+class ArticleRejectedPublic(BaseModel):
+    line: int = Field(description="The NDJSON line, or the position in the JSON array, from 1.")
+    field: str = Field(description="The field at fault ('record' for the record as a whole).")
+    reason: str
+    url: str | None = None
+
+
+class ArticleResultPublic(BaseModel):
+    line: int
+    url: str
+    outcome: str = Field(description="new | updated (a new version: the old passages are retired) | duplicate")
+    article_id: int
+
+
+class ArticlesStoredPublic(BaseModel):
+    new: int
+    updated: int
+    duplicate: int
+    rejected: int
+    errors: list[ArticleRejectedPublic]
+    results: list[ArticleResultPublic]
+    waiting: int = Field(description="Articles stored but not yet searchable (the live queue, all clients).")
+    published: dict | None = Field(None, description="With ?publish=true: the live publish this request ran.")
+
+
+class LivePieceMonthPublic(BaseModel):
+    month: str
+    pieces: int
+    passages: int
+
+
+class LiveStatusPublic(BaseModel):
+    waiting: int = Field(description="Articles stored but not yet searchable.")
+    oldest_waiting_at: dt.datetime | None
+    last_publish_at: dt.datetime | None = Field(description="When the serving snapshot was committed.")
+    newest_article_at: dt.datetime | None = Field(
+        description="When the newest searchable article arrived (stored, or last changed).")
+    newest_day: dt.date | None = Field(description="The newest publication day in the serving index.")
+    months: list[LivePieceMonthPublic] = Field(description="Live pieces of the serving snapshot, by month.")

@@ -244,6 +244,32 @@ class Settings(BaseSettings):
     # Evaluation: questions answered by the reader per quarter (0: all); retrieval metrics cover all.
     eval_max_questions: int = Field(default=0, ge=0)
 
+    # --- live news (workers/live.py, workers/feeds.py, workers/inbox.py) ---
+    # Run the live loops in `sqa worker`: the publisher of pushed/polled articles, the feed poller and,
+    # with SQA_NEWS_SOURCE=inbox:PATH, the inbox watcher. Off: news waits for the monthly ingest.
+    live: bool = True
+    # Publish the live queue as soon as this many articles wait, or once the oldest has waited
+    # SQA_LIVE_MAX_WAIT_S seconds; at most SQA_LIVE_MAX_BATCH articles a snapshot.
+    live_batch_articles: int = Field(default=32, ge=1)
+    live_max_wait_s: float = Field(default=5.0, ge=0)
+    live_max_batch: int = Field(default=256, ge=1, le=100_000)
+    # A month's live pieces are merged into one when it has this many (a search fans out over them).
+    live_merge_pieces: int = Field(default=8, ge=2, le=1000)
+    live_poll_s: float = Field(default=1.0, gt=0)
+    # POST /admin/articles: the largest body, and the largest text of one article (characters).
+    max_articles_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_article_chars: int = Field(default=200_000, ge=100)
+    # The inbox watcher looks for new or grown files this often (seconds).
+    inbox_poll_s: float = Field(default=10.0, gt=0)
+    # Feeds: each is fetched every SQA_FEED_INTERVAL_S (conditional GET), one host at most every
+    # SQA_FEED_HOST_DELAY_S; a request times out after SQA_FEED_TIMEOUT_S and is retried
+    # SQA_FEED_RETRIES times with exponential backoff; bodies over SQA_FEED_MAX_BYTES are refused.
+    feed_interval_s: float = Field(default=300.0, gt=0)
+    feed_host_delay_s: float = Field(default=2.0, ge=0)
+    feed_timeout_s: float = Field(default=20.0, gt=0)
+    feed_retries: int = Field(default=3, ge=0, le=10)
+    feed_max_bytes: int = Field(default=5 * 1024 * 1024, ge=1024)
+
     # --- drift of each new month (evaluation/drift.py) ---
     # Compute a month's drift (against the previous, earlier and training months) after its ingest.
     drift_on_ingest: bool = True

@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Article, Question
+from app.db.tables import Article, Passage, Question
 from indexer.dates import month_key
 from indexer.records import ArticleRecord, QuestionRecord
 
@@ -85,3 +85,18 @@ def article_months(session: Session) -> dict[str, int]:
 
 def earliest_question_day(session: Session) -> dt.date | None:
     return session.scalar(select(func.min(Question.asked)))
+
+
+def newest_indexed_article_at(session: Session, builds: Sequence[str]) -> dt.datetime | None:
+    """When the newest searchable article arrived: the latest store or change time of an article
+    with passages in `builds` (a snapshot's shard builds)."""
+    if not builds:
+        return None
+    stamp = func.coalesce(Article.updated_at, Article.imported_at)
+    value = session.scalar(select(func.max(stamp)).join(Passage, Passage.article_id == Article.id)
+                           .where(Passage.build_id.in_(list(builds))))
+    if value is not None and not isinstance(value, dt.datetime):  # SQLite hands back the stored text
+        value = dt.datetime.fromisoformat(str(value))
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value
