@@ -35,7 +35,8 @@ from workers.context import JobContext
 from workers.drift import DriftConfig
 from workers.evaluate import EvalConfig
 from workers.ingest import IngestConfig
-from workers.live import LiveConfig
+from workers.inbox import InboxConfig, InboxWatcher
+from workers.live import LiveConfig, LivePublisher
 from workers.runner import JobRunner
 from workers.transport import TransportConfig
 
@@ -410,4 +411,25 @@ def run_worker(settings: Settings) -> None:
             log.info("marked %d job(s) left running by a stopped process as interrupted", n)
     finally:
         db.close()
-    run_scheduler(scheduler_config(settings))
+    live_db = open_database(settings, migrate=False)
+    try:
+        run_scheduler(scheduler_config(settings), services=worker_services(settings, live_db))
+    finally:
+        live_db.close()
+
+
+def worker_services(settings: Settings, db: Database) -> list:
+    """The live loops `sqa worker` runs beside its scheduler (SQA_LIVE): the publisher of the live
+    queue, the feed poller and, with SQA_NEWS_SOURCE=inbox:PATH, the inbox watcher."""
+    if not settings.live:
+        return []
+    encoder = functools.cache(lambda: build_encoder(settings))
+    services: list = [LivePublisher(db.sessions, encoder, ingest_config(settings), live_config(settings))]
+    kind, _, where = settings.news_source.partition(":")
+    if kind == "inbox" and where:
+        services.append(InboxWatcher(db.sessions, inbox_config(settings, Path(where).expanduser())))
+    return services
+
+
+def inbox_config(settings: Settings, folder: Path) -> InboxConfig:
+    return InboxConfig(folder=folder, state_file=settings.work_dir / "inbox-seen.json", poll_s=settings.inbox_poll_s)

@@ -274,7 +274,10 @@ class LivePublisher:
         self.last_error: str | None = None
 
     def step(self) -> dict | None:
-        """Publish once if the queue is due; the result, or None when it was not."""
+        """Publish once if the queue is due; the result, or None when it was not (or another process
+        is publishing: it takes the queue)."""
+        if live_lock(self._cfg.index_dir).held():
+            return None
         with self._sf() as session:
             status = queue_status(session)
         if not status.due(self._live):

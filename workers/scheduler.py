@@ -190,7 +190,7 @@ def trigger_now(ctx, job_id: str, period: str | None = None) -> dict:
     return job_function(job_id)(ctx, period)
 
 
-def run_worker(cfg: SchedulerConfig) -> None:
+def run_worker(cfg: SchedulerConfig, services: list | None = None) -> None:
     """Run the scheduler until SIGTERM or SIGINT.
 
     The first signal stops scheduling and waits for a running job to finish; a second one ends the
@@ -211,13 +211,23 @@ def run_worker(cfg: SchedulerConfig) -> None:
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    services = list(services or [])  # loops beside the scheduler (live publisher, feeds, inbox): run() / stop()
+    threads = [threading.Thread(target=svc.run, name=type(svc).__name__, daemon=True) for svc in services]
     try:
         scheduler.start()
+        for thread in threads:
+            thread.start()
+            log.info("started %s", thread.name)
         for job in scheduler.get_jobs():
             log.info("scheduled %s (%s): next run %s", job.id, job.trigger, _iso(job.next_run_time) or "paused")
         log.info("worker running (database %s); stop with SIGTERM or Ctrl-C", cfg.db_url.split("@")[-1])
         stop.wait()
     finally:
+        for svc in services:
+            svc.stop()
+        for thread in threads:
+            if thread.is_alive():
+                thread.join(timeout=60)  # a publish in progress finishes (or is safe to kill)
         if scheduler.running:
             scheduler.shutdown(wait=True)
         for sig, handler in previous.items():
