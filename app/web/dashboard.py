@@ -25,8 +25,10 @@ from app.db.tables import EvalResult, EvalRun, Job
 from app.services.errors import NotFoundError, ServiceError
 from app.services.reader_registry import list_versions
 from app.web import session as web_session
+from app.web.pages import freshness
 from app.web.templating import templates
 from indexer.dates import InvalidDateError
+from indexer.shards import is_live_key
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 ACTIVE_STATES = ("queued", "running")
@@ -128,10 +130,12 @@ def _overview(request: Request, session, settings) -> dict:
         index = {"snapshot_id": snap.snapshot_id, "vectors": snap.index.ntotal, "encoder": snap.manifest.encoder,
                  "newest_day": snap.newest_day,
                  "months": [{"key": e.key, "count": e.count, "first": e.min_day, "last": e.max_day,
-                             "encoder": e.encoder or snap.manifest.encoder} for e in snap.manifest.shards]}
+                             "encoder": e.encoder or snap.manifest.encoder} for e in snap.manifest.shards
+                            if not is_live_key(e.key)]}
     return {
         **_jobs(session),
         "index": index,
+        "live": freshness(request, session),
         "readers": list_versions(session),
         "serving_reader": request.app.state.answers.reader_state.describe(),
         "encoders": admin.list_encoders(request, settings),

@@ -11,11 +11,12 @@ from sqlalchemy import select
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep, SessionDep
 from app.api.request_ids import arrived_at
+from app.api.routes.articles import live_status
 from app.db.tables import Question
 from app.services.errors import ServiceError
 from app.web.templating import templates
 from evaluation.subsets import needs_choices
-from app.web.views import answer_view, ask_url, months_before, parse_as_of, parse_top_k
+from app.web.views import ago, answer_view, ask_url, months_before, parse_as_of, parse_top_k
 from indexer.dates import InvalidDateError
 
 router = APIRouter(include_in_schema=False)
@@ -54,6 +55,14 @@ def _examples(session, indexed: tuple[str, str] | None, n: int = 3) -> list[dict
         if len(out) == n:
             break
     return out
+
+
+def freshness(request: Request, session) -> dict:
+    """How fresh the serving index is: the newest searchable article's arrival, and what still waits."""
+    live = live_status(request, session)
+    return {"newest_ago": ago(live.newest_article_at), "newest_at": live.newest_article_at,
+            "waiting": live.waiting, "published_ago": ago(live.last_publish_at), "months": live.months,
+            "oldest_waiting_ago": ago(live.oldest_waiting_at)}
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -108,7 +117,7 @@ def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep, g
         status = 422
     indexed = _indexed(service)
     return templates.TemplateResponse(request, "ask.html", {
-        "indexed": indexed, "examples": [] if views else _examples(session, indexed),
+        "indexed": indexed, "freshness": freshness(request, session), "examples": [] if views else _examples(session, indexed),
         "form": form, "errors": errors, "views": views, "links": links, "max_top_k": limits.max_top_k,
         "default_top_k": limits.default_top_k, "today": today.isoformat()}, status_code=status,
         headers=headers)

@@ -136,3 +136,15 @@ def months_before(day: dt.date, months: int) -> dt.date:
         except ValueError:
             continue
     raise AssertionError("unreachable")
+
+
+def ago(stamp: dt.datetime | None, now: dt.datetime | None = None) -> str | None:
+    """'14 minutes ago', '3 hours ago', '2 days ago' ('just now' under a minute); None for None."""
+    if stamp is None:
+        return None
+    seconds = max(0.0, ((now or dt.datetime.now(dt.timezone.utc)) - stamp).total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''} ago"
+    return "just now"

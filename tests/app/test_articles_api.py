@@ -120,3 +120,30 @@ def test_post_articles_optional_and_typed_fields_are_checked(client, field, valu
     r = client.post("/admin/articles", json=[rec(1, **{field: value})], headers=ADMIN)
     assert r.status_code == 422
     assert fragment in r.json()["errors"][0]["reason"] and r.json()["errors"][0]["field"] == field
+
+
+def test_ask_page_and_dashboard_say_how_fresh_the_index_is(client):
+    client.post("/admin/articles?publish=true", json=[rec(11)], headers=ADMIN)
+    client.post("/admin/articles", json=[rec(12)], headers=ADMIN)  # waits: not published
+    page = client.get("/")
+    assert page.status_code == 200
+    assert 'id="freshness"' in page.text and "Newest article" in page.text
+    assert "just now" in page.text and "1 more arriving now" in page.text
+    assert client.post("/dashboard/login", data={"token": "test-admin-token"}).status_code == 200
+    dash = client.get("/dashboard")
+    assert dash.status_code == 200 and 'id="live-status"' in dash.text
+    assert "1 article(s) waiting" in dash.text and "<td>2024-03</td><td>1</td><td>1</td>" in dash.text
+    assert "live-2024-03" not in dash.text  # the months table lists month shards only
+
+
+def test_ago_reads_as_a_person_would():
+    import datetime as dt
+
+    from app.web.views import ago
+
+    now = dt.datetime(2024, 4, 1, 12, tzinfo=dt.timezone.utc)
+    assert ago(now - dt.timedelta(seconds=30), now) == "just now"
+    assert ago(now - dt.timedelta(minutes=14), now) == "14 minutes ago"
+    assert ago(now - dt.timedelta(hours=1, minutes=5), now) == "1 hour ago"
+    assert ago(now - dt.timedelta(days=3), now) == "3 days ago"
+    assert ago(None, now) is None
