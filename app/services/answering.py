@@ -96,10 +96,14 @@ class AnswerService:
         return self.reader_state.reader()
 
     def answer(self, question: str, as_of: dt.date | None = None, top_k: int | None = None, *,
-               snapshot: LoadedSnapshot | None = None, read: bool = True) -> AnswerResult:
+               snapshot: LoadedSnapshot | None = None, read: bool = True,
+               index_as_of: dt.date | None = None) -> AnswerResult:
         """Answer from the serving snapshot (or the one given, as evaluation does).
 
         `read=False` retrieves only (the answer is empty): evaluation's retrieval-only questions.
+        `index_as_of` (on or before `as_of`): retrieve only what was published by then, while the
+        question is still asked as of `as_of`: the index an ingest schedule would have had that day
+        (bench/bench_live.py's monthly schedule).
         """
         t0 = time.perf_counter()
         text, k = self.validate(question, top_k)
@@ -115,11 +119,13 @@ class AnswerService:
             notes.append(f"as_of {as_of} is after the newest indexed article ({newest}); "
                          "answered from what is indexed")
         n_read = self.passages_for(reader)
+        if index_as_of is not None and index_as_of > as_of:
+            raise InvalidInputError(f"index_as_of {index_as_of} is after as_of {as_of}")
         t1 = time.perf_counter()
         stages: dict[str, float] = {}
         with self.session_factory() as session:  # the reader may read deeper than top_k: show what it read
-            passages = self.retriever.retrieve(session, snapshot, text, as_of, max(k, n_read) if read else k,
-                                               timings=stages)
+            passages = self.retriever.retrieve(session, snapshot, text, index_as_of or as_of,
+                                               max(k, n_read) if read else k, timings=stages)
         t2 = time.perf_counter()
         answer_text, confidence = "", None
         if not passages:

@@ -147,3 +147,19 @@ def test_ago_reads_as_a_person_would():
     assert ago(now - dt.timedelta(hours=1, minutes=5), now) == "1 hour ago"
     assert ago(now - dt.timedelta(days=3), now) == "3 days ago"
     assert ago(None, now) is None
+
+
+def test_answer_index_as_of_retrieves_only_what_an_earlier_index_held(client):
+    import datetime as dt
+
+    from app.services.errors import InvalidInputError
+
+    client.post("/admin/articles?publish=true", json=[rec(13)], headers=ADMIN)
+    service = client.app.state.answers
+    day = dt.date(2024, 3, 28)
+    now = service.answer("Who reopened the north beacon?", day, 5)
+    assert any(p.url == rec(13)["url"] for p in now.passages)
+    before = service.answer("Who reopened the north beacon?", day, 5, index_as_of=dt.date(2024, 2, 29))
+    assert before.as_of == day and all(p.published <= dt.date(2024, 2, 29) for p in before.passages)
+    with pytest.raises(InvalidInputError, match="is after as_of"):
+        service.answer("Who reopened the north beacon?", day, 5, index_as_of=dt.date(2024, 3, 29))
