@@ -34,6 +34,7 @@ from workers.auto_train import AutoTrainConfig
 from workers.context import JobContext
 from workers.drift import DriftConfig
 from workers.evaluate import EvalConfig
+from workers.feeds import FeedConfig, FeedPoller
 from workers.ingest import IngestConfig
 from workers.inbox import InboxConfig, InboxWatcher
 from workers.live import LiveConfig, LivePublisher
@@ -222,6 +223,14 @@ def live_config(settings: Settings) -> LiveConfig:
     return LiveConfig(batch_articles=settings.live_batch_articles, max_wait_s=settings.live_max_wait_s,
                       max_batch=settings.live_max_batch, merge_pieces=settings.live_merge_pieces,
                       poll_s=settings.live_poll_s)
+
+
+def feed_config(settings: Settings) -> FeedConfig:
+    """SQA_FEED_*: how often and how politely feeds are polled; entries are checked like pushed articles."""
+    return FeedConfig(interval_s=settings.feed_interval_s, host_delay_s=settings.feed_host_delay_s,
+                      timeout_s=settings.feed_timeout_s, retries=settings.feed_retries,
+                      max_bytes=settings.feed_max_bytes, poll_s=min(10.0, settings.feed_interval_s),
+                      limits=push_limits(settings))
 
 
 def push_limits(settings: Settings) -> PushLimits:
@@ -424,7 +433,8 @@ def worker_services(settings: Settings, db: Database) -> list:
     if not settings.live:
         return []
     encoder = functools.cache(lambda: build_encoder(settings))
-    services: list = [LivePublisher(db.sessions, encoder, ingest_config(settings), live_config(settings))]
+    services: list = [LivePublisher(db.sessions, encoder, ingest_config(settings), live_config(settings)),
+                      FeedPoller(db.sessions, feed_config(settings))]
     kind, _, where = settings.news_source.partition(":")
     if kind == "inbox" and where:
         services.append(InboxWatcher(db.sessions, inbox_config(settings, Path(where).expanduser())))

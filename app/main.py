@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.routes import admin, answers, articles, evaluations, health, schedule
+from app.api.routes import admin, answers, articles, evaluations, feeds, health, schedule
 from app.web import dashboard as web_dashboard, pages as web_pages
 from app.web.templating import error_page, static_files, wants_page
 from app.core.config import Settings, get_settings
@@ -122,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(answers.router)
     app.include_router(admin.router)
     app.include_router(articles.router)
+    app.include_router(feeds.router)
     app.include_router(evaluations.router)
     app.include_router(schedule.router)
     # The pages: ask (/), the dashboard (/dashboard), their stylesheet and script (/static).

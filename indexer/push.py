@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from indexer.dates import InvalidDateError, parse_day
 from indexer.records import ArticleRecord
 
-__all__ = ["PushLimits", "Rejected", "PushBatch", "parse_articles", "check_article"]
+__all__ = ["PushLimits", "Rejected", "PushBatch", "RecordError", "BodyError", "parse_articles", "check_article"]
 
 FIELDS = ("url", "title", "text", "published", "source", "authors", "language")
 
@@ -77,19 +77,21 @@ def _text_field(obj: dict, name: str, limit: int, *, required: bool) -> str:
     value = obj.get(name)
     if value is None or value == "":
         if required:
-            raise _Bad(name, f"{name} is missing")
+            raise RecordError(name, f"{name} is missing")
         return ""
     if not isinstance(value, str):
-        raise _Bad(name, f"{name} must be a string, not {type(value).__name__}")
+        raise RecordError(name, f"{name} must be a string, not {type(value).__name__}")
     value = value.strip()
     if required and not value:
-        raise _Bad(name, f"{name} is empty")
+        raise RecordError(name, f"{name} is empty")
     if len(value) > limit:
-        raise _Bad(name, f"{name} is {len(value):,} characters, more than the {limit:,} allowed")
+        raise RecordError(name, f"{name} is {len(value):,} characters, more than the {limit:,} allowed")
     return value
 
 
-class _Bad(Exception):
+class RecordError(ValueError):
+    """One record is wrong: `field` names what, `reason` says why (what a client is told)."""
+
     def __init__(self, field_name: str, reason: str):
         super().__init__(reason)
         self.field = field_name
@@ -97,34 +99,34 @@ class _Bad(Exception):
 
 
 def check_article(obj: object, limits: PushLimits, today: dt.date) -> ArticleRecord:
-    """One pushed object -> record; raises _Bad naming the field."""
+    """One pushed object -> record; raises RecordError naming the field."""
     if not isinstance(obj, dict):
-        raise _Bad("record", f"a record must be a JSON object, not {type(obj).__name__}")
+        raise RecordError("record", f"a record must be a JSON object, not {type(obj).__name__}")
     unknown = sorted(set(obj) - set(FIELDS))
     if unknown:
-        raise _Bad(unknown[0], f"unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
+        raise RecordError(unknown[0], f"unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
     url = _text_field(obj, "url", limits.max_url_chars, required=True)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() for c in url):
-        raise _Bad("url", f"url {url[:100]!r} is not an http(s) URL")
+        raise RecordError("url", f"url {url[:100]!r} is not an http(s) URL")
     title = _text_field(obj, "title", limits.max_title_chars, required=True)
     text = _text_field(obj, "text", limits.max_text_chars, required=True)
     source = _text_field(obj, "source", limits.max_source_chars, required=True)
     if "published" not in obj or obj["published"] in (None, ""):
-        raise _Bad("published", "published is missing (use YYYY-MM-DD)")
+        raise RecordError("published", "published is missing (use YYYY-MM-DD)")
     try:
         published = parse_published(obj["published"])
     except InvalidDateError as exc:
-        raise _Bad("published", str(exc)) from None
+        raise RecordError("published", str(exc)) from None
     if published > today + dt.timedelta(days=limits.future_days):
-        raise _Bad("published", f"published {published} is in the future (today is {today})")
+        raise RecordError("published", f"published {published} is in the future (today is {today})")
     authors = obj.get("authors") or []
     if not isinstance(authors, list) or not all(isinstance(a, str) and len(a) <= 200 for a in authors) \
             or len(authors) > 50:
-        raise _Bad("authors", "authors must be a list of at most 50 names (strings of up to 200 characters)")
+        raise RecordError("authors", "authors must be a list of at most 50 names (strings of up to 200 characters)")
     language = obj.get("language") or ""
     if not isinstance(language, str) or len(language) > 16:
-        raise _Bad("language", "language must be a short code such as 'en' (at most 16 characters)")
+        raise RecordError("language", "language must be a short code such as 'en' (at most 16 characters)")
     return ArticleRecord(url=url, title=title, text=text, published=published, source=source,
                          authors=tuple(a.strip() for a in authors if a.strip()), language=language.strip())
 
@@ -176,7 +178,7 @@ def parse_articles(body: bytes, *, today: dt.date, limits: PushLimits = PushLimi
     for line, obj in objects:
         try:
             record = check_article(obj, limits, today)
-        except _Bad as bad:
+        except RecordError as bad:
             url = obj.get("url") if isinstance(obj, dict) and isinstance(obj.get("url"), str) else None
             batch.rejected.append(Rejected(line, bad.field, bad.reason, url))
             continue

@@ -237,3 +237,28 @@ class LiveStatusPublic(BaseModel):
         description="When the newest searchable article arrived (stored, or last changed).")
     newest_day: dt.date | None = Field(description="The newest publication day in the serving index.")
     months: list[LivePieceMonthPublic] = Field(description="Live pieces of the serving snapshot, by month.")
+
+
+# ---- feeds (app/api/routes/feeds.py) ---------------------------------------------------------------
+
+class FeedRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"url": "https://news.example/rss.xml", "source": "example"}]})
+
+    url: str = Field(max_length=2048, description="The RSS or Atom feed's http(s) URL.")
+    source: str = Field("", max_length=64, description="The articles' source name (default: the feed's host).")
+
+
+class FeedPublic(BaseModel):
+    url: str
+    title: str = Field(description="The feed's own title, once fetched.")
+    source: str
+    active: bool
+    last_fetch_at: dt.datetime | None
+    last_ok_at: dt.datetime | None
+    last_status: int | None = Field(description="The HTTP status of the last fetch (None: no answer, or never fetched).")
+    last_error: str | None = Field(description="Why the last poll failed, or which entries it skipped.")
+    failures: int = Field(description="Polls failed in a row; each doubles the wait before the next.")
+    last_new: int = Field(description="New or updated articles at the last fetch with content.")
+    articles_total: int = Field(description="Articles this feed brought in.")
+    next_fetch_at: dt.datetime | None = Field(description="When the worker polls it next (None: at once).")

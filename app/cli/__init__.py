@@ -4,7 +4,7 @@ It reads the settings once per command and hands jobs a context built by app.boo
 """
 from __future__ import annotations
 
-from app.cli import data, evaluation, live, service, training  # noqa: F401  (each registers its commands)
+from app.cli import data, evaluation, feeds, live, service, training  # noqa: F401  (each registers its commands)
 from app.cli.common import cli
 
 
