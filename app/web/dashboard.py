@@ -26,9 +26,11 @@ from app.services.errors import NotFoundError, ServiceError
 from app.services.reader_registry import list_versions
 from app.web import session as web_session
 from app.web.pages import freshness
+from app.web.views import ago
 from app.web.templating import templates
 from indexer.dates import InvalidDateError
 from indexer.shards import is_live_key
+from workers.feeds import feed_status
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 ACTIVE_STATES = ("queued", "running")
@@ -136,6 +138,7 @@ def _overview(request: Request, session, settings) -> dict:
         **_jobs(session),
         "index": index,
         "live": freshness(request, session),
+        "feeds": [{**f, "fetched_ago": ago(f["last_fetch_at"])} for f in feed_status(session)],
         "readers": list_versions(session),
         "serving_reader": request.app.state.answers.reader_state.describe(),
         "encoders": admin.list_encoders(request, settings),

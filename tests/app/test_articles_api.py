@@ -163,3 +163,17 @@ def test_answer_index_as_of_retrieves_only_what_an_earlier_index_held(client):
     assert before.as_of == day and all(p.published <= dt.date(2024, 2, 29) for p in before.passages)
     with pytest.raises(InvalidInputError, match="is after as_of"):
         service.answer("Who reopened the north beacon?", day, 5, index_as_of=dt.date(2024, 3, 29))
+
+
+def test_dashboard_lists_feeds_with_their_errors(client):
+    from app.db.tables import Feed
+
+    with client.app.state.db.sessions() as s, s.begin():
+        s.add(Feed(url="https://feeds.example/ok.xml", title="Harbour Wire", last_status=200, last_new=3,
+                   articles_total=12, failures=0))
+        s.add(Feed(url="https://feeds.example/down.xml", last_status=500, failures=2,
+                   last_error="HTTP 500 after 3 retries"))
+    assert client.post("/dashboard/login", data={"token": "test-admin-token"}).status_code == 200
+    dash = client.get("/dashboard").text
+    assert 'id="feeds"' in dash and "Harbour Wire" in dash and "<td>12</td>" in dash
+    assert "HTTP 500 after 3 retries (2 failed in a row)" in dash and 'class="failing"' in dash
