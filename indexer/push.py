@@ -146,6 +146,8 @@ def _objects(body: bytes, batch: PushBatch) -> list[tuple[int, object]]:
             raise BodyError(f"the body is not a JSON array ({exc}); or send NDJSON, one object a line") from None
         if not isinstance(values, list):
             raise BodyError("the body must be a JSON array of articles or NDJSON")
+        if not values:
+            raise BodyError("the body holds no articles (an empty JSON array)")
         return list(enumerate(values, start=1))
     out = []
     for lineno, raw in enumerate(body.split(b"\n"), start=1):

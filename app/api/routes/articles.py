@@ -44,8 +44,7 @@ def _publish(request: Request, jobs) -> dict:
     return result
 
 
-@router.post("/articles", response_model=ArticlesStoredPublic, openapi_extra={"requestBody": ARTICLES_BODY},
-             responses={422: {"description": "no record could be stored (each one's error is listed)"}})
+@router.post("/articles", response_model=ArticlesStoredPublic, openapi_extra={"requestBody": ARTICLES_BODY})
 async def post_articles(request: Request, session: SessionDep, settings: SettingsDep, jobs: JobsDep,
                         publish: bool = Query(False, description="publish the live queue before answering")):
     """Store a batch of articles (JSON array or NDJSON, one object a line): url, title, text, published
@@ -76,10 +75,12 @@ async def post_articles(request: Request, session: SessionDep, settings: Setting
         results=[ArticleResultPublic(line=line, url=rec.url, outcome=outcome, article_id=aid)
                  for (line, rec), outcome, aid in zip(batch.records, counts.outcomes, counts.article_ids)],
         waiting=waiting, published=published)
-    if not batch.records:
+    if not batch.records:  # the error body every route answers with: one item a rejected record
         return JSONResponse({"detail": f"no article was stored: {len(batch.rejected)} rejected "
                                        f"(first: line {batch.rejected[0].line}, {batch.rejected[0].reason})",
-                             "request_id": current_request_id(), **out.model_dump(mode="json")}, status_code=422)
+                             "request_id": current_request_id(),
+                             "errors": [{"loc": ["body", r.line, r.field], "msg": r.reason, "type": "article_rejected"}
+                                        for r in batch.rejected]}, status_code=422)
     return out
 
 
