@@ -179,3 +179,15 @@ def test_dashboard_lists_feeds_with_their_errors(client):
     dash = client.get("/dashboard").text
     assert 'id="feeds"' in dash and "Harbour Wire" in dash and "<td>12</td>" in dash
     assert "HTTP 500 after 3 retries (2 failed in a row)" in dash and 'class="failing"' in dash
+
+
+def test_post_articles_ten_megabyte_text_is_rejected_and_the_rest_stored(client):
+    big = rec(20, text="word " * (2 * 1024 * 1024))  # 10 MiB of text, inside the 16 MiB body limit
+    r = client.post("/admin/articles", content=ndjson(big, rec(21)),
+                    headers={**ADMIN, "Content-Type": "application/x-ndjson"})
+    assert r.status_code == 200, r.text[:300]
+    out = r.json()
+    assert out["new"] == 1 and [(e["line"], e["field"]) for e in out["errors"]] == [(1, "text")]
+    assert "more than the 200,000 allowed" in out["errors"][0]["reason"]
+    with client.app.state.db.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(Article).where(Article.url == big["url"])) == 0
