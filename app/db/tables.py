@@ -26,7 +26,7 @@ class Article(Base):
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     authors: Mapped[list] = mapped_column(JSON, default=list)
-    language: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    language: Mapped[str] = mapped_column(String(16), default="")
 
 
 class LiveQueueItem(Base):

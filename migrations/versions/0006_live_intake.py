@@ -21,6 +21,10 @@ def upgrade() -> None:
         batch.add_column(sa.Column('updated_at', app.db.base.UTCDateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column('authors', sa.JSON(), server_default='[]', nullable=False))
         batch.add_column(sa.Column('language', sa.String(length=16), server_default='', nullable=False))
+    # The defaults only fill the rows already there; new rows get theirs from the ORM.
+    with op.batch_alter_table('articles') as batch:
+        batch.alter_column('authors', server_default=None)
+        batch.alter_column('language', server_default=None)
     op.create_table('live_queue',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('article_id', sa.Integer(), nullable=False),
