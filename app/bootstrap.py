@@ -6,6 +6,7 @@ scheduler's job functions below (`scheduled_monthly_ingest`, `scheduled_quarterl
 which the job store names by textual reference). Nothing below it reads the settings: jobs get a
 `JobContext`, services and libraries get plain values.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,33 +14,37 @@ import functools
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from app.core.config import ReaderSpec, Settings, get_settings
-from app.db.engine import Database, make_engine, make_session_factory
-from app.db.engine import open_database as _open_url
-from app.services.answering import AnswerLimits, AnswerService
-from app.services.index_state import IndexState
-from app.services.reader_registry import check_servable, get_version
-from app.services.reader_state import ReaderState, RegistrySource
-from app.services.reranking import RerankerState, RerankingRetriever, active_reranker
-from app.services.retrieval import Retriever, make_retriever
 from indexer.ivf import ShardPolicy
 from indexer.push import PushLimits
 from models.encoders import TextEncoder, describe_encoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
-from evaluation.drift import parse_features
-from workers.auto_train import AutoTrainConfig
-from workers.context import JobContext
-from workers.drift import DriftConfig
-from workers.evaluate import EvalConfig
-from workers.feeds import FeedConfig, FeedPoller
-from workers.ingest import IngestConfig
-from workers.inbox import InboxConfig, InboxWatcher
-from workers.live import LiveConfig, LivePublisher
+from serving.answering import AnswerLimits, AnswerService
+from serving.index_state import IndexState
+from serving.reader_registry import check_servable, get_version
+from serving.reader_state import ReaderState, RegistrySource
+from serving.reranking import RerankerState, RerankingRetriever, active_reranker
+from serving.retrieval import Retriever, make_retriever
+from settings import ReaderSpec, Settings, get_settings, parse_drift_features
+from store.engine import Database, make_engine, make_session_factory
+from store.engine import open_database as _open_url
+from workers.config import (
+    AutoTrainConfig,
+    DriftConfig,
+    EvalConfig,
+    FeedConfig,
+    InboxConfig,
+    IngestConfig,
+    LiveConfig,
+    TransportConfig,
+)
+from workers.feed_poller import FeedPoller
+from workers.inbox import InboxWatcher
+from workers.job_context import JobContext
+from workers.live_publisher import LivePublisher
 from workers.runner import JobRunner
-from workers.transport import TransportConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +69,19 @@ def build_encoder(settings: Settings) -> TextEncoder:
     if settings.encoder == AUTO_ENCODER:
         name = index_encoder_name(settings)
         if name is not None:
-            return resolve_encoder(name, encoders_dir=settings.encoders_dir, device=resolve_device(settings),
-                                   backend=settings.encoder_backend)
+            return resolve_encoder(
+                name,
+                encoders_dir=settings.encoders_dir,
+                device=resolve_device(settings),
+                backend=settings.encoder_backend,
+            )
         return load_encoder("minilm", device=resolve_device(settings), backend=settings.encoder_backend)
-    return load_encoder(settings.encoder, device=resolve_device(settings), encoders_dir=settings.encoders_dir,
-                        backend=settings.encoder_backend)
+    return load_encoder(
+        settings.encoder,
+        device=resolve_device(settings),
+        encoders_dir=settings.encoders_dir,
+        backend=settings.encoder_backend,
+    )
 
 
 AUTO_ENCODER = "auto"
@@ -91,7 +104,7 @@ def index_encoder_name(settings: Settings) -> str | None:
     """The encoder the newest serving snapshot was built with, None while there is none."""
     from sqlalchemy import inspect
 
-    from app.services.index_state import latest_snapshot_row
+    from serving.index_state import latest_snapshot_row
 
     engine = make_engine(settings.db_url)
     try:
@@ -113,17 +126,21 @@ class EncoderResolver:
 
     def __call__(self, name: str) -> TextEncoder:
         if name not in self._cache:
-            self._cache[name] = resolve_encoder(name, encoders_dir=self._settings.encoders_dir,
-                                                device=resolve_device(self._settings),
-                                                backend=self._settings.encoder_backend)
+            self._cache[name] = resolve_encoder(
+                name,
+                encoders_dir=self._settings.encoders_dir,
+                device=resolve_device(self._settings),
+                backend=self._settings.encoder_backend,
+            )
         return self._cache[name]
 
 
-def index_state(settings: Settings, db: "Database", encoder: TextEncoder, *, lexical: bool = False) -> IndexState:
+def index_state(settings: Settings, db: Database, encoder: TextEncoder, *, lexical: bool = False) -> IndexState:
     """The IndexState for `encoder`: pinned to it, or (SQA_ENCODER=auto) each snapshot with its own encoder."""
     resolver = EncoderResolver(settings, encoder) if settings.encoder == AUTO_ENCODER else None
-    return IndexState(db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim, lexical=lexical,
-                      resolver=resolver)
+    return IndexState(
+        db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim, lexical=lexical, resolver=resolver
+    )
 
 
 FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained version is active
@@ -131,10 +148,17 @@ FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained versio
 
 def load_builtin_reader(settings: Settings, name: str) -> Reader:
     """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
-    return load_reader(name, device=resolve_device(settings), max_passages=settings.reader_passages or 3,
-                       cache_dir=settings.models_dir / "base", context_words=settings.reader_context_words,
-                       answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary,
-                       precision=settings.reader_precision, echo_beams=settings.reader_echo_beams)
+    return load_reader(
+        name,
+        device=resolve_device(settings),
+        max_passages=settings.reader_passages or 3,
+        cache_dir=settings.models_dir / "base",
+        context_words=settings.reader_context_words,
+        answer_beams=settings.reader_answer_beams,
+        vocabulary=settings.reader_vocabulary,
+        precision=settings.reader_precision,
+        echo_beams=settings.reader_echo_beams,
+    )
 
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
@@ -145,9 +169,15 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
         kind = read_reader_info(folder).get("kind")
         if kind != expect:
             raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
-    return load_trained_reader(folder, device=resolve_device(settings), max_passages=settings.reader_passages or None,
-                               answer_beams=settings.reader_answer_beams, vocabulary=settings.reader_vocabulary,
-                               precision=settings.reader_precision, echo_beams=settings.reader_echo_beams)
+    return load_trained_reader(
+        folder,
+        device=resolve_device(settings),
+        max_passages=settings.reader_passages or None,
+        answer_beams=settings.reader_answer_beams,
+        vocabulary=settings.reader_vocabulary,
+        precision=settings.reader_precision,
+        echo_beams=settings.reader_echo_beams,
+    )
 
 
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
@@ -168,10 +198,14 @@ def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
             row = get_version(session, spec.value)  # NotFoundError
             folder = check_servable(row, settings.models_dir)  # ConflictError: not ready, folder missing
         return ReaderState(load_trained_folder(settings, folder), version=spec.value)
-    state = ReaderState(source=RegistrySource(
-        db.sessions, settings.models_dir,
-        load_version=lambda folder: load_trained_folder(settings, folder),
-        load_fallback=lambda: load_builtin_reader(settings, FALLBACK_READER)))
+    state = ReaderState(
+        source=RegistrySource(
+            db.sessions,
+            settings.models_dir,
+            load_version=lambda folder: load_trained_folder(settings, folder),
+            load_fallback=lambda: load_builtin_reader(settings, FALLBACK_READER),
+        )
+    )
     state.refresh()  # the active version, else the fallback; raises only if nothing can serve
     return state
 
@@ -192,45 +226,67 @@ def build_reader(settings: Settings, db: Database | None = None) -> Reader:
 
 def drift_config(settings: Settings) -> DriftConfig:
     """SQA_DRIFT_FEATURES and SQA_DRIFT_ON_INGEST; profiles under SQA_HOME/drift/profiles."""
-    return DriftConfig(profiles_dir=settings.drift_dir / "profiles",
-                       features=parse_features(settings.drift_features), on_ingest=settings.drift_on_ingest,
-                       batch_size=settings.encode_batch_size or 64)  # texts per spaCy batch
+    return DriftConfig(
+        profiles_dir=settings.drift_dir / "profiles",
+        features=parse_drift_features(settings.drift_features),
+        on_ingest=settings.drift_on_ingest,
+        batch_size=settings.encode_batch_size or 64,
+    )  # texts per spaCy batch
 
 
 def transport_config(settings: Settings) -> TransportConfig:
     """Where drift profiles are and the drift measure the F1 regression uses (SQA_DRIFT_MEASURE)."""
-    return TransportConfig(index_dir=settings.index_dir, profiles_dir=settings.drift_dir / "profiles",
-                           features=parse_features(settings.drift_features), measure=settings.drift_measure)
+    return TransportConfig(
+        index_dir=settings.index_dir,
+        profiles_dir=settings.drift_dir / "profiles",
+        features=parse_drift_features(settings.drift_features),
+        measure=settings.drift_measure,
+    )
 
 
 def eval_config(settings: Settings, max_questions: int | None = None) -> EvalConfig:
     """The evaluation settings: reader passages, questions per quarter (SQA_EVAL_MAX_QUESTIONS unless
     given) and the drift section of the reports."""
-    return EvalConfig(reader_passages=settings.reader_passages,
-                      max_questions=settings.eval_max_questions if max_questions is None else max_questions,
-                      transport=transport_config(settings))
+    return EvalConfig(
+        reader_passages=settings.reader_passages,
+        max_questions=settings.eval_max_questions if max_questions is None else max_questions,
+        transport=transport_config(settings),
+    )
 
 
 def ingest_config(settings: Settings) -> IngestConfig:
-    return IngestConfig(index_dir=settings.index_dir, work_dir=settings.work_dir,
-                        batch_size=settings.encode_batch_size,
-                        checkpoint_every=settings.checkpoint_every, drift=drift_config(settings),
-                        shard_policy=shard_policy(settings))
+    return IngestConfig(
+        index_dir=settings.index_dir,
+        work_dir=settings.work_dir,
+        batch_size=settings.encode_batch_size,
+        checkpoint_every=settings.checkpoint_every,
+        drift=drift_config(settings),
+        shard_policy=shard_policy(settings),
+    )
 
 
 def live_config(settings: Settings) -> LiveConfig:
     """SQA_LIVE_*: when the live publisher publishes."""
-    return LiveConfig(batch_articles=settings.live_batch_articles, max_wait_s=settings.live_max_wait_s,
-                      max_batch=settings.live_max_batch, merge_pieces=settings.live_merge_pieces,
-                      poll_s=settings.live_poll_s)
+    return LiveConfig(
+        batch_articles=settings.live_batch_articles,
+        max_wait_s=settings.live_max_wait_s,
+        max_batch=settings.live_max_batch,
+        merge_pieces=settings.live_merge_pieces,
+        poll_s=settings.live_poll_s,
+    )
 
 
 def feed_config(settings: Settings) -> FeedConfig:
     """SQA_FEED_*: how often and how politely feeds are polled; entries are checked like pushed articles."""
-    return FeedConfig(interval_s=settings.feed_interval_s, host_delay_s=settings.feed_host_delay_s,
-                      timeout_s=settings.feed_timeout_s, retries=settings.feed_retries,
-                      max_bytes=settings.feed_max_bytes, poll_s=min(10.0, settings.feed_interval_s),
-                      limits=push_limits(settings))
+    return FeedConfig(
+        interval_s=settings.feed_interval_s,
+        host_delay_s=settings.feed_host_delay_s,
+        timeout_s=settings.feed_timeout_s,
+        retries=settings.feed_retries,
+        max_bytes=settings.feed_max_bytes,
+        poll_s=min(10.0, settings.feed_interval_s),
+        limits=push_limits(settings),
+    )
 
 
 def push_limits(settings: Settings) -> PushLimits:
@@ -240,8 +296,9 @@ def push_limits(settings: Settings) -> PushLimits:
 
 def shard_policy(settings: Settings) -> ShardPolicy:
     """SQA_IVF_MIN_VECTORS, SQA_IVF_COMPRESSED_MIN_VECTORS and SQA_IVF_CODEC."""
-    return ShardPolicy(ivf_min=settings.ivf_min_vectors, compressed_min=settings.ivf_compressed_min_vectors,
-                       codec=settings.ivf_codec)
+    return ShardPolicy(
+        ivf_min=settings.ivf_min_vectors, compressed_min=settings.ivf_compressed_min_vectors, codec=settings.ivf_codec
+    )
 
 
 @functools.cache
@@ -262,8 +319,13 @@ def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = 
     """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT,
     SQA_RECENCY_WEIGHT, then the active re-ranker version (SQA_RERANKER; `rerank=False`: the first
     stage alone, what a re-ranker is trained on)."""
-    first = make_retriever(settings.retriever, encoder, fusion=settings.fusion, dense_weight=settings.fusion_dense_weight,
-                           recency=settings.recency_weight)
+    first = make_retriever(
+        settings.retriever,
+        encoder,
+        fusion=settings.fusion,
+        dense_weight=settings.fusion_dense_weight,
+        recency=settings.recency_weight,
+    )
     if not rerank or settings.reranker == "none":
         return first
     return RerankingRetriever(first, reranker_state(settings), depth=settings.rerank_depth)
@@ -271,6 +333,7 @@ def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = 
 
 def reranker_state(settings: Settings) -> RerankerState:
     """Follows SQA_HOME/rerankers/ACTIVE; versions load on the SQA_DEVICE."""
+
     def load(folder: Path):
         from models.reranker import load_reranker
 
@@ -279,20 +342,32 @@ def reranker_state(settings: Settings) -> RerankerState:
     return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5))
 
 
-def build_answer_service(settings: Settings, db: Database, encoder: TextEncoder,
-                         reader: Reader | ReaderState | None = None) -> AnswerService:
+def build_answer_service(
+    settings: Settings, db: Database, encoder: TextEncoder, reader: Reader | ReaderState | None = None
+) -> AnswerService:
     """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names."""
     if reader is None:
         reader = build_reader_state(settings, db)
     state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")  # SQA_RETRIEVER
-    limits = AnswerLimits(default_top_k=settings.top_k, max_top_k=settings.max_top_k,
-                          reader_passages=settings.reader_passages, max_question_chars=settings.max_question_chars)
+    limits = AnswerLimits(
+        default_top_k=settings.top_k,
+        max_top_k=settings.max_top_k,
+        reader_passages=settings.reader_passages,
+        max_question_chars=settings.max_question_chars,
+    )
     retriever = build_retriever(settings, encoder)
-    return AnswerService(encoder=encoder, reader=reader, index_state=state, session_factory=db.sessions,
-                         limits=limits, retriever=retriever)
+    return AnswerService(
+        encoder=encoder,
+        reader=reader,
+        index_state=state,
+        session_factory=db.sessions,
+        limits=limits,
+        retriever=retriever,
+    )
 
 
 # ---- the jobs' context -----------------------------------------------------------------------------
+
 
 def show_bars() -> bool:
     """Draw progress bars on a terminal, or anywhere with SQA_PROGRESS=1."""
@@ -312,8 +387,14 @@ def retriever_key(settings: Settings, *, rerank: bool = True) -> str:
     return f"{key}+{active}" if active else key
 
 
-def build_context(settings: Settings, db: Database, *, bar: bool = False,
-                  encoder: TextEncoder | None = None, answer_service: AnswerService | None = None) -> JobContext:
+def build_context(
+    settings: Settings,
+    db: Database,
+    *,
+    bar: bool = False,
+    encoder: TextEncoder | None = None,
+    answer_service: AnswerService | None = None,
+) -> JobContext:
     """The context jobs run in. `encoder` and `answer_service`: what a server already loaded (else
     they load on first use, once)."""
 
@@ -327,25 +408,42 @@ def build_context(settings: Settings, db: Database, *, bar: bool = False,
         return build_answer_service(settings, db, load_encoder(), reader or build_reader(settings, db))
 
     return JobContext(
-        db=db, runner=JobRunner(db.sessions, settings.work_dir / "jobs", bar=bar),
-        home=settings.home, index_dir=settings.index_dir, work_dir=settings.work_dir,
-        models_dir=settings.models_dir, encoders_dir=settings.encoders_dir, rerankers_dir=settings.rerankers_dir, reports_dir=settings.reports_dir,
-        device=settings.device, reader=settings.reader, retriever=retriever_key(settings, rerank=False),
+        db=db,
+        runner=JobRunner(db.sessions, settings.work_dir / "jobs", bar=bar),
+        home=settings.home,
+        index_dir=settings.index_dir,
+        work_dir=settings.work_dir,
+        models_dir=settings.models_dir,
+        encoders_dir=settings.encoders_dir,
+        rerankers_dir=settings.rerankers_dir,
+        reports_dir=settings.reports_dir,
+        device=settings.device,
+        reader=settings.reader,
+        retriever=retriever_key(settings, rerank=False),
         served_retriever=lambda: retriever_key(settings),
         news_source=settings.news_source,
-        finetune_policy=settings.finetune_policy, drift_measure=settings.drift_measure,
-        drift_drop_threshold=settings.drift_drop_threshold, ingest=ingest_config(settings),
-        evaluation=eval_config(settings), transport=transport_config(settings), drift=drift_config(settings),
-        auto_train=AutoTrainConfig(enabled=settings.auto_train, max_minutes=settings.auto_train_minutes,
-                                   seeds=settings.auto_train_seeds,
-                                   rerank=settings.auto_train_reranker and settings.reranker != "none",
-                                   reranker_kind=settings.auto_train_reranker_kind,
-                                   reranker_depth=settings.rerank_depth),
-        load_encoder=load_encoder, load_answer_service=load_answer_service,
+        finetune_policy=settings.finetune_policy,
+        drift_measure=settings.drift_measure,
+        drift_drop_threshold=settings.drift_drop_threshold,
+        ingest=ingest_config(settings),
+        evaluation=eval_config(settings),
+        transport=transport_config(settings),
+        drift=drift_config(settings),
+        auto_train=AutoTrainConfig(
+            enabled=settings.auto_train,
+            max_minutes=settings.auto_train_minutes,
+            seeds=settings.auto_train_seeds,
+            rerank=settings.auto_train_reranker and settings.reranker != "none",
+            reranker_kind=settings.auto_train_reranker_kind,
+            reranker_depth=settings.rerank_depth,
+        ),
+        load_encoder=load_encoder,
+        load_answer_service=load_answer_service,
         open_index_state=lambda enc, lexical: index_state(settings, db, enc, lexical=lexical),
         make_retriever=lambda enc, rerank=True: build_retriever(settings, enc, rerank=rerank),
         load_reader_folder=lambda folder: load_trained_folder(settings, Path(folder)),
-        train_precision=settings.train_precision)
+        train_precision=settings.train_precision,
+    )
 
 
 @contextlib.contextmanager
@@ -359,6 +457,7 @@ def open_context(settings: Settings, *, migrate: bool = True, bar: bool = False)
 
 
 # ---- the scheduler's job functions (the job store names them: "app.bootstrap:scheduled_...") -----------
+
 
 def scheduled_monthly_ingest(month: str | None = None) -> dict:
     """The monthly ingest as the scheduler runs it: the context from the settings, then the job."""
@@ -380,27 +479,38 @@ def scheduled_quarterly_evaluation(quarter: str | None = None) -> dict:
 
 # ---- the scheduler process (`sqa worker`) --------------------------------------------------------------
 
+
 def scheduler_config(settings: Settings):
     """SQA_INGEST_CRON, SQA_EVAL_CRON and SQA_MISFIRE_GRACE_S, with the job store's database (its
     folder made, for SQLite)."""
-    from workers.scheduler import SchedulerConfig
+    from workers.config import SchedulerConfig
 
     settings.ensure_dirs()
-    return SchedulerConfig(db_url=settings.db_url, ingest_cron=settings.ingest_cron, eval_cron=settings.eval_cron,
-                           misfire_grace_s=settings.misfire_grace_s)
+    return SchedulerConfig(
+        db_url=settings.db_url,
+        ingest_cron=settings.ingest_cron,
+        eval_cron=settings.eval_cron,
+        misfire_grace_s=settings.misfire_grace_s,
+    )
 
 
 def job_locks(settings: Settings, runner: JobRunner) -> dict:
     """The lock each kind of job holds while it runs (for `JobRunner.recover` at start-up)."""
-    from app.services.reader_registry import READER_TRAINING_LOCK
+    from serving.reader_registry import READER_TRAINING_LOCK
     from workers.ingest import ingest_lock
     from workers.scheduled import MONTHLY_INGEST, QUARTERLY_EVALUATION
     from workers.train_retriever import RETRIEVER_TRAINING_LOCK
 
     ingest = ingest_lock(settings.index_dir)
-    return {"ingest": ingest, "reencode": ingest, "train": runner.lock(READER_TRAINING_LOCK),
-            "finetune": runner.lock(READER_TRAINING_LOCK), "train-retriever": runner.lock(RETRIEVER_TRAINING_LOCK),
-            MONTHLY_INGEST: runner.lock(MONTHLY_INGEST), QUARTERLY_EVALUATION: runner.lock(QUARTERLY_EVALUATION)}
+    return {
+        "ingest": ingest,
+        "reencode": ingest,
+        "train": runner.lock(READER_TRAINING_LOCK),
+        "finetune": runner.lock(READER_TRAINING_LOCK),
+        "train-retriever": runner.lock(RETRIEVER_TRAINING_LOCK),
+        MONTHLY_INGEST: runner.lock(MONTHLY_INGEST),
+        QUARTERLY_EVALUATION: runner.lock(QUARTERLY_EVALUATION),
+    }
 
 
 def run_worker(settings: Settings) -> None:
@@ -410,9 +520,12 @@ def run_worker(settings: Settings) -> None:
 
     db = open_database(settings)  # migrations first: the jobs table exists before any run
     if db.engine.dialect.name == "sqlite":
-        log.warning("SQLite: the workers of this SQA_HOME take turns through file locks under %s, on this "
-                    "machine only; workers on several machines need PostgreSQL (SQA_DATABASE_URL), whose advisory "
-                    "locks let each scheduled run execute once among them", settings.work_dir / "jobs")
+        log.warning(
+            "SQLite: the workers of this SQA_HOME take turns through file locks under %s, on this "
+            "machine only; workers on several machines need PostgreSQL (SQA_DATABASE_URL), whose advisory "
+            "locks let each scheduled run execute once among them",
+            settings.work_dir / "jobs",
+        )
     try:
         runner = JobRunner(db.sessions, settings.work_dir / "jobs")
         n = runner.recover(job_locks(settings, runner))
@@ -433,8 +546,10 @@ def worker_services(settings: Settings, db: Database) -> list:
     if not settings.live:
         return []
     encoder = functools.cache(lambda: build_encoder(settings))
-    services: list = [LivePublisher(db.sessions, encoder, ingest_config(settings), live_config(settings)),
-                      FeedPoller(db.sessions, feed_config(settings))]
+    services: list = [
+        LivePublisher(db.sessions, encoder, ingest_config(settings), live_config(settings)),
+        FeedPoller(db.sessions, feed_config(settings)),
+    ]
     kind, _, where = settings.news_source.partition(":")
     if kind == "inbox" and where:
         services.append(InboxWatcher(db.sessions, inbox_config(settings, Path(where).expanduser())))

@@ -1,37 +1,47 @@
 """The FastAPI app factory. Heavy things (database, encoder, reader, index) load in the lifespan."""
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
-from fastapi_offline import FastAPIOffline
-
-from app.api import protection
-from app.api.request_ids import RequestIds, current_request_id
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api import protection
+from app.api.request_ids import RequestIds, current_request_id
 from app.api.routes import admin, answers, articles, evaluations, feeds, health, schedule
-from app.web import dashboard as web_dashboard, pages as web_pages
+from app.bootstrap import (
+    build_answer_service,
+    build_context,
+    build_encoder,
+    build_reader_state,
+    job_locks,
+    open_database,
+    scheduler_config,
+)
+from app.web import dashboard as web_dashboard
+from app.web import pages as web_pages
 from app.web.templating import error_page, static_files, wants_page
-from app.core.config import Settings, get_settings
-from app.bootstrap import (build_answer_service, build_context, build_encoder, build_reader_state, job_locks,
-                           open_database, scheduler_config)
-from app.services.admission import AdmissionGate
-from app.services.errors import ServiceError
 from indexer.dates import InvalidDateError
-from indexer.errors import IndexIntegrityError
+from indexer.index_errors import IndexIntegrityError
+from serving.admission import AdmissionGate
+from serving.errors import ServiceError
+from settings import Settings, get_settings
 
 log = logging.getLogger("app")
 FASTAPI_BODY_ERROR = "There was an error parsing the body"  # fastapi.routing's 400 for an unreadable body
-PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-            "frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
 
 
 async def _poll_snapshots(app: FastAPI, every_s: float) -> None:
@@ -94,11 +104,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if n:
             log.warning("marked %d job(s) left running by a stopped process as interrupted", n)
         app.state.db, app.state.answers, app.state.jobs = db, service, jobs
-        app.state.answer_gate = AdmissionGate(max_active=settings.answer_concurrency,
-                                              max_waiting=settings.answer_queue, max_wait_s=settings.answer_wait_s)
-        poller = asyncio.create_task(_poll_snapshots(app, settings.snapshot_poll_s)) if settings.snapshot_poll_s else None
-        reader_poller = (asyncio.create_task(_poll_reader(app, settings.snapshot_poll_s))
-                         if settings.snapshot_poll_s and reader_state.follows_registry else None)
+        app.state.answer_gate = AdmissionGate(
+            max_active=settings.answer_concurrency, max_waiting=settings.answer_queue, max_wait_s=settings.answer_wait_s
+        )
+        poller = (
+            asyncio.create_task(_poll_snapshots(app, settings.snapshot_poll_s)) if settings.snapshot_poll_s else None
+        )
+        reader_poller = (
+            asyncio.create_task(_poll_reader(app, settings.snapshot_poll_s))
+            if settings.snapshot_poll_s and reader_state.follows_registry
+            else None
+        )
         try:
             yield
         finally:
@@ -109,13 +125,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # after it): let it end before its database goes.
             running = await run_in_threadpool(jobs.runner.wait_all, settings.shutdown_wait_s)
             if running:
-                log.warning("shutting down while %d background job(s) still run: %s; they are marked "
-                            "interrupted at the next start", len(running), ", ".join(running))
+                log.warning(
+                    "shutting down while %d background job(s) still run: %s; they are marked "
+                    "interrupted at the next start",
+                    len(running),
+                    ", ".join(running),
+                )
             db.close()
 
     # /docs and /redoc with their scripts served by this process (fastapi-offline), not from a CDN
-    app = FastAPIOffline(title="Streaming QA", version="0.1.0", lifespan=lifespan,
-                         description="Answers dated questions from the news published on or before their date.")
+    app = FastAPIOffline(
+        title="Streaming QA",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Answers dated questions from the news published on or before their date.",
+    )
     app.state.settings = settings
     app.state.scheduler = scheduler_config(settings)
     app.include_router(health.router)
@@ -153,13 +177,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 400 and detail == FASTAPI_BODY_ERROR:  # say what a caller should fix
             detail = "the request body could not be read: send UTF-8 JSON with Content-Type: application/json"
-        return JSONResponse({"detail": detail, "request_id": current_request_id()}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            {"detail": detail, "request_id": current_request_id()},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
-    protection.install(app, max_body_bytes=settings.max_body_bytes, rate_limit=settings.rate_limit,
-                       storage_uri=settings.limits_storage,
-                       admin_failure_limit=settings.admin_failure_limit,
-                       body_paths={"/admin/articles": (settings.max_articles_body_bytes, "SQA_MAX_ARTICLES_BODY_BYTES")})
+    protection.install(
+        app,
+        max_body_bytes=settings.max_body_bytes,
+        rate_limit=settings.rate_limit,
+        storage_uri=settings.limits_storage,
+        admin_failure_limit=settings.admin_failure_limit,
+        body_paths={"/admin/articles": (settings.max_articles_body_bytes, "SQA_MAX_ARTICLES_BODY_BYTES")},
+    )
     app.add_middleware(RequestIds)  # outermost: every response, a 413 or 429 too, carries X-Request-ID
 
     @app.exception_handler(ServiceError)
@@ -167,8 +198,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         headers = getattr(exc, "headers", None)  # OverloadedError: Retry-After
         if wants_page(request):
             return error_page(request, exc.status_code, str(exc), headers)
-        return JSONResponse({"detail": str(exc), "request_id": current_request_id()}, status_code=exc.status_code,
-                            headers=headers)
+        return JSONResponse(
+            {"detail": str(exc), "request_id": current_request_id()}, status_code=exc.status_code, headers=headers
+        )
 
     @app.exception_handler(InvalidDateError)
     async def _date_error(_: Request, exc: InvalidDateError) -> JSONResponse:
@@ -180,15 +212,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             if err.get("type") == "json_invalid":  # loc holds the character offset
-                parts.append(f"the body is not valid JSON (at character {where or 0}): {err.get('ctx', {}).get('error', '')}"
-                             .rstrip(": "))
+                reason = err.get("ctx", {}).get("error", "")
+                parts.append(f"the body is not valid JSON (at character {where or 0}): {reason}".rstrip(": "))
             elif err.get("type") == "extra_forbidden":
                 allowed = body_fields(request)
                 parts.append(f"unknown field {where!r}" + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
             else:
                 parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
-        return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": errors,
-                             "request_id": current_request_id()}, status_code=422)
+        return JSONResponse(
+            {"detail": "; ".join(parts) or "invalid request", "errors": errors, "request_id": current_request_id()},
+            status_code=422,
+        )
 
     return app

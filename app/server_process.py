@@ -2,6 +2,7 @@
 
 Used by the demo, the answer-latency benchmark and the real-server integration tests.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -10,9 +11,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import httpx
 
@@ -56,8 +57,14 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 @contextlib.contextmanager
-def served(env: Mapping[str, str], log_path: Path, *, ready_timeout_s: float = 300.0,
-           log_level: str = "warning", port: int | None = None) -> Iterator[RunningServer]:
+def served(
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    ready_timeout_s: float = 300.0,
+    log_level: str = "warning",
+    port: int | None = None,
+) -> Iterator[RunningServer]:
     """Start the server with `env` (on `port`, else a free one), yield once /readyz answers 200,
     always stop it afterwards.
 
@@ -67,9 +74,24 @@ def served(env: Mapping[str, str], log_path: Path, *, ready_timeout_s: float = 3
     base = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                                 "--log-level", log_level], cwd=ROOT, env=dict(env), stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                log_level,
+            ],
+            cwd=ROOT,
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + ready_timeout_s
         last = "no answer yet"

@@ -23,6 +23,7 @@ p50/p95, the number of errors and three example answers next to the gold answer.
 RealTimeQA data it falls back to the shipped sample (indexer/sample/realtimeqa, invented news),
 and says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,12 +44,13 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
 
 
-def build_home(home: Path, data: Path, since: dt.date | None, until: dt.date | None, encoder: str,
-               max_articles: int = 0) -> None:
+def build_home(
+    home: Path, data: Path, since: dt.date | None, until: dt.date | None, encoder: str, max_articles: int = 0
+) -> None:
     """Import the window's questions and articles into a fresh SQA_HOME and ingest its months."""
-    from app.core.config import Settings
     from app.bootstrap import build_encoder, ingest_config, open_database
     from indexer.importers import read_realtimeqa
+    from settings import Settings
     from workers.imports import store_records
     from workers.ingest import ingest
 
@@ -60,30 +62,40 @@ def build_home(home: Path, data: Path, since: dt.date | None, until: dt.date | N
         if max_articles:
             articles = articles[:max_articles]
         store_records(db.sessions, articles, questions)
-        print(f"imported {len(articles)} articles, {len(questions)} questions in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(
+            f"imported {len(articles)} articles, {len(questions)} questions in {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
         if not articles:
             raise SystemExit("no articles in the window: nothing to index")
         first = since or min(a.published for a in articles)
         last = until or max(a.published for a in articles)
         t0 = time.perf_counter()
-        job = ingest(db.sessions, build_encoder(settings), ingest_config(settings),
-                     {"through": last.strftime("%Y-%m"), "from": first.strftime("%Y-%m")})
+        job = ingest(
+            db.sessions,
+            build_encoder(settings),
+            ingest_config(settings),
+            {"through": last.strftime("%Y-%m"), "from": first.strftime("%Y-%m")},
+        )
         passages = sum(c["passages"] for k, c in job.counts.items() if isinstance(c, dict))
-        print(f"ingested {', '.join(job.counts.get('planned', []))}: {passages} passages "
-              f"in {time.perf_counter() - t0:.1f} s ({job.state})", flush=True)
+        print(
+            f"ingested {', '.join(job.counts.get('planned', []))}: {passages} passages "
+            f"in {time.perf_counter() - t0:.1f} s ({job.state})",
+            flush=True,
+        )
     finally:
         db.close()
 
 
-def pick_questions(home: Path, database_url: str | None, since: dt.date | None, until: dt.date | None, n: int,
-                   seed: int) -> tuple[list[tuple[str, dt.date, str]], int]:
+def pick_questions(
+    home: Path, database_url: str | None, since: dt.date | None, until: dt.date | None, n: int, seed: int
+) -> tuple[list[tuple[str, dt.date, str]], int]:
     """Up to n (text, asked, gold) from the home's database, and how many were left out for needing choices."""
     from sqlalchemy import select
 
-    from app.core.config import Settings
-    from app.db.tables import Question
     from app.bootstrap import open_database
+    from settings import Settings
+    from store.tables import Question
 
     overrides = {} if database_url is None else {"database_url": database_url}
     db = open_database(Settings(home=home, **overrides), migrate=False)
@@ -108,8 +120,13 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-STAGES = {"queue": "server: queue (gate)", "retrieve": "server: retrieve", "read": "server: read",
-          "server": "server: arrival->answer", "outside": "outside the server"}
+STAGES = {
+    "queue": "server: queue (gate)",
+    "retrieve": "server: retrieve",
+    "read": "server: read",
+    "server": "server: arrival->answer",
+    "outside": "outside the server",
+}
 
 
 def send_questions(server, questions, args):
@@ -177,29 +194,47 @@ def send_questions(server, questions, args):
     if sys.stdout.isatty():
         print(" " * 40, end="\r")
     if server.process.poll() is not None:
-        print(f"the server exited during the run (code {server.process.returncode})\n{server.log_tail()}",
-              file=sys.stderr)
+        print(
+            f"the server exited during the run (code {server.process.returncode})\n{server.log_tail()}", file=sys.stderr
+        )
     return latencies, stages, errors, examples, refused
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA clone or slice (default ../shared/data/realtimeqa)")
+    ap.add_argument(
+        "--data", default=str(DEFAULT_DATA), help="RealTimeQA clone or slice (default ../shared/data/realtimeqa)"
+    )
     ap.add_argument("--since", default="2023-06-01", help="YYYY-MM-DD: first question and article day")
     ap.add_argument("--until", default="2023-06-30", help="YYYY-MM-DD: last question and article day")
     ap.add_argument("--n", type=int, default=50, help="questions to send (default 50)")
-    ap.add_argument("--warmup", type=int, default=1,
-                    help="requests sent first and left out of the figures (the first one pays lazy loading)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="requests sent first and left out of the figures (the first one pays lazy loading)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the question sample")
     ap.add_argument("--top-k", type=int, default=None, help="top_k sent with each question (default: the server's)")
     ap.add_argument("--encoder", default=os.environ.get("SQA_ENCODER", "minilm"), help="SQA_ENCODER (default minilm)")
-    ap.add_argument("--reader", default=os.environ.get("SQA_READER", "auto"),
-                    help="SQA_READER: auto (default: what `sqa serve` serves, the active trained version or "
-                         "zero-shot Gemma), gemma, or first-entity (a fast fake, for a quick run)")
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("SQA_TORCH_THREADS", "0")),
-                    help="SQA_TORCH_THREADS for the server (0: torch's default, one per core)")
-    ap.add_argument("--max-articles", type=int, default=0,
-                    help="import only the first N articles of the window (0: all; for a quick run)")
+    ap.add_argument(
+        "--reader",
+        default=os.environ.get("SQA_READER", "auto"),
+        help="SQA_READER: auto (default: what `sqa serve` serves, the active trained version or "
+        "zero-shot Gemma), gemma, or first-entity (a fast fake, for a quick run)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get("SQA_TORCH_THREADS", "0")),
+        help="SQA_TORCH_THREADS for the server (0: torch's default, one per core)",
+    )
+    ap.add_argument(
+        "--max-articles",
+        type=int,
+        default=0,
+        help="import only the first N articles of the window (0: all; for a quick run)",
+    )
     ap.add_argument("--home", help="reuse this SQA_HOME as it is (no import, no ingest)")
     ap.add_argument("--ready-timeout", type=float, default=300, help="seconds to wait for /readyz")
     ap.add_argument("--request-timeout", type=float, default=300, help="seconds allowed per request")
@@ -219,8 +254,10 @@ def main() -> int:
     elif data.is_dir():
         source = f"RealTimeQA {since}..{until} from {data}"
     else:
-        print(f"No RealTimeQA data at {data}: FALLING BACK to the shipped sample {SAMPLE} "
-              "(36 invented articles, 2024-01..03; the whole sample, --since/--until ignored).")
+        print(
+            f"No RealTimeQA data at {data}: FALLING BACK to the shipped sample {SAMPLE} "
+            "(36 invented articles, 2024-01..03; the whole sample, --since/--until ignored)."
+        )
         data, since, until = SAMPLE, None, None
         source = f"the shipped sample {SAMPLE}"
 
@@ -235,12 +272,20 @@ def main() -> int:
             return 0
         questions = questions * max(1, args.repeat)
 
-        env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": args.encoder, "SQA_READER": args.reader,
-               "SQA_TORCH_THREADS": str(args.threads)}
+        env = {
+            **os.environ,
+            "SQA_HOME": str(home),
+            "SQA_ENCODER": args.encoder,
+            "SQA_READER": args.reader,
+            "SQA_TORCH_THREADS": str(args.threads),
+        }
         if not args.home:
             env["SQA_DATABASE_URL"] = ""  # the temporary home's SQLite file, whatever the caller's env says
-        print(f"starting sqa serve (encoder {args.encoder}, reader {args.reader}, "
-              f"torch threads {args.threads or 'default'})", flush=True)
+        print(
+            f"starting sqa serve (encoder {args.encoder}, reader {args.reader}, "
+            f"torch threads {args.threads or 'default'})",
+            flush=True,
+        )
         try:
             with served(env, Path(tmp) / "server.log", ready_timeout_s=args.ready_timeout) as server:
                 startup_s = server.startup_s
@@ -251,22 +296,41 @@ def main() -> int:
             return 1
 
     figures = {
-        "source": source, "window": [str(since), str(until)], "encoder": args.encoder, "reader": args.reader,
-        "torch_threads": args.threads, "warmup": args.warmup, "questions": len(questions), "left_out_need_choices": left_out, "ok": len(latencies), "errors": len(errors),
-        "cpu_count": os.cpu_count(), "loadavg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "source": source,
+        "window": [str(since), str(until)],
+        "encoder": args.encoder,
+        "reader": args.reader,
+        "torch_threads": args.threads,
+        "warmup": args.warmup,
+        "questions": len(questions),
+        "left_out_need_choices": left_out,
+        "ok": len(latencies),
+        "errors": len(errors),
+        "cpu_count": os.cpu_count(),
+        "loadavg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "server_startup_s": round(startup_s, 2),
-        "client_ms": {"p50": pct(latencies, 50), "p95": pct(latencies, 95),
-                      "mean": sum(latencies) / len(latencies) if latencies else float("nan"),
-                      "max": max(latencies, default=float("nan"))},
-        **{f"{name}_ms": {"p50": pct(v, 50), "p95": pct(v, 95), "max": max(v, default=float("nan"))}
-           for name, v in stages.items()},
-        "clients": args.clients, "refused_503": len(refused),
+        "client_ms": {
+            "p50": pct(latencies, 50),
+            "p95": pct(latencies, 95),
+            "mean": sum(latencies) / len(latencies) if latencies else float("nan"),
+            "max": max(latencies, default=float("nan")),
+        },
+        **{
+            f"{name}_ms": {"p50": pct(v, 50), "p95": pct(v, 95), "max": max(v, default=float("nan"))}
+            for name, v in stages.items()
+        },
+        "clients": args.clients,
+        "refused_503": len(refused),
         "refused_wait_ms": {"p50": pct(refused, 50), "max": max(refused, default=float("nan"))},
     }
     print(f"\n/v1/answers latency: {source}")
-    print(f"encoder {args.encoder}, reader {args.reader}, torch threads {args.threads or 'default'}; {len(questions)} questions sent "
-          f"{'one at a time' if args.clients <= 1 else f'by {args.clients} concurrent clients'} "
-          f"({left_out} in the window left out: they need their choices; {args.warmup} warm-up request(s) not counted); server ready in {startup_s:.1f} s")
+    print(
+        f"encoder {args.encoder}, reader {args.reader}, torch threads {args.threads or 'default'}; "
+        f"{len(questions)} questions sent "
+        f"{'one at a time' if args.clients <= 1 else f'by {args.clients} concurrent clients'} "
+        f"({left_out} in the window left out: they need their choices; "
+        f"{args.warmup} warm-up request(s) not counted); server ready in {startup_s:.1f} s"
+    )
     print(f"machine: {os.cpu_count()} cores, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print()
     print(f"  {'':<24}{'p50':>9}{'p95':>9}{'mean':>9}{'max':>9}   (ms)")
@@ -277,8 +341,10 @@ def main() -> int:
         print(f"  {label:<24}{f['p50']:9.1f}{f['p95']:9.1f}{'':>9}{f['max']:9.1f}")
     if args.clients > 1:
         r = figures["refused_wait_ms"]
-        print(f"  answered: {len(latencies)}; refused with 503 + Retry-After (by design): {len(refused)}"
-              + (f", after {r['p50']:.0f} ms p50, {r['max']:.0f} ms at most" if refused else ""))
+        print(
+            f"  answered: {len(latencies)}; refused with 503 + Retry-After (by design): {len(refused)}"
+            + (f", after {r['p50']:.0f} ms p50, {r['max']:.0f} ms at most" if refused else "")
+        )
     print(f"\n  errors: {len(errors)} of {len(questions)}")
     for e in errors[:5]:
         print(f"    {e}")

@@ -14,7 +14,7 @@ that bench_quality takes), asked as of its own date:
   re-ranker): recall@1/5/10/20/50; BM25, dense and their union at --deep (200).
 - **the same words read otherwise**: the served reader's context (its top N passages as it cuts
   them) against the top N whole, the top N with each one's neighbours in its article, the whole
-  articles of the top 3, and sentences chosen by `models.context.select_context` from the articles
+  articles of the top 3, and sentences chosen by `models.reader_context.select_context` from the articles
   of the top 3 and of the top 5, at the served context's number of words, 1.5x and 2x. Each row:
   the share of questions whose context holds an answer, and its mean words.
 - **pseudo-relevance feedback** over the served top 3: the dense query moved towards their mean
@@ -24,6 +24,7 @@ that bench_quality takes), asked as of its own date:
 Retrieval only: no answer is generated (about 0.25 s a question on 2 idle cores). It prints a table per
 window and writes the figures to --out as JSON.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -37,8 +38,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_quality import (KS, NotReady, each_window, open_served, own_article_hit, parsed_windows,
-                                 question_arguments)
+from bench.bench_quality import (
+    KS,
+    NotReady,
+    each_window,
+    open_served,
+    own_article_hit,
+    parsed_windows,
+    question_arguments,
+)
 from evaluation.metrics import answer_in_text, normalize_answer
 from indexer.chunking import passage_body
 
@@ -60,7 +68,7 @@ def recall(ranks: list[int | None], k: int) -> float:
 
 def feedback_terms(question: str, passages, n: int = 10) -> list[str]:
     """The `n` most frequent content words of `passages` that the question does not hold."""
-    from models.context import content_terms
+    from models.reader_context import content_terms
 
     asked = content_terms(question)
     words = Counter(w.lower() for p in passages for w in _WORD.findall(passage_body(p.text, p.published)))
@@ -71,8 +79,8 @@ class Stages:
     """The served retrieval taken apart: BM25, dense, their fusion, the re-ranker, and feedback."""
 
     def __init__(self, service, snap) -> None:
-        from app.services.reranking import RerankingRetriever
-        from app.services.retrieval import Bm25Retriever, DenseRetriever, HybridRetriever
+        from serving.reranking import RerankingRetriever
+        from serving.retrieval import Bm25Retriever, DenseRetriever, HybridRetriever
 
         self.snap = snap
         served = service.retriever
@@ -85,18 +93,19 @@ class Stages:
         self.encoder = snap.encoder or served.encoder
 
     def reranked(self, question: str, as_of: dt.date, found: list) -> list:
-        from app.services.reranking import rerank
+        from serving.reranking import rerank
 
         if self.model is None:
             return found
-        return rerank(self.model, question, as_of, found[:self.depth]) + found[self.depth:]
+        return rerank(self.model, question, as_of, found[: self.depth]) + found[self.depth :]
 
-    def feedback(self, session, question: str, as_of: dt.date, served: list, dense: list, lexical: list,
-                 k: int) -> dict[str, list]:
+    def feedback(
+        self, session, question: str, as_of: dt.date, served: list, dense: list, lexical: list, k: int
+    ) -> dict[str, list]:
         """The served order again after pseudo-relevance feedback from the served top 3; `dense` and
         `lexical` are the question's own (faiss id, score) hits, the first k of each taken."""
-        from app.services.retrieval import fetch_passages, lexical_index
         from models.encoders import query_text
+        from serving.retrieval import fetch_passages, lexical_index
 
         top = served[:3]
         if not top:
@@ -113,8 +122,11 @@ class Stages:
         lexical_fb = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
         dense, lexical = dense[:k], lexical[:k]
         out = {}
-        for name, (d, b) in {"dense feedback": (dense_fb, lexical), "BM25 feedback": (dense, lexical_fb),
-                             "both": (dense_fb, lexical_fb)}.items():
+        for name, (d, b) in {
+            "dense feedback": (dense_fb, lexical),
+            "BM25 feedback": (dense, lexical_fb),
+            "both": (dense_fb, lexical_fb),
+        }.items():
             out[name] = self.reranked(question, as_of, fetch_passages(session, self.fusion.fuse(d, b, as_of, k), as_of))
         return out
 
@@ -123,9 +135,9 @@ def contexts(session, service, question, served: list) -> dict[str, list]:
     """What the reader could read: the served context, and the same words spent otherwise."""
     from sqlalchemy import select
 
-    from app.db.tables import Passage
-    from models.context import select_context
     from models.reader_base import ReaderPassage
+    from models.reader_context import select_context
+    from store.tables import Passage
 
     reader = service.reader
     n = service.passages_for(reader)
@@ -133,8 +145,15 @@ def contexts(session, service, question, served: list) -> dict[str, list]:
     ctx = reader.context(question.text, whole[:n]) if hasattr(reader, "context") else whole[:n]
     budget = max(1, sum(len(p.text.split()) for p in ctx))
     articles = list(dict.fromkeys(p.article_id for p in served[:5]))
-    rows = session.execute(select(Passage.article_id, Passage.ordinal, Passage.text, Passage.published)
-                           .where(Passage.article_id.in_(articles)).order_by(Passage.ordinal)).all() if articles else []
+    rows = (
+        session.execute(
+            select(Passage.article_id, Passage.ordinal, Passage.text, Passage.published)
+            .where(Passage.article_id.in_(articles))
+            .order_by(Passage.ordinal)
+        ).all()
+        if articles
+        else []
+    )
     by_article: dict[int, list] = {}
     for article, ordinal, text, published in rows:
         by_article.setdefault(article, []).append((ordinal, ReaderPassage("", text, published)))
@@ -143,8 +162,12 @@ def contexts(session, service, question, served: list) -> dict[str, list]:
         """The served top passages first, then the rest of their articles in order."""
         first = whole[:top]
         seen = {p.text for p in first}
-        rest = [rp for a in dict.fromkeys(p.article_id for p in served[:top]) for _, rp in by_article.get(a, [])
-                if rp.text not in seen]
+        rest = [
+            rp
+            for a in dict.fromkeys(p.article_id for p in served[:top])
+            for _, rp in by_article.get(a, [])
+            if rp.text not in seen
+        ]
         return first + rest
 
     def neighbours(top: int) -> list:
@@ -152,21 +175,27 @@ def contexts(session, service, question, served: list) -> dict[str, list]:
         for p in served[:top]:
             passages = by_article.get(p.article_id, [])
             at = next((i for i, (_, rp) in enumerate(passages) if rp.text == p.text), None)
-            for i in ((at, at - 1, at + 1) if at is not None else ()):
+            for i in (at, at - 1, at + 1) if at is not None else ():
                 if 0 <= i < len(passages) and (p.article_id, i) not in seen:
                     seen.add((p.article_id, i))
                     out.append(passages[i][1])
         return out
 
-    out = {f"served: top {n} as read": ctx, f"top {n} whole": whole[:n], f"top {n} and their neighbours": neighbours(n),
-           "whole articles of the top 3": [rp for a in dict.fromkeys(p.article_id for p in served[:3])
-                                           for _, rp in by_article.get(a, [])]}
+    out = {
+        f"served: top {n} as read": ctx,
+        f"top {n} whole": whole[:n],
+        f"top {n} and their neighbours": neighbours(n),
+        "whole articles of the top 3": [
+            rp for a in dict.fromkeys(p.article_id for p in served[:3]) for _, rp in by_article.get(a, [])
+        ],
+    }
     for top in (3, 5):
         pool = article_passages(top)
         for scale in (1.0, 1.5, 2.0):
             words = max(1, round(budget * scale))
             out[f"sentences of the top {top}'s articles, {scale:g}x words"] = (
-                select_context(question.text, pool, budget_words=words, max_passages=len(pool)) if pool else [])
+                select_context(question.text, pool, budget_words=words, max_passages=len(pool)) if pool else []
+            )
     return out
 
 
@@ -182,8 +211,8 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
     from sqlalchemy import select
     from tqdm import tqdm
 
-    from app.db.tables import Passage
-    from app.services.retrieval import fetch_passages
+    from serving.retrieval import fetch_passages
+    from store.tables import Passage
 
     stages = Stages(service, snap)
     last = max(q.asked for q in questions)
@@ -191,9 +220,12 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
     reads: dict[str, list] = {}
     where = Counter()
     with db.sessions() as session:
-        stored = [(published, f" {normalize_answer(passage_body(text, published))} ")
-                  for text, published in session.execute(select(Passage.text, Passage.published)
-                                                         .where(Passage.published <= last))]
+        stored = [
+            (published, f" {normalize_answer(passage_body(text, published))} ")
+            for text, published in session.execute(
+                select(Passage.text, Passage.published).where(Passage.published <= last)
+            )
+        ]
         for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
             any_hit, recent_hit = anywhere(stored, q, recent_days)
             where["in a stored passage by the question date"] += any_hit
@@ -202,13 +234,24 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
             k = max(KS)
             lexical_hits = stages.bm25.search(snap, q.text, q.asked, deep)
             dense_hits = stages.dense.search(snap, q.text, q.asked, deep)
-            lexical, dense = fetch_passages(session, lexical_hits, q.asked), fetch_passages(session, dense_hits, q.asked)
+            lexical, dense = (
+                fetch_passages(session, lexical_hits, q.asked),
+                fetch_passages(session, dense_hits, q.asked),
+            )
             fused = stages.first.retrieve(session, snap, q.text, q.asked, max(k, stages.depth))
             served = stages.reranked(q.text, q.asked, fused)
-            runs = {"BM25": lexical, "dense": dense, "fused (first stage)": fused, "served": served,
-                    **{f"feedback: {name}": found
-                       for name, found in stages.feedback(session, q.text, q.asked, served, dense_hits, lexical_hits,
-                                                          k).items()}}
+            runs = {
+                "BM25": lexical,
+                "dense": dense,
+                "fused (first stage)": fused,
+                "served": served,
+                **{
+                    f"feedback: {name}": found
+                    for name, found in stages.feedback(
+                        session, q.text, q.asked, served, dense_hits, lexical_hits, k
+                    ).items()
+                },
+            }
             for name, found in runs.items():
                 ranks.setdefault(name, []).append(first_hit(q.answers, found[:k]))
             deep_b, deep_d = first_hit(q.answers, lexical), first_hit(q.answers, dense)
@@ -216,16 +259,22 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
             ranks.setdefault(f"dense @{deep}", []).append(deep_d)
             ranks.setdefault(f"union @{deep}", []).append(1 if deep_b or deep_d else None)
             for name, ctx in contexts(session, service, q, served).items():
-                reads.setdefault(name, []).append((first_hit(q.answers, ctx) is not None,
-                                                   sum(len(p.text.split()) for p in ctx)))
+                reads.setdefault(name, []).append(
+                    (first_hit(q.answers, ctx) is not None, sum(len(p.text.split()) for p in ctx))
+                )
     n = len(questions)
-    return {"n": n,
-            "answer_is": {name: round(100 * v / n, 1) for name, v in where.items()},
-            "recall": {name: {f"@{k}": recall(r, k) for k in KS} for name, r in ranks.items() if "@" not in name},
-            "deep": {name: round(100 * sum(1 for x in r if x is not None) / n, 1)
-                     for name, r in ranks.items() if "@" in name},
-            "contexts": {name: {"answer": round(100 * sum(h for h, _ in v) / n, 1),
-                                "words": round(sum(w for _, w in v) / n, 1)} for name, v in reads.items()}}
+    return {
+        "n": n,
+        "answer_is": {name: round(100 * v / n, 1) for name, v in where.items()},
+        "recall": {name: {f"@{k}": recall(r, k) for k in KS} for name, r in ranks.items() if "@" not in name},
+        "deep": {
+            name: round(100 * sum(1 for x in r if x is not None) / n, 1) for name, r in ranks.items() if "@" in name
+        },
+        "contexts": {
+            name: {"answer": round(100 * sum(h for h, _ in v) / n, 1), "words": round(sum(w for _, w in v) / n, 1)}
+            for name, v in reads.items()
+        },
+    }
 
 
 def print_window(label: str, m: dict) -> None:
@@ -263,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        print(f"served pipeline: retriever {service.retriever.name}, reader {service.reader.name} "
-              f"({service.passages_for(service.reader)} passages), snapshot {snap.snapshot_id}")
+        print(
+            f"served pipeline: retriever {service.retriever.name}, reader {service.reader.name} "
+            f"({service.passages_for(service.reader)} passages), snapshot {snap.snapshot_id}"
+        )
         results = {}
         for label, _, questions, _ in each_window(db, args):
             t0 = time.perf_counter()
@@ -275,9 +326,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         db.close()
     if args.out:
-        config = {"home": str(home), "retriever": service.retriever.name, "reader": service.reader.name,
-                  "snapshot": snap.snapshot_id, "max_questions": args.max_questions, "seed": args.seed,
-                  "deep": args.deep, "recent_days": args.recent_days, "loadavg": list(os.getloadavg())}
+        config = {
+            "home": str(home),
+            "retriever": service.retriever.name,
+            "reader": service.reader.name,
+            "snapshot": snap.snapshot_id,
+            "max_questions": args.max_questions,
+            "seed": args.seed,
+            "deep": args.deep,
+            "recent_days": args.recent_days,
+            "loadavg": list(os.getloadavg()),
+        }
         Path(args.out).write_text(json.dumps({"config": config, "windows": results}, indent=1) + "\n")
         print(f"written to {args.out}")
     return 0

@@ -8,6 +8,7 @@ command --runs times as a user would (a new process each time) and prints the me
 slowest wall time. The floor is `python -c pass` in the same virtualenv; `import typer` is the
 CLI framework alone. Targets: `sqa --help` < 0.5 s; `sqa index status`, `sqa models list` < 1 s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="sqa-cli-") as home:
         env = {**os.environ, "SQA_HOME": home, "SQA_AUTO_TRAIN": "false"}
-        for setup in (["import", "realtimeqa", str(ROOT / "indexer" / "sample" / "realtimeqa")],
-                      ["ingest", "--through", "2024-03", "--no-train"]):
+        for setup in (
+            ["import", "realtimeqa", str(ROOT / "indexer" / "sample" / "realtimeqa")],
+            ["ingest", "--through", "2024-03", "--no-train"],
+        ):
             subprocess.run(SQA + setup, env=env, cwd=ROOT, check=True, capture_output=True)
         load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"{os.cpu_count()} cores, load {load}; {args.runs} runs each, a new process every run\n")

@@ -19,6 +19,7 @@ batches of the encoder's own size: 8 on a CPU; `--batch-size` to set one). For e
 
 Threads: torch's default (one per core) and ONNX Runtime's pool sized to the cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def torch_ceiling(encoder, texts: list[str], batch_size: int) -> float:
 
     model = encoder.model
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    batches = [model.tokenize([texts[i] for i in order[s:s + batch_size]]) for s in range(0, len(order), batch_size)]
+    batches = [model.tokenize([texts[i] for i in order[s : s + batch_size]]) for s in range(0, len(order), batch_size)]
     with torch.inference_mode():
         model(batches[0])  # warm-up
         t0 = time.perf_counter()
@@ -89,7 +90,7 @@ def recall(vectors: np.ndarray, days: np.ndarray, texts: list[str], questions, e
         if allowed.size == 0:
             continue
         scores = vectors[allowed] @ v
-        top = allowed[np.argsort(-scores, kind="stable")[:max(ks)]]
+        top = allowed[np.argsort(-scores, kind="stable")[: max(ks)]]
         found = [answer_in_text(q.answers, passage_body(texts[i], dt.date.fromordinal(int(days[i])))) for i in top]
         for k in ks:
             hits[k] += any(found[:k])
@@ -116,8 +117,11 @@ def main() -> int:
     texts, days, questions = passages_of(args.data, args.since, args.until, args.max_passages)
     questions = [q for q in questions if q.answers]
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"{len(texts)} passages of {args.since}..{args.until}, {len(questions)} questions; "
-          f"{os.cpu_count()} cores, load {load}", flush=True)
+    print(
+        f"{len(texts)} passages of {args.since}..{args.until}, {len(questions)} questions; "
+        f"{os.cpu_count()} cores, load {load}",
+        flush=True,
+    )
     rows, reference = [], None
     for backend in args.backends.split(","):
         encoder = load_encoder("minilm", backend=backend)
@@ -126,24 +130,34 @@ def main() -> int:
         vectors = encoder.encode_passages(texts, batch_size=args.batch_size)
         seconds = time.perf_counter() - t0
         batch = args.batch_size or CPU_BATCH
-        ceiling = (torch_ceiling(encoder, texts, batch) if backend == "torch" else onnx_ceiling(encoder, texts, batch))
+        ceiling = torch_ceiling(encoder, texts, batch) if backend == "torch" else onnx_ceiling(encoder, texts, batch)
         if reference is None:
             reference = vectors
         cos = (vectors * reference).sum(axis=1)
-        row = {"backend": backend, "passages": len(texts), "seconds": round(seconds, 1),
-               "passages_per_s": round(len(texts) / seconds, 1), "ceiling_per_s": round(ceiling, 1),
-               "cos_mean": round(float(cos.mean()), 4), "cos_min": round(float(cos.min()), 4),
-               **recall(vectors, days, texts, questions, encoder)}
+        row = {
+            "backend": backend,
+            "passages": len(texts),
+            "seconds": round(seconds, 1),
+            "passages_per_s": round(len(texts) / seconds, 1),
+            "ceiling_per_s": round(ceiling, 1),
+            "cos_mean": round(float(cos.mean()), 4),
+            "cos_min": round(float(cos.min()), 4),
+            **recall(vectors, days, texts, questions, encoder),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     base = rows[0]
-    print(f"\n{'backend':10s} {'passages/s':>10s} {'vs first':>8s} {'ceiling/s':>9s} {'of ceiling':>10s} "
-          f"{'R@1':>5s} {'R@5':>5s} {'R@20':>5s} {'dR@20':>6s} {'cos mean/min':>13s}")
+    print(
+        f"\n{'backend':10s} {'passages/s':>10s} {'vs first':>8s} {'ceiling/s':>9s} {'of ceiling':>10s} "
+        f"{'R@1':>5s} {'R@5':>5s} {'R@20':>5s} {'dR@20':>6s} {'cos mean/min':>13s}"
+    )
     for r in rows:
-        print(f"{r['backend']:10s} {r['passages_per_s']:10.1f} {r['passages_per_s'] / base['passages_per_s']:7.2f}x "
-              f"{r['ceiling_per_s']:9.1f} {r['passages_per_s'] / r['ceiling_per_s']:9.0%} "
-              f"{r['recall@1']:5.1f} {r['recall@5']:5.1f} {r['recall@20']:5.1f} "
-              f"{r['recall@20'] - base['recall@20']:+6.1f} {r['cos_mean']:.4f}/{r['cos_min']:.4f}")
+        print(
+            f"{r['backend']:10s} {r['passages_per_s']:10.1f} {r['passages_per_s'] / base['passages_per_s']:7.2f}x "
+            f"{r['ceiling_per_s']:9.1f} {r['passages_per_s'] / r['ceiling_per_s']:9.0%} "
+            f"{r['recall@1']:5.1f} {r['recall@5']:5.1f} {r['recall@20']:5.1f} "
+            f"{r['recall@20'] - base['recall@20']:+6.1f} {r['cos_mean']:.4f}/{r['cos_min']:.4f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

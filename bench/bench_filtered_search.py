@@ -9,6 +9,7 @@ about 100%, 50%, 10% and 1% of the passages it times, per query:
   flat        the same single index, unfiltered (the lower bound: no filtering at all)
 for a batch of 1 query and a batch of 32. Prints a table; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,14 +78,18 @@ def main() -> None:
 
     t0 = time.perf_counter()
     index, flat, ids = build(args.n, args.dim, args.months, seed=0)
-    print(f"built {index.ntotal} vectors, dim {args.dim}, {len(index.shards)} shards "
-          f"in {time.perf_counter() - t0:.1f}s; faiss {faiss.__version__}, {faiss.omp_get_max_threads()} threads")
+    print(
+        f"built {index.ntotal} vectors, dim {args.dim}, {len(index.shards)} shards "
+        f"in {time.perf_counter() - t0:.1f}s; faiss {faiss.__version__}, {faiss.omp_get_max_threads()} threads"
+    )
     queries = unit(np.random.default_rng(1), 4096, args.dim)
     days = np.sort(id_day_numbers(ids))
 
     print(f"\nms per query, k={args.k} (median of {args.repeats} calls)")
-    print(f"{'as_of':>10} {'share':>6} {'shards':>6} | {'b1 sharded':>10} {'flat+sel':>9} {'flat':>7} "
-          f"| {'b32 sharded':>11} {'flat+sel':>9} {'flat':>7}")
+    print(
+        f"{'as_of':>10} {'share':>6} {'shards':>6} | {'b1 sharded':>10} {'flat+sel':>9} {'flat':>7} "
+        f"| {'b32 sharded':>11} {'flat+sel':>9} {'flat':>7}"
+    )
     for share in (1.0, 0.5, 0.1, 0.01):
         as_of = from_day_number(int(days[min(len(days) - 1, int(share * len(days)))]))
         actual = float(np.mean(days <= day_number(as_of)))
@@ -93,11 +98,13 @@ def main() -> None:
         row = []
         for batch in (1, 32):
             reps = args.repeats if batch == 1 else max(10, args.repeats // 8)
-            row.append(per_query_ms(lambda q: index.search(q, as_of, args.k), queries, batch, reps))
-            row.append(per_query_ms(lambda q: flat.search(q, args.k, params=params), queries, batch, reps))
+            row.append(per_query_ms(lambda q: index.search(q, as_of, args.k), queries, batch, reps))  # noqa: B023 (timed now)
+            row.append(per_query_ms(lambda q: flat.search(q, args.k, params=params), queries, batch, reps))  # noqa: B023
             row.append(per_query_ms(lambda q: flat.search(q, args.k), queries, batch, reps))
-        print(f"{as_of.isoformat():>10} {actual:>6.1%} {searched:>6} | {row[0]:>10.3f} {row[1]:>9.3f} {row[2]:>7.3f} "
-              f"| {row[3]:>11.3f} {row[4]:>9.3f} {row[5]:>7.3f}")
+        print(
+            f"{as_of.isoformat():>10} {actual:>6.1%} {searched:>6} | {row[0]:>10.3f} {row[1]:>9.3f} {row[2]:>7.3f} "
+            f"| {row[3]:>11.3f} {row[4]:>9.3f} {row[5]:>7.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ at least --examples requests, over the shipped sample (hash encoder, first-entit
 routes with the right token. It prints the requests made, the status codes seen, failures and time.
 Requests that start background jobs (ingest, evaluation) run them for real.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,13 @@ def main() -> int:
         while made < args.examples and rounds < 5:  # another round with a new seed until enough were made
             rounds += 1
             env["SQA_FUZZ_SEED"] = str(rounds)
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                   "tests/app/test_api_fuzz.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/app/test_api_fuzz.py"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
             print(f"round {rounds}: {per_op} examples an operation: {tail}", flush=True)
             if proc.returncode != 0:

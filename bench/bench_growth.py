@@ -21,6 +21,7 @@ home from the first month on. After each month it prints:
 
 The target: per-month ingest and swap cost flat (within 20%) from the first month to the last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,11 +51,19 @@ def month_articles(month: dt.date, n_passages: int, rng: np.random.Generator):
     out = []
     for i in range(n_passages // 2):
         words = rng.integers(0, len(WORDS), size=(12, 14))
-        sentences = [" ".join(WORDS[w] for w in row).capitalize() + f" {NAMES[(i + k) % len(NAMES)]}." for k, row in
-                     enumerate(words)]
-        out.append(ArticleRecord(url=f"https://example.org/{month:%Y-%m}/{i}", title=f"article {i}",
-                                 text=" ".join(sentences), published=month + dt.timedelta(days=int(i % days)),
-                                 source="synthetic"))
+        sentences = [
+            " ".join(WORDS[w] for w in row).capitalize() + f" {NAMES[(i + k) % len(NAMES)]}."
+            for k, row in enumerate(words)
+        ]
+        out.append(
+            ArticleRecord(
+                url=f"https://example.org/{month:%Y-%m}/{i}",
+                title=f"article {i}",
+                text=" ".join(sentences),
+                published=month + dt.timedelta(days=int(i % days)),
+                source="synthetic",
+            )
+        )
     return out
 
 
@@ -78,7 +87,7 @@ class SnapshotWatch:
                 except (httpx.HTTPError, ValueError):
                     snap = None
                 if snap and snap not in self.seen:
-                    self.seen[snap] = dt.datetime.now(dt.timezone.utc)
+                    self.seen[snap] = dt.datetime.now(dt.UTC)
                     self.load_s[snap] = body.get("load_s")
                 time.sleep(0.02)
 
@@ -103,19 +112,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--months", type=int, default=10)
     ap.add_argument("--per-month", type=int, default=20_000, help="passages a month")
-    ap.add_argument("--encoder", default="hash", help="SQA_ENCODER (hash: the pipeline's own cost; minilm: with the model)")
+    ap.add_argument(
+        "--encoder", default="hash", help="SQA_ENCODER (hash: the pipeline's own cost; minilm: with the model)"
+    )
     ap.add_argument("--questions", type=int, default=40)
     args = ap.parse_args()
 
     import httpx
     import psutil
-
-    from app.bootstrap import build_encoder, ingest_config, open_database
-    from app.core.config import Settings
-    from app.server_process import served
     from sqlalchemy import select
 
-    from app.db.tables import IndexSnapshot
+    from app.bootstrap import build_encoder, ingest_config, open_database
+    from app.server_process import served
+    from settings import Settings
+    from store.tables import IndexSnapshot
     from workers.imports import store_records
     from workers.ingest import ingest
 
@@ -126,13 +136,27 @@ def main() -> int:
         settings = Settings(home=home, database_url="", encoder=args.encoder, auto_train=False)
         db = open_database(settings)
         encoder, cfg = build_encoder(settings), ingest_config(settings)
-        env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": args.encoder, "SQA_READER": "first-entity",
-               "SQA_SNAPSHOT_POLL_S": "0.1", "SQA_RATE_LIMIT": "", "SQA_AUTO_TRAIN": "false"}
+        env = {
+            **os.environ,
+            "SQA_HOME": str(home),
+            "SQA_ENCODER": args.encoder,
+            "SQA_READER": "first-entity",
+            "SQA_SNAPSHOT_POLL_S": "0.1",
+            "SQA_RATE_LIMIT": "",
+            "SQA_AUTO_TRAIN": "false",
+        }
         load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-        print(f"{args.months} months x {args.per_month} passages, encoder {encoder.name}; {os.cpu_count()} cores, "
-              f"load {load}\n", flush=True)
-        print(f"{'month':8s} {'passages':>9s} {'total':>9s} {'ingest s':>9s} {'ms/passage':>10s} {'swap s':>7s} {'load s':>7s} "
-              f"{'RSS MB':>7s} {'search p50/p95 ms':>18s}", flush=True)
+        print(
+            f"{args.months} months x {args.per_month} passages, encoder {encoder.name}; {os.cpu_count()} cores, "
+            f"load {load}\n",
+            flush=True,
+        )
+        print(
+            f"{'month':8s} {'passages':>9s} {'total':>9s} {'ingest s':>9s} "
+            f"{'ms/passage':>10s} {'swap s':>7s} {'load s':>7s} "
+            f"{'RSS MB':>7s} {'search p50/p95 ms':>18s}",
+            flush=True,
+        )
         rows, server, stack = [], None, None
         first = dt.date(2024, 1, 1)
         try:
@@ -156,8 +180,9 @@ def main() -> int:
                     swap_s = load_s = float("nan")  # the first snapshot is loaded at start
                 else:
                     with db.sessions() as session:
-                        committed = session.scalars(select(IndexSnapshot.created_at)
-                                                    .where(IndexSnapshot.snapshot_id == snapshot)).one()
+                        committed = session.scalars(
+                            select(IndexSnapshot.created_at).where(IndexSnapshot.snapshot_id == snapshot)
+                        ).one()
                     swap_s = (watch.wait_for(snapshot) - committed).total_seconds()
                     load_s = watch.load_s.get(snapshot) or float("nan")  # the server's own open-and-verify time
                 rss = psutil.Process(server.process.pid).memory_info().rss / 2**20
@@ -165,29 +190,47 @@ def main() -> int:
                 with httpx.Client(base_url=server.base, timeout=120) as http:
                     for _ in range(args.questions):
                         day = first + dt.timedelta(days=pick.randrange((month - first).days + 28))
-                        r = http.post("/v1/answers", json={"question": f"What did {pick.choice(NAMES)} say about "
-                                                                       f"{' '.join(pick.sample(WORDS, 3))}?",
-                                                           "as_of": day.isoformat()})
+                        r = http.post(
+                            "/v1/answers",
+                            json={
+                                "question": f"What did {pick.choice(NAMES)} say about "
+                                f"{' '.join(pick.sample(WORDS, 3))}?",
+                                "as_of": day.isoformat(),
+                            },
+                        )
                         r.raise_for_status()
                         retrieve.append(r.json()["timings_ms"]["retrieve"])
                 total = sum(r["passages"] for r in rows) + passages
-                row = {"month": f"{month:%Y-%m}", "passages": passages, "total": total, "ingest_s": ingest_s,
-                       "ms_per_passage": 1000 * ingest_s / max(passages, 1), "swap_s": swap_s, "load_s": load_s,
-                       "rss_mb": rss,
-                       "p50": statistics.median(retrieve), "p95": float(np.percentile(retrieve, 95))}
+                row = {
+                    "month": f"{month:%Y-%m}",
+                    "passages": passages,
+                    "total": total,
+                    "ingest_s": ingest_s,
+                    "ms_per_passage": 1000 * ingest_s / max(passages, 1),
+                    "swap_s": swap_s,
+                    "load_s": load_s,
+                    "rss_mb": rss,
+                    "p50": statistics.median(retrieve),
+                    "p95": float(np.percentile(retrieve, 95)),
+                }
                 rows.append(row)
-                print(f"{row['month']:8s} {passages:9d} {total:9d} {ingest_s:9.1f} {row['ms_per_passage']:10.2f} "
-                      f"{swap_s:7.2f} {load_s:7.2f} {rss:7.0f} {row['p50']:8.1f} / {row['p95']:6.1f}", flush=True)
+                print(
+                    f"{row['month']:8s} {passages:9d} {total:9d} {ingest_s:9.1f} {row['ms_per_passage']:10.2f} "
+                    f"{swap_s:7.2f} {load_s:7.2f} {rss:7.0f} {row['p50']:8.1f} / {row['p95']:6.1f}",
+                    flush=True,
+                )
         finally:
             if stack is not None:
                 stack.close()
             db.close()
     if len(rows) >= 3:
         a, b = rows[1], rows[-1]  # the first month has no swap and pays the one-off imports
-        print(f"\nfrom {a['month']} ({a['total']} passages) to {b['month']} ({b['total']}): ingest per passage "
-              f"{b['ms_per_passage'] / a['ms_per_passage']:.2f}x, swap {b['swap_s'] / a['swap_s']:.2f}x "
-              f"(the server's load {b['load_s'] / a['load_s']:.2f}x), "
-              f"search p50 {b['p50'] / a['p50']:.2f}x, RSS {b['rss_mb'] / a['rss_mb']:.2f}x")
+        print(
+            f"\nfrom {a['month']} ({a['total']} passages) to {b['month']} ({b['total']}): ingest per passage "
+            f"{b['ms_per_passage'] / a['ms_per_passage']:.2f}x, swap {b['swap_s'] / a['swap_s']:.2f}x "
+            f"(the server's load {b['load_s'] / a['load_s']:.2f}x), "
+            f"search p50 {b['p50'] / a['p50']:.2f}x, RSS {b['rss_mb'] / a['rss_mb']:.2f}x"
+        )
     return 0
 
 

@@ -1,7 +1,8 @@
 """Ingest throughput (passages/s, end to end) against the encoder alone on the same passages.
 
     .venv/bin/python bench/bench_ingest.py --data ../shared/data/realtimeqa [--since 2023-06-01 --until 2023-06-30]
-        [--max-articles N] [--encoder minilm] [--backend torch|onnx|onnx-int8] [--batch-size 0] [--threads 0] [--json OUT]
+        [--max-articles N] [--encoder minilm] [--backend torch|onnx|onnx-int8] [--batch-size 0]
+        [--threads 0] [--json OUT]
 
 In a temporary SQA_HOME (SQLite) it imports the RealTimeQA articles published in [since, until],
 runs the real ingest job (`workers.ingest.ingest`, the one `sqa ingest` runs) over those months and
@@ -12,6 +13,7 @@ times the encoder alone: one `encode_passages` call over all texts with the same
 ceiling), and the same call made slice by slice as the ingest makes it. The ratio ingest/ceiling says
 how much of the encoder's speed the ingest keeps. The encoder is warmed up once before either.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,23 +39,25 @@ def read_back(sf, keys: list[str]) -> list[tuple[str, dt.date]]:
     """(text, published) of the articles each planned shard read, in the ingest job's own order."""
     from sqlalchemy import select
 
-    from app.db.tables import Article
+    from store.tables import Article
     from workers.ingest import ShardPlan
 
     out = []
     with sf() as session:
         for key in keys:
             plan = ShardPlan.from_key(key)
-            out += session.execute(select(Article.text, Article.published)
-                                   .where(Article.published.between(plan.first, plan.last))
-                                   .order_by(Article.published, Article.id)).all()
+            out += session.execute(
+                select(Article.text, Article.published)
+                .where(Article.published.between(plan.first, plan.last))
+                .order_by(Article.published, Article.id)
+            ).all()
     return [(text, published) for text, published in out]
 
 
 def stored_passages(sf) -> list[str]:
     from sqlalchemy import select
 
-    from app.db.tables import Passage
+    from store.tables import Passage
 
     with sf() as session:
         return list(session.scalars(select(Passage.text).order_by(Passage.id)))
@@ -61,14 +65,22 @@ def stored_passages(sf) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA clone or slice (default ../shared/data/realtimeqa)")
+    ap.add_argument(
+        "--data", default=str(DEFAULT_DATA), help="RealTimeQA clone or slice (default ../shared/data/realtimeqa)"
+    )
     ap.add_argument("--since", default="2023-06-01", help="YYYY-MM-DD, first publication day imported")
     ap.add_argument("--until", default="2023-06-30", help="YYYY-MM-DD, last publication day imported")
-    ap.add_argument("--max-articles", type=int, default=0, help="import only the first N articles of the window (0: all)")
+    ap.add_argument(
+        "--max-articles", type=int, default=0, help="import only the first N articles of the window (0: all)"
+    )
     ap.add_argument("--encoder", default="minilm", help="SQA_ENCODER value (default minilm)")
     ap.add_argument("--batch-size", type=int, default=0, help="encode batch size (SQA_ENCODE_BATCH_SIZE)")
-    ap.add_argument("--backend", default="torch", choices=["torch", "onnx", "onnx-int8"],
-                    help="SQA_ENCODER_BACKEND: what runs the encoder's model (default torch)")
+    ap.add_argument(
+        "--backend",
+        default="torch",
+        choices=["torch", "onnx", "onnx-int8"],
+        help="SQA_ENCODER_BACKEND: what runs the encoder's model (default torch)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (SQA_TORCH_THREADS; 0: torch's default)")
     ap.add_argument("--skip-sliced", action="store_true", help="skip timing the encoder slice by slice")
     ap.add_argument("--json", metavar="OUT", help="also write the figures to this JSON file")
@@ -87,17 +99,22 @@ def main() -> int:
 
     import torch
 
-    from app.core.config import Settings
     from app.bootstrap import build_encoder, ingest_config, open_database
     from indexer.chunking import chunk_texts
     from indexer.importers import read_realtimeqa
+    from settings import Settings
     from workers.imports import store_records
     from workers.ingest import ingest
 
     with tempfile.TemporaryDirectory(prefix="sqa-bench-ingest-") as home:
-        settings = Settings(home=Path(home), database_url="", encoder=args.encoder,
-                            encode_batch_size=args.batch_size, torch_threads=args.threads,
-                            encoder_backend=args.backend)
+        settings = Settings(
+            home=Path(home),
+            database_url="",
+            encoder=args.encoder,
+            encode_batch_size=args.batch_size,
+            torch_threads=args.threads,
+            encoder_backend=args.backend,
+        )
         db = open_database(settings)
         try:
             t0 = time.perf_counter()
@@ -113,8 +130,7 @@ def main() -> int:
             t0 = time.perf_counter()
             encoder = build_encoder(settings)
             load_s = time.perf_counter() - t0
-            encoder.encode_passages(["Thursday, June 1, 2023. A warm-up sentence."] * batch,
-                                    batch_size=args.batch_size)
+            encoder.encode_passages(["Thursday, June 1, 2023. A warm-up sentence."] * batch, batch_size=args.batch_size)
 
             cfg = ingest_config(settings)
             params = {"through": until.strftime("%Y-%m"), "from": since.strftime("%Y-%m")}
@@ -145,7 +161,7 @@ def main() -> int:
             if not args.skip_sliced:
                 t0 = time.perf_counter()
                 for s in range(0, len(texts), batch):
-                    encoder.encode_passages(texts[s:s + batch], batch_size=args.batch_size)
+                    encoder.encode_passages(texts[s : s + batch], batch_size=args.batch_size)
                 sliced_s = time.perf_counter() - t0
         finally:
             db.close()
@@ -154,17 +170,29 @@ def main() -> int:
     ingest_rate = n_passages / stages_s if stages_s > 0 else float("nan")
     ceiling = rate(ceiling_s)
     figures = {
-        "window": [since.isoformat(), until.isoformat()], "shards": keys, "articles": n_articles,
-        "passages": n_passages, "encoder": encoder.name, "backend": args.backend, "dim": int(vectors.shape[1]),
-        "batch_size": args.batch_size, "checkpoint_every": cfg.checkpoint_every,
-        "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "window": [since.isoformat(), until.isoformat()],
+        "shards": keys,
+        "articles": n_articles,
+        "passages": n_passages,
+        "encoder": encoder.name,
+        "backend": args.backend,
+        "dim": int(vectors.shape[1]),
+        "batch_size": args.batch_size,
+        "checkpoint_every": cfg.checkpoint_every,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "import_s": round(import_s, 3), "encoder_load_s": round(load_s, 3),
-        **{k: round(v, 3) for k, v in stage.items()}, "ingest_stages_s": round(stages_s, 3),
-        "ingest_wall_s": round(ingest_wall_s, 3), "ingest_passages_per_s": round(ingest_rate, 2),
-        "rechunk_s": round(rechunk_s, 3), "same_passages": same,
-        "encoder_alone_s": round(ceiling_s, 3), "ceiling_passages_per_s": round(ceiling, 2),
+        "import_s": round(import_s, 3),
+        "encoder_load_s": round(load_s, 3),
+        **{k: round(v, 3) for k, v in stage.items()},
+        "ingest_stages_s": round(stages_s, 3),
+        "ingest_wall_s": round(ingest_wall_s, 3),
+        "ingest_passages_per_s": round(ingest_rate, 2),
+        "rechunk_s": round(rechunk_s, 3),
+        "same_passages": same,
+        "encoder_alone_s": round(ceiling_s, 3),
+        "ceiling_passages_per_s": round(ceiling, 2),
         "encoder_sliced_s": None if sliced_s is None else round(sliced_s, 3),
         "sliced_passages_per_s": None if sliced_s is None else round(rate(sliced_s), 2),
         "ingest_over_ceiling": round(ingest_rate / ceiling, 3) if ceiling > 0 else None,
@@ -172,10 +200,15 @@ def main() -> int:
 
     print(f"\nIngest benchmark: RealTimeQA {since}..{until} from {data}")
     print(f"machine: {cores()}; torch threads {figures['torch_threads']}")
-    print(f"encoder: {encoder.name} on {args.backend} ({figures['dim']} dims, loaded in {load_s:.1f} s), batch size {args.batch_size}, "
-          f"checkpoint every {cfg.checkpoint_every} passages")
-    print(f"imported {len(articles)} articles in {import_s:.1f} s (skipped records: {report.skipped_total}); "
-          f"shards built: {', '.join(keys) or '-'}")
+    print(
+        f"encoder: {encoder.name} on {args.backend} ({figures['dim']} dims, loaded in {load_s:.1f} s), "
+        f"batch size {args.batch_size}, "
+        f"checkpoint every {cfg.checkpoint_every} passages"
+    )
+    print(
+        f"imported {len(articles)} articles in {import_s:.1f} s (skipped records: {report.skipped_total}); "
+        f"shards built: {', '.join(keys) or '-'}"
+    )
     print()
     rows = [
         ("articles", f"{n_articles}", ""),
@@ -195,8 +228,10 @@ def main() -> int:
     for name, value, extra in rows:
         print(f"  {name:<{width}}  {value:>10}  {extra}")
     if not same:
-        print("\nwarning: the re-chunked passages differ from the stored ones; the ceiling is not comparable",
-              file=sys.stderr)
+        print(
+            "\nwarning: the re-chunked passages differ from the stored ones; the ceiling is not comparable",
+            file=sys.stderr,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
         print(f"\nfigures written to {args.json}")

@@ -18,6 +18,7 @@ accumulated month by month by brute force (faiss.knn). Then, with one FAISS thre
 timed alone (batch 1) for every filter in turn (round robin, so load changes hit all alike), and
 p50 latencies are compared with unfiltered search over the whole index. Prints tables; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,14 +73,21 @@ def rss_bytes() -> int:
 
 def loaded_rss(index_dir: Path, manifest: Manifest) -> int:
     """RSS a fresh process gains by loading the snapshot (its own baseline taken after the imports)."""
-    code = ("import sys; from pathlib import Path; from bench.bench_ivf import rss_bytes; "
-            "from indexer.manifest import read_manifest; from indexer.snapshot import ShardCache; "
-            "d = Path(sys.argv[1]); "
-            "m = read_manifest(d / 'snapshots' / sys.argv[2]); r0 = rss_bytes(); "
-            "i = ShardCache().open_snapshot(d, m, expected_encoder=None, expected_dim=None); "
-            "print(rss_bytes() - r0)")
-    out = subprocess.run([sys.executable, "-c", code, str(index_dir), manifest.file_name], check=True,
-                         capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys; from pathlib import Path; from bench.bench_ivf import rss_bytes; "
+        "from indexer.manifest import read_manifest; from indexer.snapshot import ShardCache; "
+        "d = Path(sys.argv[1]); "
+        "m = read_manifest(d / 'snapshots' / sys.argv[2]); r0 = rss_bytes(); "
+        "i = ShardCache().open_snapshot(d, m, expected_encoder=None, expected_dim=None); "
+        "print(rss_bytes() - r0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(index_dir), manifest.file_name],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     return int(out.stdout.split()[-1])
 
 
@@ -140,8 +148,11 @@ def build(args, gen, parts, queries, filters, tmp: Path) -> tuple[Manifest, list
         t2 = time.perf_counter()
         file_bytes += (tmp / entry.file).stat().st_size
         rows.append((key, before, len(ids), t1 - t0, t2 - t1, shard.spec))
-        print(f"  {key}: {len(ids):>9,} vectors onto {before:>11,}: build {t1 - t0:6.1f}s  write {t2 - t1:5.2f}s  "
-              f"{shard.spec.kind} nlist={shard.spec.nlist} nprobe={shard.spec.nprobe}", flush=True)
+        print(
+            f"  {key}: {len(ids):>9,} vectors onto {before:>11,}: build {t1 - t0:6.1f}s  write {t2 - t1:5.2f}s  "
+            f"{shard.spec.kind} nlist={shard.spec.nlist} nprobe={shard.spec.nprobe}",
+            flush=True,
+        )
         before += len(ids)
         del x, shard
     for heap in heaps:
@@ -150,8 +161,7 @@ def build(args, gen, parts, queries, filters, tmp: Path) -> tuple[Manifest, list
 
 
 def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
-    return float(np.mean([len(set(f[f >= 0]) & set(t[t >= 0])) / max(1, (t >= 0).sum())
-                          for f, t in zip(found, truth)]))
+    return float(np.mean([len(set(f[f >= 0]) & set(t[t >= 0])) / max(1, (t >= 0).sum()) for f, t in zip(found, truth)]))
 
 
 def boundary_nprobe(index: ShardedIndex, as_of: dt.date) -> str:
@@ -170,8 +180,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--months", type=int, default=24)
-    ap.add_argument("--layout", choices=["months", "single"], default="months",
-                    help="one shard per month, or one shard over all months (a merged history shard)")
+    ap.add_argument(
+        "--layout",
+        choices=["months", "single"],
+        default="months",
+        help="one shard per month, or one shard over all months (a merged history shard)",
+    )
     ap.add_argument("--kind", choices=["flat", "ivf-flat", "ivf-sq8", "ivf-pq"], default="ivf-flat")
     ap.add_argument("--nprobe", type=int, default=0, help="lists an unfiltered query probes (0: nlist/16)")
     ap.add_argument("--k", type=int, default=10)
@@ -183,12 +197,16 @@ def main() -> None:
 
     need = args.n * BYTES_PER_VECTOR[args.kind] * (2 if args.layout == "single" else 1.1)
     avail = mem_available()
-    print(f"faiss {faiss.__version__}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; "
-          f"{avail / 2**30:.1f} GiB available; the index needs ~{need / 2**30:.1f} GiB")
+    print(
+        f"faiss {faiss.__version__}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; "
+        f"{avail / 2**30:.1f} GiB available; the index needs ~{need / 2**30:.1f} GiB"
+    )
     if need > 0.7 * avail:
         fit = int(0.7 * avail / (need / args.n)) // 1_000_000 * 1_000_000
-        print(f"n={args.n:,} with {args.kind} does not fit in memory here; running the largest size that fits: "
-              f"n={fit:,} (or use --kind ivf-pq / ivf-sq8)")
+        print(
+            f"n={args.n:,} with {args.kind} does not fit in memory here; running the largest size that fits: "
+            f"n={fit:,} (or use --kind ivf-pq / ivf-sq8)"
+        )
         args.n = fit
         if fit == 0:
             return
@@ -196,14 +214,18 @@ def main() -> None:
     queries = Generator(args.dim, args.seed).part(10**6, args.queries)  # same distribution, unseen points
     parts = layout(args.n, args.months, args.seed)
     filters = [None] + as_of_days(parts, SHARES)  # None: unfiltered
-    print(f"n={args.n:,} dim={args.dim} {args.months} months, layout {args.layout}, kind {args.kind}, "
-          f"{args.queries} queries, k={args.k}")
+    print(
+        f"n={args.n:,} dim={args.dim} {args.months} months, layout {args.layout}, kind {args.kind}, "
+        f"{args.queries} queries, k={args.k}"
+    )
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="bench_ivf_"))
     try:
         manifest, rows, heaps, sizes = build(args, gen, parts, queries, filters, tmp)
-        print(f"built in {time.perf_counter() - t0:.0f}s ({args.build_threads} FAISS thread(s)); exact ground "
-              f"truth {sizes['exact_s']:.0f}s of it")
+        print(
+            f"built in {time.perf_counter() - t0:.0f}s ({args.build_threads} FAISS thread(s)); exact ground "
+            f"truth {sizes['exact_s']:.0f}s of it"
+        )
         sizes["loaded"] = loaded_rss(tmp, manifest)
         # Search what a server holds: the snapshot loaded from its files (checksums and ids verified).
         index = ShardCache().open_snapshot(tmp, manifest, expected_encoder="synthetic", expected_dim=args.dim)
@@ -225,26 +247,34 @@ def main() -> None:
                 times[c].append(time.perf_counter() - t)
     base = float(np.median(times[0]))
     print(f"\nlatency, batch 1, 1 thread (p50 over {len(times[0])} searches); recall@{args.k} against exact search")
-    print(f"{'filter':>10} {'as_of':>10} {'shards':>6} {'boundary nprobe':>20} {'p50 ms':>8} {'p95 ms':>8} "
-          f"{'x unfilt':>8} {'recall':>7}")
+    print(
+        f"{'filter':>10} {'as_of':>10} {'shards':>6} {'boundary nprobe':>20} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'x unfilt':>8} {'recall':>7}"
+    )
     for c, ((as_of, label), heap) in enumerate(zip(calls, heaps)):
         _, found = index.search(queries, as_of, args.k)
         searched = sum(s.min_day <= as_of for s in index.shards)
         p50, p95 = 1000 * np.median(times[c]), 1000 * np.percentile(times[c], 95)
         day = "-" if as_of == dt.date.max else as_of.isoformat()
-        print(f"{label:>10} {day:>10} {searched:>6} {boundary_nprobe(index, as_of):>20} {p50:>8.3f} {p95:>8.3f} "
-              f"{p50 / 1000 / base:>8.2f} {recall_at(found, heap.I):>7.3f}")
+        print(
+            f"{label:>10} {day:>10} {searched:>6} {boundary_nprobe(index, as_of):>20} {p50:>8.3f} {p95:>8.3f} "
+            f"{p50 / 1000 / base:>8.2f} {recall_at(found, heap.I):>7.3f}"
+        )
 
     n = index.ntotal
-    print(f"\nmemory per passage: {sizes['file_bytes'] / n:,.0f} bytes in shard files, {sizes['loaded'] / n:,.0f} "
-          f"bytes of RSS a fresh process gains loading them (peak RSS of this run "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB)")
+    print(
+        f"\nmemory per passage: {sizes['file_bytes'] / n:,.0f} bytes in shard files, {sizes['loaded'] / n:,.0f} "
+        f"bytes of RSS a fresh process gains loading them (peak RSS of this run "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB)"
+    )
     if args.layout == "months" and len(rows) >= 4:
         q = max(1, len(rows) // 4)
         per = [r[3] + r[4] for r in rows]
-        print(f"add a month (build + write shard and manifest): first {q} months {np.mean(per[:q]):.1f}s each "
-              f"(index {rows[0][1]:,}..{rows[q - 1][1]:,} vectors), last {q} months {np.mean(per[-q:]):.1f}s each "
-              f"(index {rows[-q][1]:,}..{rows[-1][1]:,}); ratio last/first {np.mean(per[-q:]) / np.mean(per[:q]):.2f}")
+        print(
+            f"add a month (build + write shard and manifest): first {q} months {np.mean(per[:q]):.1f}s each "
+            f"(index {rows[0][1]:,}..{rows[q - 1][1]:,} vectors), last {q} months {np.mean(per[-q:]):.1f}s each "
+            f"(index {rows[-q][1]:,}..{rows[-1][1]:,}); ratio last/first {np.mean(per[-q:]) / np.mean(per[:q]):.2f}"
+        )
     print(f"load average now {os.getloadavg()[0]:.2f}")
 
 

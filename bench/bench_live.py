@@ -25,6 +25,7 @@ Printed: EM/F1 and evidence recall@5 (a gold answer string in the 5 passages ret
 live paired with each of the others (evaluation.paired: McNemar p, bootstrap interval), latency
 p50/p95, the ingest rate under load and the load's errors. The reader is the home's serving default.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,10 +67,23 @@ def parse_window(text: str) -> tuple[dt.date, dt.date]:
 
 def env_for(home: Path, port: int) -> dict:
     env = dict(os.environ)  # SQA_READER, SQA_ENCODER ... as this process has them; the rest set here
-    env.update(SQA_HOME=str(home), SQA_ADMIN_TOKEN=TOKEN, SQA_RATE_LIMIT="", SQA_SNAPSHOT_POLL_S="1",
-               SQA_LIVE_MAX_WAIT_S="1", SQA_LIVE_POLL_S="0.5", SQA_AUTO_TRAIN="false", SQA_DRIFT_ON_INGEST="false",
-               SQA_INGEST_CRON="0 0 1 1 *", SQA_EVAL_CRON="0 0 2 1 *", SQA_ANSWER_QUEUE="64", SQA_ANSWER_WAIT_S="600",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update(
+        SQA_HOME=str(home),
+        SQA_ADMIN_TOKEN=TOKEN,
+        SQA_RATE_LIMIT="",
+        SQA_SNAPSHOT_POLL_S="1",
+        SQA_LIVE_MAX_WAIT_S="1",
+        SQA_LIVE_POLL_S="0.5",
+        SQA_AUTO_TRAIN="false",
+        SQA_DRIFT_ON_INGEST="false",
+        SQA_INGEST_CRON="0 0 1 1 *",
+        SQA_EVAL_CRON="0 0 2 1 *",
+        SQA_ANSWER_QUEUE="64",
+        SQA_ANSWER_WAIT_S="600",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
@@ -83,16 +97,18 @@ def window_articles(data: Path, first: dt.date, last: dt.date, since: dt.date):
     for a in articles:
         if first <= a.published <= last:
             by_day[a.published].append(a)
-    log(f"slice: {len(articles)} articles since {since} ({len(before)} before the window, "
-        f"{sum(map(len, by_day.values()))} in it), {len(questions)} questions, {report.skipped_total} skipped")
+    log(
+        f"slice: {len(articles)} articles since {since} ({len(before)} before the window, "
+        f"{sum(map(len, by_day.values()))} in it), {len(questions)} questions, {report.skipped_total} skipped"
+    )
     return before, by_day, questions
 
 
 def setup(home: Path, data: Path, first: dt.date, since: dt.date):
     """Import and ingest everything before the window (skipped when the home serves already)."""
     from app.bootstrap import build_encoder, ingest_config, open_database
-    from app.core.config import Settings
-    from app.services.index_state import latest_snapshot_row
+    from serving.index_state import latest_snapshot_row
+    from settings import Settings
     from workers.imports import store_records
     from workers.ingest import ingest
 
@@ -123,8 +139,8 @@ def reset_stream(home: Path, first: dt.date) -> bool:
     from sqlalchemy import delete, func, select
 
     from app.bootstrap import open_database
-    from app.core.config import Settings
-    from app.db.tables import Article, IndexSnapshot, LiveQueueItem, Passage
+    from settings import Settings
+    from store.tables import Article, IndexSnapshot, LiveQueueItem, Passage
 
     db = open_database(Settings(home=home), migrate=False)
     try:
@@ -135,7 +151,9 @@ def reset_stream(home: Path, first: dt.date) -> bool:
             setup_row = s.scalar(select(func.max(IndexSnapshot.id)).where(IndexSnapshot.job_id.is_not(None)))
             s.execute(delete(LiveQueueItem))
             s.execute(delete(Passage).where(Passage.shard_key.like("live-%")))
-            s.execute(delete(Passage).where(Passage.article_id.in_(select(Article.id).where(Article.published >= first))))
+            s.execute(
+                delete(Passage).where(Passage.article_id.in_(select(Article.id).where(Article.published >= first)))
+            )
             s.execute(delete(Article).where(Article.published >= first))
             s.execute(delete(IndexSnapshot).where(IndexSnapshot.id > setup_row))
         log(f"reset: {streamed} streamed articles and the snapshots after the setup taken back")
@@ -185,8 +203,9 @@ class Load:
 
 
 def start(cmd: list[str], env: dict, logfile: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", *cmd], cwd=ROOT, env=env,
-                            stdout=open(logfile, "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *cmd], cwd=ROOT, env=env, stdout=open(logfile, "w"), stderr=subprocess.STDOUT
+    )
 
 
 def wait_healthy(client: httpx.Client, proc: subprocess.Popen, what: str) -> None:
@@ -214,8 +233,11 @@ def probe(client: httpx.Client, article, posted: float, max_s: float = 120.0) ->
     """Seconds from `posted` until an answer as of the article's day cites it (None: not within max_s)."""
     # The title and the first words of the text: a query that finds the article once it is indexed
     # (a title alone misses pages whose text is a teaser), so the wait measured is the ingest's.
-    body = {"question": f"{article.title} {' '.join(article.text.split()[:40])}",
-            "as_of": article.published.isoformat(), "top_k": 20}
+    body = {
+        "question": f"{article.title} {' '.join(article.text.split()[:40])}",
+        "as_of": article.published.isoformat(),
+        "top_k": 20,
+    }
     while time.monotonic() - posted < max_s:
         r = client.post("/v1/answers", json=body)
         if r.status_code == 200 and any(p["url"] == article.url for p in r.json()["passages"]):
@@ -228,9 +250,17 @@ def post(client: httpx.Client, arts: list) -> dict[str, float]:
     """POST `arts` in batches of 100; returns when each batch was acknowledged (monotonic s) by url."""
     posted: dict[str, float] = {}
     for i in range(0, len(arts), 100):
-        part = arts[i:i + 100]
-        body = [{"url": a.url, "title": a.title or a.url, "text": a.text, "published": a.published.isoformat(),
-                 "source": a.source or "realtimeqa"} for a in part]
+        part = arts[i : i + 100]
+        body = [
+            {
+                "url": a.url,
+                "title": a.title or a.url,
+                "text": a.text,
+                "published": a.published.isoformat(),
+                "source": a.source or "realtimeqa",
+            }
+            for a in part
+        ]
         r = client.post("/admin/articles", json=body, headers=ADMIN)
         if r.status_code not in (200, 422):
             raise SystemExit(f"POST /admin/articles answered {r.status_code}: {r.text[:300]}")
@@ -250,13 +280,24 @@ def pick_probes(arts: list, n: int, openings: dict[str, int]) -> list:
     titles = defaultdict(int)
     for a in arts:
         titles[(a.title or "").strip().lower()] += 1
-    return [a for a in arts if a.title and len(a.title) > 25 and titles[a.title.strip().lower()] == 1
-            and openings.get(opening(a.text), 0) == 1][:n]
+    return [
+        a
+        for a in arts
+        if a.title
+        and len(a.title) > 25
+        and titles[a.title.strip().lower()] == 1
+        and openings.get(opening(a.text), 0) == 1
+    ][:n]
 
 
 def score_row(q, prediction: str, texts: list[str]) -> dict:
-    return {"qid": q.qid, "prediction": prediction, "em": exact_match(prediction, q.answers),
-            "f1": token_f1(prediction, q.answers), "recall5": float(any(answer_in_text(q.answers, t) for t in texts[:5]))}
+    return {
+        "qid": q.qid,
+        "prediction": prediction,
+        "em": exact_match(prediction, q.answers),
+        "f1": token_f1(prediction, q.answers),
+        "recall5": float(any(answer_in_text(q.answers, t) for t in texts[:5])),
+    }
 
 
 def stream(args, by_day, questions, first, last) -> dict:
@@ -281,7 +322,7 @@ def stream(args, by_day, questions, first, last) -> dict:
             wait_healthy(client, server, "the server")
             # The burst, under load: the first --load-days days' articles at once (the date filter keeps
             # a question from seeing later days, so asking those days' questions afterwards is fair).
-            burst, rest = days[:args.load_days], days[args.load_days:]
+            burst, rest = days[: args.load_days], days[args.load_days :]
             load.start()
             vectors0, t_burst = client.get("/admin/index", headers=ADMIN).json()["vectors"], time.monotonic()
             post(client, [a for d in burst for a in by_day.get(d, [])])
@@ -309,8 +350,10 @@ def stream(args, by_day, questions, first, last) -> dict:
                     body = r.json()
                     rows[q.qid] = score_row(q, body["answer"], [p["text"] for p in body["passages"]])
                 lat = latency_summary([x * 1000 for x in latencies])
-                log(f"{day}: {len(arts)} articles, {len(by_q.get(day, []))} questions{' under load' if loaded else ''};"
-                    f" latency p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms over {lat['n']} ({missed} missed)")
+                log(
+                    f"{day}: {len(arts)} articles, {len(by_q.get(day, []))} questions{' under load' if loaded else ''};"
+                    f" latency p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms over {lat['n']} ({missed} missed)"
+                )
     finally:
         load.stop()
         for proc in (worker, server):
@@ -322,11 +365,23 @@ def stream(args, by_day, questions, first, last) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
     lat = latency_summary([x * 1000 for x in latencies])
-    return {"rows": rows, "latency_ms": lat, "probes_missed": missed, "load": {
-        "clients": args.clients, "days": min(2 * args.load_days, len(days)), "burst_passages": under_load["passages"],
-        "burst_s": round(under_load["seconds"], 1), "answers": load.ok, "errors": load.errors,
-        "server_errors": load.server_errors,
-        "ingest_passages_per_s": round(under_load["passages"] / under_load["seconds"], 2) if under_load["seconds"] else None}}
+    return {
+        "rows": rows,
+        "latency_ms": lat,
+        "probes_missed": missed,
+        "load": {
+            "clients": args.clients,
+            "days": min(2 * args.load_days, len(days)),
+            "burst_passages": under_load["passages"],
+            "burst_s": round(under_load["seconds"], 1),
+            "answers": load.ok,
+            "errors": load.errors,
+            "server_errors": load.server_errors,
+            "ingest_passages_per_s": round(under_load["passages"] / under_load["seconds"], 2)
+            if under_load["seconds"]
+            else None,
+        },
+    }
 
 
 def offline(args, questions) -> tuple[dict, dict]:
@@ -351,9 +406,12 @@ def offline(args, questions) -> tuple[dict, dict]:
 
 def summary(rows: dict) -> dict:
     n = len(rows) or 1
-    return {"n": len(rows), "em": round(100 * sum(r["em"] for r in rows.values()) / n, 1),
-            "f1": round(100 * sum(r["f1"] for r in rows.values()) / n, 1),
-            "recall5": round(100 * sum(r["recall5"] for r in rows.values()) / n, 1)}
+    return {
+        "n": len(rows),
+        "em": round(100 * sum(r["em"] for r in rows.values()) / n, 1),
+        "f1": round(100 * sum(r["f1"] for r in rows.values()) / n, 1),
+        "recall5": round(100 * sum(r["recall5"] for r in rows.values()) / n, 1),
+    }
 
 
 def main(argv=None) -> int:
@@ -365,13 +423,18 @@ def main(argv=None) -> int:
     p.add_argument("--max-questions", type=int, default=0, help="a --seed sample of the window's questions (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=4, help="load clients during the burst and 2 x --load-days days")
-    p.add_argument("--load-days", type=int, default=7, help="days posted at once (the ingest rate), then streamed under load")
+    p.add_argument(
+        "--load-days", type=int, default=7, help="days posted at once (the ingest rate), then streamed under load"
+    )
     p.add_argument("--probes", type=int, default=2, help="latency probes per day")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if not args.data.is_dir():
-        print(f"the RealTimeQA slice is not at {args.data} (../shared/data/realtimeqa): nothing to replay", file=sys.stderr)
+        print(
+            f"the RealTimeQA slice is not at {args.data} (../shared/data/realtimeqa): nothing to replay",
+            file=sys.stderr,
+        )
         return 2
     first, last = parse_window(args.window)
     args.home = args.home.resolve()
@@ -382,8 +445,8 @@ def main(argv=None) -> int:
     reset_stream(args.home, first)  # a rerun streams into the home as the setup left it
 
     from app.bootstrap import open_database
-    from app.core.config import Settings
     from bench.bench_quality import window_questions
+    from settings import Settings
 
     db = open_database(Settings(home=args.home), migrate=False)
     try:
@@ -394,25 +457,36 @@ def main(argv=None) -> int:
     live = stream(args, by_day, questions, first, last)
     ceiling, monthly = offline(args, questions)
     schedules = {"monthly": monthly, "live": live["rows"], "ceiling": ceiling}
-    result = {"window": args.window, "questions": len(questions), "wall_s": round(time.perf_counter() - t0),
-              "schedules": {k: summary(v) for k, v in schedules.items()},
-              "paired": {}, **{k: v for k, v in live.items() if k != "rows"}}
+    result = {
+        "window": args.window,
+        "questions": len(questions),
+        "wall_s": round(time.perf_counter() - t0),
+        "schedules": {k: summary(v) for k, v in schedules.items()},
+        "paired": {},
+        **{k: v for k, v in live.items() if k != "rows"},
+    }
     print(f"\n{args.window}: {len(questions)} questions (generation subset), each asked as of its day")
     print(f"{'schedule':10s} {'EM':>6s} {'F1':>6s} {'evidence@5':>11s}")
     for name, s in result["schedules"].items():
         print(f"{name:10s} {s['em']:6.1f} {s['f1']:6.1f} {s['recall5']:11.1f}")
     for other in ("monthly", "ceiling"):
         shared = sorted(set(live["rows"]) & set(schedules[other]))
-        pr = paired_em({q: bool(live["rows"][q]["em"]) for q in shared}, {q: bool(schedules[other][q]["em"]) for q in shared})
+        pr = paired_em(
+            {q: bool(live["rows"][q]["em"]) for q in shared}, {q: bool(schedules[other][q]["em"]) for q in shared}
+        )
         result["paired"][f"live_vs_{other}"] = pr
         print(f"paired live vs {other}: {describe_paired(pr, 'live', other)}")
     lat = live["latency_ms"]
-    print(f"arrival -> answerable: p50 {lat.get('p50_ms')} ms, p95 {lat.get('p95_ms')} ms over {lat.get('n')} probes "
-          f"({live['probes_missed']} not cited within 120 s)")
+    print(
+        f"arrival -> answerable: p50 {lat.get('p50_ms')} ms, p95 {lat.get('p95_ms')} ms over {lat.get('n')} probes "
+        f"({live['probes_missed']} not cited within 120 s)"
+    )
     ld = live["load"]
-    print(f"under load ({ld['clients']} clients, {ld['days']} days): {ld['answers']} answers, {ld['errors']} errors "
-          f"({ld['server_errors']} 5xx); ingest {ld['ingest_passages_per_s']} passages/s "
-          f"({ld['burst_passages']} passages POSTed at once, searchable after {ld['burst_s']} s)")
+    print(
+        f"under load ({ld['clients']} clients, {ld['days']} days): {ld['answers']} answers, {ld['errors']} errors "
+        f"({ld['server_errors']} 5xx); ingest {ld['ingest_passages_per_s']} passages/s "
+        f"({ld['burst_passages']} passages POSTed at once, searchable after {ld['burst_s']} s)"
+    )
     if args.out:
         args.out.write_text(json.dumps({**result, "rows": schedules}, indent=2, default=str))
         print(f"wrote {args.out}")

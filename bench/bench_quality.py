@@ -32,6 +32,7 @@ before the window (lag -1Q in StreamingQA's terms) against the serving one (0Q),
 Every answer is appended to `<out>.partial.jsonl`; a rerun with the same --out reuses the answers of
 the same reader, snapshot and question, so a long run can be killed and resumed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,10 +114,12 @@ def open_served(home: Path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
-        raise NotReady(f"{home} holds no database: import and ingest the RealTimeQA slice first "
-                       "(../shared/data/realtimeqa; see README)")
+        raise NotReady(
+            f"{home} holds no database: import and ingest the RealTimeQA slice first "
+            "(../shared/data/realtimeqa; see README)"
+        )
     from app.bootstrap import build_answer_service, build_encoder, open_database
-    from app.core.config import Settings
+    from settings import Settings
 
     settings = Settings(home=home)
     db = open_database(settings, migrate=False)
@@ -133,7 +136,7 @@ def open_served(home: Path):
 def window_questions(db, first: dt.date, last: dt.date, max_questions: int, seed: int):
     """(questions, left out by reason): RealTimeQA's generation subset of the questions asked in
     [first, last], a `seed` sample of `max_questions` of them (0: all), by date."""
-    from workers.bakeoff import load_questions
+    from workers.bakeoff_gold import load_questions
 
     kept, left_out = generation_subset(load_questions(db.sessions, first, last))
     questions = sorted(kept, key=lambda q: (q.asked, q.qid))
@@ -147,14 +150,15 @@ def own_article_hit(session, question) -> bool:
     by its date) hold a gold answer?"""
     from sqlalchemy import select
 
-    from app.db.tables import Article
+    from store.tables import Article
 
     meta = question.meta or {}
     urls = list(dict.fromkeys([*meta.get("gold_urls", []), *meta.get("search_result_urls", [])]))
     if not urls:
         return False
-    texts = session.scalars(select(Article.text).where(Article.url.in_(urls),
-                                                       Article.published <= question.asked)).all()
+    texts = session.scalars(
+        select(Article.text).where(Article.url.in_(urls), Article.published <= question.asked)
+    ).all()
     return any(answer_in_text(list(question.answers), t) for t in texts)
 
 
@@ -166,16 +170,18 @@ class RecentNews:
     def __init__(self, session, questions, days: tuple[int, ...] = NEWS_DAYS) -> None:
         from sqlalchemy import select
 
-        from app.db.tables import Article
+        from store.tables import Article
 
         if not questions:
             self._days, self._texts = [], []
             return
         first = min(q.asked for q in questions) - dt.timedelta(days=max(days))
         last = max(q.asked for q in questions)
-        rows = session.execute(select(Article.published, Article.text)
-                               .where(Article.published >= first, Article.published <= last)
-                               .order_by(Article.published, Article.id)).all()
+        rows = session.execute(
+            select(Article.published, Article.text)
+            .where(Article.published >= first, Article.published <= last)
+            .order_by(Article.published, Article.id)
+        ).all()
         self._days = [published for published, _ in rows]
         self._texts = [haystack(text) for _, text in rows]
 
@@ -190,9 +196,9 @@ class RecentNews:
 def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
     from tqdm import tqdm
 
-    from app.services.answering import answer_evidence
     from models.readers import ReaderPassage
-    from workers.bakeoff import gold_passage
+    from serving.answering import answer_evidence
+    from workers.bakeoff_gold import gold_passage
 
     reader = service.reader
     hits = {k: 0 for k in KS}
@@ -221,7 +227,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             top = [ReaderPassage(p.title, p.text, p.published) for p in found[:n_read]]
             if _reads_answer(reader, q, top):
                 held.add(q.qid)
-                # The same passages without headlines: a reader that prints them (models.context.add_titles)
+                # The same passages without headlines: a reader that prints them (models.reader_context.add_titles)
                 # then reads what it would read without them.
                 if not _reads_answer(reader, q, [ReaderPassage("", p.text, p.published) for p in top]):
                     in_headline.add(q.qid)
@@ -229,8 +235,15 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             r = cache.get("e2e", reader.name, snap.snapshot_id, q.qid)
             if r is None:
                 result = service.answer(q.text, q.asked, snapshot=snap)
-                r = {"kind": "e2e", "reader": reader.name, "snapshot": snap.snapshot_id, "qid": q.qid,
-                     "prediction": result.answer, "timings_ms": result.timings_ms, "confidence": result.confidence}
+                r = {
+                    "kind": "e2e",
+                    "reader": reader.name,
+                    "snapshot": snap.snapshot_id,
+                    "qid": q.qid,
+                    "prediction": result.answer,
+                    "timings_ms": result.timings_ms,
+                    "confidence": result.confidence,
+                }
                 cache.add(r)
             e2e[q.qid] = r["prediction"]
             if r.get("confidence") is not None:  # a reader that gives one (answers cached before it did not)
@@ -248,30 +261,52 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             g = cache.get("gold", reader.name, snap.snapshot_id, q.qid)
             if g is None:
                 t0 = time.perf_counter()
-                text = reader.generate(q.text, q.asked, [ReaderPassage(row.article.title, row.text, row.published)]).text
-                g = {"kind": "gold", "reader": reader.name, "snapshot": snap.snapshot_id, "qid": q.qid,
-                     "prediction": text, "ms": round((time.perf_counter() - t0) * 1000, 2)}
+                text = reader.generate(
+                    q.text, q.asked, [ReaderPassage(row.article.title, row.text, row.published)]
+                ).text
+                g = {
+                    "kind": "gold",
+                    "reader": reader.name,
+                    "snapshot": snap.snapshot_id,
+                    "qid": q.qid,
+                    "prediction": text,
+                    "ms": round((time.perf_counter() - t0) * 1000, 2),
+                }
                 cache.add(g)
             gold[q.qid] = g["prediction"]
             times["gold_read"].append(g["ms"])
     n = len(questions)
     with_gold = [q for q in questions if q.qid in gold]
     judged = [Judged(score(e2e, [q])["em"] == 1.0, q.qid in grounded, confidence.get(q.qid)) for q in questions]
-    return {"n": n, "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
-            "own_articles": round(100 * len(own_held) / n, 1) if n else 0.0,
-            "own_split": _own_split(own_held, held, e2e, questions),
-            "news": {f"{days}d": round(100 * len(held_by) / n, 1) if n else 0.0 for days, held_by in news.items()},
-            "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
-            "grounded": grounded_split(judged),
-            "confidence": confidence_bands(judged),
-            "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
-            "gold_passage": {**{k: round(100 * v, 1) if k in ("em", "f1") else v
-                                for k, v in score(gold, with_gold).items()}, "left_out": n - n_gold},
-            "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
-            "predictions": {q.qid: {"e2e": e2e.get(q.qid), "gold": gold.get(q.qid), "answers": list(q.answers),
-                                    "read": q.qid in held, "own": q.qid in own_held, "grounded": q.qid in grounded,
-                                    "news_days": min((d for d in NEWS_DAYS if q.qid in news[d]), default=None),
-                                    "confidence": confidence.get(q.qid)} for q in questions}}
+    return {
+        "n": n,
+        "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
+        "own_articles": round(100 * len(own_held) / n, 1) if n else 0.0,
+        "own_split": _own_split(own_held, held, e2e, questions),
+        "news": {f"{days}d": round(100 * len(held_by) / n, 1) if n else 0.0 for days, held_by in news.items()},
+        "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
+        "grounded": grounded_split(judged),
+        "confidence": confidence_bands(judged),
+        "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
+        "gold_passage": {
+            **{k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(gold, with_gold).items()},
+            "left_out": n - n_gold,
+        },
+        "latency_ms": {stage: latency_summary(ms) for stage, ms in times.items()},
+        "predictions": {
+            q.qid: {
+                "e2e": e2e.get(q.qid),
+                "gold": gold.get(q.qid),
+                "answers": list(q.answers),
+                "read": q.qid in held,
+                "own": q.qid in own_held,
+                "grounded": q.qid in grounded,
+                "news_days": min((d for d in NEWS_DAYS if q.qid in news[d]), default=None),
+                "confidence": confidence.get(q.qid),
+            }
+            for q in questions
+        },
+    }
 
 
 def _reads_answer(reader, question, passages) -> bool:
@@ -286,8 +321,12 @@ def _own_split(own_held: set[str], held: set[str], predictions: dict, questions)
     them), how many the reader reads an answer for, and end-to-end EM on them and on the rest:
     whether what the reader misses is evidence the corpus has, or an answer it does not state."""
     split = _split_by(own_held, predictions, questions)
-    return {"n": split["n"], "read": len(own_held & held), "em": split["em_when_read"],
-            "em_otherwise": split["em_otherwise"]}
+    return {
+        "n": split["n"],
+        "read": len(own_held & held),
+        "em": split["em_when_read"],
+        "em_otherwise": split["em_otherwise"],
+    }
 
 
 def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str] = frozenset()) -> dict:
@@ -295,15 +334,20 @@ def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str
     and on the rest: whether answers are lost in the ranking or in the reading. `headline_only`:
     those of `held` whose answer the reader sees only in a headline, and EM on them (what printing
     headlines adds)."""
+
     def em(qs) -> float:
         return round(100 * score(predictions, qs)["em"], 1) if qs else 0.0
 
     inside = [q for q in questions if q.qid in held]
     outside = [q for q in questions if q.qid not in held]
     titled = [q for q in inside if q.qid in in_headline]
-    return {"share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
-            "n": len(inside), "em_when_read": em(inside), "em_otherwise": em(outside),
-            "headline_only": {"n": len(titled), "em": em(titled)}}
+    return {
+        "share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
+        "n": len(inside),
+        "em_when_read": em(inside),
+        "em_otherwise": em(outside),
+        "headline_only": {"n": len(titled), "em": em(titled)},
+    }
 
 
 def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
@@ -323,7 +367,7 @@ def open_recorded_snapshot(service, db, snapshot_id: str):
     """A recorded index state (an older serving snapshot, or a replay's quarter-end one), or None."""
     from sqlalchemy import select
 
-    from app.db.tables import IndexSnapshot
+    from store.tables import IndexSnapshot
 
     with db.sessions() as session:
         row = session.scalars(select(IndexSnapshot).where(IndexSnapshot.snapshot_id == snapshot_id)).first()
@@ -336,44 +380,67 @@ def open_recorded_snapshot(service, db, snapshot_id: str):
 def print_window(label: str, m: dict, baseline: dict | None) -> None:
     r, e, g, lat = m["recall"], m["end_to_end"], m["gold_passage"], m["latency_ms"]
     print(f"\n{label}: {m['n']} questions (generation subset)")
-    print("  retrieval recall " + "  ".join(f"{k} {v:.1f}" for k, v in r.items())
-          + f"   own articles {m['own_articles']:.1f}")
+    print(
+        "  retrieval recall "
+        + "  ".join(f"{k} {v:.1f}" for k, v in r.items())
+        + f"   own articles {m['own_articles']:.1f}"
+    )
     if "own_split" in m:
         o = m["own_split"]
-        print(f"  own articles hold one for {o['n']}: the reader reads one for {o['read']} of them; "
-              f"EM {o['em']:.1f} on them, {o['em_otherwise']:.1f} on the rest")
+        print(
+            f"  own articles hold one for {o['n']}: the reader reads one for {o['read']} of them; "
+            f"EM {o['em']:.1f} on them, {o['em_otherwise']:.1f} on the rest"
+        )
     if "news" in m:
-        print("  in the news of the " + " / ".join(k.removesuffix("d") for k in m["news"]) + " days before: "
-              + " / ".join(f"{v:.1f}" for v in m["news"].values()) + "% of questions")
+        print(
+            "  in the news of the "
+            + " / ".join(k.removesuffix("d") for k in m["news"])
+            + " days before: "
+            + " / ".join(f"{v:.1f}" for v in m["news"].values())
+            + "% of questions"
+        )
     interval = m.get("em_interval")
-    print(f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})"
-          + (f"  EM {round(100 * interval['level'])}% interval {interval['low']:.1f}..{interval['high']:.1f}"
-             if interval else ""))
+    print(
+        f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})"
+        + (
+            f"  EM {round(100 * interval['level'])}% interval {interval['low']:.1f}..{interval['high']:.1f}"
+            if interval
+            else ""
+        )
+    )
     if "reader_reads_answer" in m:
         h = m["reader_reads_answer"]
-        print(f"  reader reads one  {h['share']:.1f}% of questions (n {h['n']}): EM {h['em_when_read']:.1f} on those, "
-              f"{h['em_otherwise']:.1f} on the rest")
+        print(
+            f"  reader reads one  {h['share']:.1f}% of questions (n {h['n']}): EM {h['em_when_read']:.1f} on those, "
+            f"{h['em_otherwise']:.1f} on the rest"
+        )
         t = h["headline_only"]
         print(f"    in a headline only: n {t['n']}, EM {t['em']:.1f} on those")
     for line in describe({"grounded": m.get("grounded"), "confidence": m.get("confidence")}):
         print("  " + line)
     print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
     if baseline is not None:
-        print(f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "
-              f"EM {baseline['em_when_read']:.1f} where our reader reads an answer, {baseline['em_otherwise']:.1f} "
-              "on the rest")
+        print(
+            f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "
+            f"EM {baseline['em_when_read']:.1f} where our reader reads an answer, {baseline['em_otherwise']:.1f} "
+            "on the rest"
+        )
         if baseline.get("paired"):
             print("    paired: " + describe_paired(baseline["paired"], "ours", "theirs"))
-    print("  latency ms        " + "  ".join(f"{s} p50 {v['p50_ms']} p95 {v['p95_ms']}" for s, v in lat.items()
-                                             if v["n"]))
+    print(
+        "  latency ms        " + "  ".join(f"{s} p50 {v['p50_ms']} p95 {v['p95_ms']}" for s, v in lat.items() if v["n"])
+    )
 
 
 def question_arguments(description: str, windows: str, max_questions: int) -> argparse.ArgumentParser:
     """A parser with the options every benchmark over a home's questions takes: --home, --windows,
     --max-questions and --seed (`parsed_windows` checks them)."""
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("SQA_HOME", ".sqa"),
-                    help="SQA_HOME with the questions imported and the windows' months ingested")
+    ap.add_argument(
+        "--home",
+        default=os.environ.get("SQA_HOME", ".sqa"),
+        help="SQA_HOME with the questions imported and the windows' months ingested",
+    )
     ap.add_argument("--windows", default=windows, help="FIRST:LAST question days, comma-separated")
     ap.add_argument("--max-questions", type=int, default=max_questions, help="a --seed sample per window (0: all)")
     ap.add_argument("--seed", type=int, default=0)
@@ -397,9 +464,12 @@ def parse_args(argv):
     ap.add_argument("--baseline", default="open_gpt3_gcs_gen", help="a published system ('' for none)")
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA tree holding baseline_results/")
     ap.add_argument("--out", help="write everything here (JSON); answers cached in <out>.partial.jsonl")
-    ap.add_argument("--snapshot", help="measure over this recorded index state instead of the serving one "
-                                       "(`sqa index status` lists them): an index that stopped before the "
-                                       "window, against the serving one, is StreamingQA's lag -1Q against 0Q")
+    ap.add_argument(
+        "--snapshot",
+        help="measure over this recorded index state instead of the serving one "
+        "(`sqa index status` lists them): an index that stopped before the "
+        "window, against the serving one, is StreamingQA's lag -1Q against 0Q",
+    )
     return parsed_windows(ap, argv)
 
 
@@ -419,14 +489,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.snapshot:
             snap = open_recorded_snapshot(service, db, args.snapshot)
             if snap is None:
-                print(f"error: no index snapshot {args.snapshot!r} in {home} (`sqa index status` lists them)",
-                      file=sys.stderr)
+                print(
+                    f"error: no index snapshot {args.snapshot!r} in {home} (`sqa index status` lists them)",
+                    file=sys.stderr,
+                )
                 return 2
         load_s = round(time.perf_counter() - t0, 1)
         reader = service.reader
-        print(f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "
-              f"({service.passages_for(reader)} passages), encoder {snap.manifest.encoder}, snapshot "
-              f"{snap.snapshot_id} (newest article {snap.newest_day}); loaded in {load_s} s")
+        print(
+            f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "
+            f"({service.passages_for(reader)} passages), encoder {snap.manifest.encoder}, snapshot "
+            f"{snap.snapshot_id} (newest article {snap.newest_day}); loaded in {load_s} s"
+        )
         baseline = load_baseline_predictions(Path(args.data), args.baseline, ImportReport()) if args.baseline else {}
         cache = AnswerCache(Path(args.out + ".partial.jsonl") if args.out else None)
         results = {}
@@ -439,19 +513,31 @@ def main(argv: list[str] | None = None) -> int:
             base = None
             if baseline:
                 s = score(baseline, questions)
-                base = {"system": args.baseline, "em": round(100 * s["em"], 1), "f1": round(100 * s["f1"], 1),
-                        "answered": s["answered"], **baseline_split(m, baseline, questions),
-                        "paired": paired_em(ours, right_answers(baseline, questions))}
+                base = {
+                    "system": args.baseline,
+                    "em": round(100 * s["em"], 1),
+                    "f1": round(100 * s["f1"], 1),
+                    "answered": s["answered"],
+                    **baseline_split(m, baseline, questions),
+                    "paired": paired_em(ours, right_answers(baseline, questions)),
+                }
             m.update(left_out_of_subset=dict(left_out), baseline=base)
             print_window(label, m, base)
             results[label] = m
     finally:
         db.close()
     if args.out:
-        config = {"home": str(home), "retriever": service.retriever.name, "reader": reader.name,
-                  "passages": service.passages_for(reader), "snapshot": snap.snapshot_id,
-                  "max_questions": args.max_questions, "seed": args.seed, "cpu_count": os.cpu_count(),
-                  "loadavg": list(os.getloadavg())}
+        config = {
+            "home": str(home),
+            "retriever": service.retriever.name,
+            "reader": reader.name,
+            "passages": service.passages_for(reader),
+            "snapshot": snap.snapshot_id,
+            "max_questions": args.max_questions,
+            "seed": args.seed,
+            "cpu_count": os.cpu_count(),
+            "loadavg": list(os.getloadavg()),
+        }
         Path(args.out).write_text(json.dumps({"config": config, "windows": results}, indent=1) + "\n")
         print(f"written to {args.out}")
     return 0

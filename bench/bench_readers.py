@@ -13,7 +13,7 @@ choices; how many were left out, and why, is printed), optionally a --seed sampl
 --max-questions. Each question is retrieved once with the service's retriever (SQA_RETRIEVER, hybrid
 by default; time-filtered: nothing published after the question date), and every reader gets the
 same top --passages passages. Readers named in --gold-for are also run on the gold-containing
-passage alone (`workers.bakeoff.gold_passage`): an upper bound that separates reading from
+passage alone (`workers.bakeoff_gold.gold_passage`): an upper bound that separates reading from
 retrieval; questions without one are left out of that row. Latency is the reader's own call
 (`generate`, perf_counter), after one warm-up call.
 
@@ -23,6 +23,7 @@ killed and resumed. Reader specs: `gemma`, `first-entity`, `trained:DIR` (models
 `import:package.module:factory` (any callable `factory(device=..., max_passages=...)` returning a
 Reader); each may carry a label, `name=spec`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.bakeoff import MAX_ANSWER_TOKENS, baseline_files, generation_subset, latency_summary
-from evaluation.bakeoff import load_baseline_predictions, score
+from evaluation.bakeoff import (
+    MAX_ANSWER_TOKENS,
+    baseline_files,
+    generation_subset,
+    latency_summary,
+    load_baseline_predictions,
+    score,
+)
 from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
-from workers.bakeoff import BenchQuestion, load_questions
+from workers.bakeoff_gold import BenchQuestion, load_questions
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
@@ -56,6 +63,7 @@ class ReaderSpec:
 @dataclass(frozen=True)
 class Item:
     """What one reader call sees: the question and its passages."""
+
     question: BenchQuestion
     passages: tuple  # ReaderPassage, ...
     passage_ids: tuple[int, ...]
@@ -70,8 +78,9 @@ def parse_reader_specs(text: str) -> list[ReaderSpec]:
         if not label:
             label = f"trained:{Path(spec[8:]).name}" if spec.startswith("trained:") else spec
         if not (spec in ("gemma", "first-entity") or spec.startswith(("trained:", "import:"))):
-            raise ValueError(f"reader {spec!r} is unknown (use gemma, first-entity, trained:DIR or "
-                             "import:module:factory)")
+            raise ValueError(
+                f"reader {spec!r} is unknown (use gemma, first-entity, trained:DIR or import:module:factory)"
+            )
         specs.append(ReaderSpec(label.strip(), spec))
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
@@ -83,11 +92,11 @@ def load_bench_reader(spec: str, *, device: str, passages: int):
     if spec.startswith("trained:"):
         from models.trained import load_trained_reader  # lazily: only when a trained reader is asked for
 
-        return load_trained_reader(Path(spec[len("trained:"):]).expanduser(), device=device, max_passages=passages)
+        return load_trained_reader(Path(spec[len("trained:") :]).expanduser(), device=device, max_passages=passages)
     if spec.startswith("import:"):
         import importlib
 
-        module, _, attr = spec[len("import:"):].partition(":")
+        module, _, attr = spec[len("import:") :].partition(":")
         return getattr(importlib.import_module(module), attr)(device=device, max_passages=passages)
     from models.readers import load_reader
 
@@ -100,7 +109,7 @@ def trained_info(spec: str) -> dict | None:
         return None
     from models.trained import read_reader_info
 
-    info = read_reader_info(Path(spec[len("trained:"):]).expanduser())
+    info = read_reader_info(Path(spec[len("trained:") :]).expanduser())
     return {k: info.get(k) for k in ("kind", "version", "trained_until", "parent_version")}
 
 
@@ -146,15 +155,20 @@ def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passa
     from tqdm import tqdm
 
     from app.bootstrap import build_encoder, build_retriever, index_state
-    from app.services.answering import AnswerLimits, AnswerService
     from models.readers import FirstEntityReader, ReaderPassage
+    from serving.answering import AnswerLimits, AnswerService
 
     encoder = build_encoder(settings)
     state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")
-    limits = AnswerLimits(default_top_k=top_k, max_top_k=top_k, reader_passages=passages,
-                          max_question_chars=1_000_000)
-    service = AnswerService(encoder=encoder, reader=FirstEntityReader(), index_state=state,
-                            session_factory=db.sessions, limits=limits, retriever=build_retriever(settings, encoder))
+    limits = AnswerLimits(default_top_k=top_k, max_top_k=top_k, reader_passages=passages, max_question_chars=1_000_000)
+    service = AnswerService(
+        encoder=encoder,
+        reader=FirstEntityReader(),
+        index_state=state,
+        session_factory=db.sessions,
+        limits=limits,
+        retriever=build_retriever(settings, encoder),
+    )
     state.refresh()
     snap = state.current()
     if snap is None:
@@ -169,24 +183,34 @@ def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passa
         hit_k += any(has[:passages])
         hit_top += any(has)
         top = found[:passages]
-        items[q.qid] = Item(q, tuple(ReaderPassage(p.title, p.text, p.published) for p in top),
-                            tuple(p.passage_id for p in top))
+        items[q.qid] = Item(
+            q, tuple(ReaderPassage(p.title, p.text, p.published) for p in top), tuple(p.passage_id for p in top)
+        )
     n = len(questions)
-    figures = {"snapshot": snap.snapshot_id, "encoder": snap.manifest.encoder, "retriever": service.retriever.name,
-               "newest_indexed_day": str(snap.newest_day), "shards": [e.file for e in snap.manifest.shards],
-               f"recall@{passages}": hit_k / n if n else 0.0, f"recall@{top_k}": hit_top / n if n else 0.0,
-               "latency": latency_summary(ms)}
+    figures = {
+        "snapshot": snap.snapshot_id,
+        "encoder": snap.manifest.encoder,
+        "retriever": service.retriever.name,
+        "newest_indexed_day": str(snap.newest_day),
+        "shards": [e.file for e in snap.manifest.shards],
+        f"recall@{passages}": hit_k / n if n else 0.0,
+        f"recall@{top_k}": hit_top / n if n else 0.0,
+        "latency": latency_summary(ms),
+    }
     return items, figures
 
 
 def gold_items(sessions, questions: list[BenchQuestion]) -> dict[str, Item]:
     from models.readers import ReaderPassage
-    from workers.bakeoff import gold_passage
+    from workers.bakeoff_gold import gold_passage
 
     with sessions() as session:
         pairs = [(q, gold_passage(session, q)) for q in questions]
-        return {q.qid: Item(q, (ReaderPassage(row.article.title, row.text, row.published),), (row.id,))
-                for q, row in pairs if row is not None}
+        return {
+            q.qid: Item(q, (ReaderPassage(row.article.title, row.text, row.published),), (row.id,))
+            for q, row in pairs
+            if row is not None
+        }
 
 
 def run_reader(label: str, spec: str, items: list[Item], cache: PartialCache, get_reader, *, bar: bool) -> dict:
@@ -215,18 +239,35 @@ def run_reader(label: str, spec: str, items: list[Item], cache: PartialCache, ge
         answer = reader.generate(q.text, q.asked, item.passages)
         elapsed = round((time.perf_counter() - t1) * 1000, 2)
         predictions[q.qid], ms[q.qid] = answer.text, elapsed
-        cache.add({"label": label, "qid": q.qid, "spec": spec, "passage_ids": list(item.passage_ids),
-                   "prediction": answer.text, "ms": elapsed})
+        cache.add(
+            {
+                "label": label,
+                "qid": q.qid,
+                "spec": spec,
+                "passage_ids": list(item.passage_ids),
+                "prediction": answer.text,
+                "ms": elapsed,
+            }
+        )
     return out
 
 
 def reader_row(system: str, kind: str, spec: str, questions: list[BenchQuestion], run: dict, left_out: int = 0) -> dict:
     lat = latency_summary([run["ms"][q.qid] for q in questions if q.qid in run["ms"]])
-    return {"system": system, "kind": kind, "spec": spec, **score(run["predictions"], questions),
-            "p50_ms": lat["p50_ms"], "p95_ms": lat["p95_ms"], "mean_ms": lat["mean_ms"], "left_out": left_out,
-            "load_s": run["load_s"], "reused_from_partial": run["reused"],
-            "predictions": {q.qid: run["predictions"].get(q.qid) for q in questions},
-            "ms": {q.qid: run["ms"].get(q.qid) for q in questions}}
+    return {
+        "system": system,
+        "kind": kind,
+        "spec": spec,
+        **score(run["predictions"], questions),
+        "p50_ms": lat["p50_ms"],
+        "p95_ms": lat["p95_ms"],
+        "mean_ms": lat["mean_ms"],
+        "left_out": left_out,
+        "load_s": run["load_s"],
+        "reused_from_partial": run["reused"],
+        "predictions": {q.qid: run["predictions"].get(q.qid) for q in questions},
+        "ms": {q.qid: run["ms"].get(q.qid) for q in questions},
+    }
 
 
 def baseline_rows(data: Path, systems: list[str], questions: list[BenchQuestion]) -> tuple[list[dict], list[str]]:
@@ -240,53 +281,87 @@ def baseline_rows(data: Path, systems: list[str], questions: list[BenchQuestion]
             notes.append(f"{system}: no `*_qa_{system}.jsonl[.gz]` file under {data}: row left out")
             continue
         if report.skipped or report.duplicates:
-            notes.append(f"{system}: {len(baseline_files(data, system))} files; skipped {dict(report.skipped)}, "
-                         f"{report.duplicates} repeated ids (the first kept)")
+            notes.append(
+                f"{system}: {len(baseline_files(data, system))} files; skipped {dict(report.skipped)}, "
+                f"{report.duplicates} repeated ids (the first kept)"
+            )
         covered = sum(q.qid in preds for q in questions)
         if covered < len(questions):
-            notes.append(f"{system}: predictions for only {covered} of the {len(questions)} questions "
-                         "(the others score 0)")
-        rows.append({"system": system, "kind": "baseline", "spec": f"baseline_results/*_qa_{system}",
-                     **score(preds, questions), "p50_ms": None, "p95_ms": None, "mean_ms": None, "left_out": 0,
-                     "predictions": {q.qid: preds.get(q.qid) for q in questions}})
+            notes.append(
+                f"{system}: predictions for only {covered} of the {len(questions)} questions (the others score 0)"
+            )
+        rows.append(
+            {
+                "system": system,
+                "kind": "baseline",
+                "spec": f"baseline_results/*_qa_{system}",
+                **score(preds, questions),
+                "p50_ms": None,
+                "p95_ms": None,
+                "mean_ms": None,
+                "left_out": 0,
+                "predictions": {q.qid: preds.get(q.qid) for q in questions},
+            }
+        )
     return rows, notes
 
 
 def print_table(rows: list[dict]) -> None:
     print()
+
     def ms(x):
         return "-" if x is None else f"{x:.0f}" if x >= 10 else f"{x:.2g}"
 
     print("| system | n | answered | EM | F1 | p50 ms | p95 ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['system']} | {r['n']} | {r['answered']} | {100 * r['em']:.1f} | {100 * r['f1']:.1f} | "
-              f"{ms(r['p50_ms'])} | {ms(r['p95_ms'])} |")
+        print(
+            f"| {r['system']} | {r['n']} | {r['answered']} | {100 * r['em']:.1f} | {100 * r['f1']:.1f} | "
+            f"{ms(r['p50_ms'])} | {ms(r['p95_ms'])} |"
+        )
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("SQA_HOME", ".sqa"),
-                    help="SQA_HOME with the questions imported and the window's months ingested (read only)")
-    ap.add_argument("--database-url", default=None, help="SQA_DATABASE_URL (default: the env's, else the home's SQLite)")
+    ap.add_argument(
+        "--home",
+        default=os.environ.get("SQA_HOME", ".sqa"),
+        help="SQA_HOME with the questions imported and the window's months ingested (read only)",
+    )
+    ap.add_argument(
+        "--database-url", default=None, help="SQA_DATABASE_URL (default: the env's, else the home's SQLite)"
+    )
     ap.add_argument("--from", dest="first", default="2023-04-01", help="first question day, YYYY-MM-DD")
     ap.add_argument("--to", dest="last", default="2023-06-30", help="last question day, YYYY-MM-DD")
-    ap.add_argument("--readers", default="first-entity",
-                    help="comma list of reader specs, each optionally label=spec (default first-entity)")
+    ap.add_argument(
+        "--readers",
+        default="first-entity",
+        help="comma list of reader specs, each optionally label=spec (default first-entity)",
+    )
     ap.add_argument("--gold-for", default="", help="comma list of reader labels also run on the gold passage alone")
     ap.add_argument("--passages", type=int, default=10, help="passages each reader gets (default 10)")
     ap.add_argument("--top-k", type=int, default=20, help="retrieval depth; recall is reported at both (default 20)")
     ap.add_argument("--max-questions", type=int, default=0, help="a --seed sample of this many (0: all)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-answer-tokens", type=int, default=MAX_ANSWER_TOKENS,
-                    help="generation subset: longest first gold answer kept, in tokens (0: any)")
+    ap.add_argument(
+        "--max-answer-tokens",
+        type=int,
+        default=MAX_ANSWER_TOKENS,
+        help="generation subset: longest first gold answer kept, in tokens (0: any)",
+    )
     ap.add_argument("--baselines", default=DEFAULT_BASELINES, help="comma list of published systems ('' for none)")
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="RealTimeQA tree holding baseline_results/")
-    ap.add_argument("--baselines-only", action="store_true", help="score the published systems only: no index, no reader")
+    ap.add_argument(
+        "--baselines-only", action="store_true", help="score the published systems only: no index, no reader"
+    )
     ap.add_argument("--encoder", default=os.environ.get("SQA_ENCODER", "minilm"), help="must be the index's encoder")
     ap.add_argument("--device", default=os.environ.get("SQA_DEVICE", "cpu"))
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("SQA_TORCH_THREADS", "0") or 0),
-                    help="torch and FAISS threads (0: their defaults)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get("SQA_TORCH_THREADS", "0") or 0),
+        help="torch and FAISS threads (0: their defaults)",
+    )
     ap.add_argument("--out", help="write everything here (JSON); answers are cached in <out>.partial.jsonl")
     args = ap.parse_args(argv)
     try:
@@ -322,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         faiss.omp_set_num_threads(args.threads)
 
-    from app.core.config import Settings
     from app.bootstrap import open_database
+    from settings import Settings
 
     overrides = {} if args.database_url is None else {"database_url": args.database_url}
     settings = Settings(home=Path(args.home), encoder=args.encoder, device=args.device, **overrides)
@@ -333,11 +408,16 @@ def main(argv: list[str] | None = None) -> int:
         kept, left_out = generation_subset(in_window, args.max_answer_tokens)
         questions = kept
         if args.max_questions and args.max_questions < len(kept):
-            questions = sorted(random.Random(args.seed).sample(kept, args.max_questions), key=lambda q: (q.asked, q.qid))
+            questions = sorted(
+                random.Random(args.seed).sample(kept, args.max_questions), key=lambda q: (q.asked, q.qid)
+            )
         why = ", ".join(f"{n} {reason}" for reason, n in left_out.most_common()) or "none"
-        print(f"{len(in_window)} questions {args.first}..{args.last} in {settings.home}; generation subset "
-              f"{len(kept)} (left out: {why}); evaluated {len(questions)}"
-              + (f" (a seed-{args.seed} sample)" if len(questions) < len(kept) else ""), flush=True)
+        print(
+            f"{len(in_window)} questions {args.first}..{args.last} in {settings.home}; generation subset "
+            f"{len(kept)} (left out: {why}); evaluated {len(questions)}"
+            + (f" (a seed-{args.seed} sample)" if len(questions) < len(kept) else ""),
+            flush=True,
+        )
         if not questions:
             print("nothing to evaluate")
             return 0
@@ -354,17 +434,19 @@ def main(argv: list[str] | None = None) -> int:
                     info = trained_info(rs.spec)
                     # trained_until is exclusive: the model saw what is dated before it
                     if info and info.get("trained_until") and info["trained_until"] > str(args.first):
-                        notes.append(f"{rs.label} was trained on data up to {info['trained_until']}, after the "
-                                     f"window starts ({args.first}): not a held-out figure")
-                    get_reader = functools.cache(functools.partial(
-                        load_bench_reader, rs.spec, device=args.device, passages=args.passages))
+                        notes.append(
+                            f"{rs.label} was trained on data up to {info['trained_until']}, after the "
+                            f"window starts ({args.first}): not a held-out figure"
+                        )
+                    get_reader = functools.cache(
+                        functools.partial(load_bench_reader, rs.spec, device=args.device, passages=args.passages)
+                    )
                     run = run_reader(rs.label, rs.spec, [items[q.qid] for q in questions], cache, get_reader, bar=bar)
                     rows.append({**reader_row(rs.label, "reader", rs.spec, questions, run), "reader_info": info})
                     if rs.label in args.gold:
                         with_gold = [q for q in questions if q.qid in gold]
                         label = f"{rs.label} (gold passage)"
-                        run = run_reader(label, rs.spec, [gold[q.qid] for q in with_gold], cache, get_reader,
-                                         bar=bar)
+                        run = run_reader(label, rs.spec, [gold[q.qid] for q in with_gold], cache, get_reader, bar=bar)
                         row = reader_row(label, "gold", rs.spec, with_gold, run, len(questions) - len(with_gold))
                         same = score(rows[-1]["predictions"], with_gold) if with_gold else None
                         row["retrieved_on_same_questions"] = same
@@ -375,8 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(args.data)
         systems = [s.strip() for s in args.baselines.split(",") if s.strip()]
         if systems and not (data / "baseline_results").is_dir() and data.name != "baseline_results":
-            notes.append(f"no baseline results under {data} (expected {data / 'baseline_results'}): "
-                         "the baseline rows are left out")
+            notes.append(
+                f"no baseline results under {data} (expected {data / 'baseline_results'}): "
+                "the baseline rows are left out"
+            )
         elif systems:
             brows, bnotes = baseline_rows(data, systems, questions)
             rows += brows
@@ -388,38 +472,78 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["kind"] == "gold":
             same = r["retrieved_on_same_questions"]
-            print(f"\n{r['system']}: {r['left_out']} of {r['n'] + r['left_out']} questions have no stored passage "
-                  "with a gold answer published by their date and are left out of this row"
-                  + (f"; the same reader with retrieved passages on these {same['n']} questions: "
-                     f"EM {100 * same['em']:.1f}, F1 {100 * same['f1']:.1f}" if same else ""))
+            print(
+                f"\n{r['system']}: {r['left_out']} of {r['n'] + r['left_out']} questions have no stored passage "
+                "with a gold answer published by their date and are left out of this row"
+                + (
+                    f"; the same reader with retrieved passages on these {same['n']} questions: "
+                    f"EM {100 * same['em']:.1f}, F1 {100 * same['f1']:.1f}"
+                    if same
+                    else ""
+                )
+            )
     if retrieval:
         k, top = args.passages, args.top_k
         lat = retrieval["latency"]
-        print(f"\nretrieval ({retrieval['retriever']} over {retrieval['encoder']}, snapshot {retrieval['snapshot']}, "
-              f"newest article {retrieval['newest_indexed_day']}): recall@{k} {100 * retrieval[f'recall@{k}']:.1f}, "
-              f"recall@{top} {100 * retrieval[f'recall@{top}']:.1f} (share of questions whose top passages hold a "
-              f"gold answer); retrieve p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms")
+        print(
+            f"\nretrieval ({retrieval['retriever']} over {retrieval['encoder']}, snapshot {retrieval['snapshot']}, "
+            f"newest article {retrieval['newest_indexed_day']}): recall@{k} {100 * retrieval[f'recall@{k}']:.1f}, "
+            f"recall@{top} {100 * retrieval[f'recall@{top}']:.1f} (share of questions whose top passages hold a "
+            f"gold answer); retrieve p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms"
+        )
         last_asked = str(max(q.asked for q in questions))
         if retrieval["newest_indexed_day"] < last_asked:
-            print(f"note: the index ends on {retrieval['newest_indexed_day']}, before the last question ({last_asked}): "
-                  "is the window ingested?")
+            print(
+                f"note: the index ends on {retrieval['newest_indexed_day']}, before the last question ({last_asked}): "
+                "is the window ingested?"
+            )
     for note in notes:
         print(f"note: {note}")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"machine: {os.cpu_count()} cores, load average {load and ' / '.join(f'{x:.1f}' for x in load)}, "
-          f"threads {args.threads or 'default'}")
+    print(
+        f"machine: {os.cpu_count()} cores, load average {load and ' / '.join(f'{x:.1f}' for x in load)}, "
+        f"threads {args.threads or 'default'}"
+    )
     if args.out:
-        result = {"config": {"home": str(settings.home), "from": str(args.first), "to": str(args.last),
-                       "readers": [vars(s) for s in args.reader_specs], "gold_for": args.gold,
-                       "passages": args.passages, "top_k": args.top_k, "max_questions": args.max_questions,
-                       "seed": args.seed, "max_answer_tokens": args.max_answer_tokens, "encoder": args.encoder,
-                       "device": args.device, "threads": args.threads, "baselines_only": args.baselines_only,
-                       "cpu_count": os.cpu_count(), "loadavg_end": list(load) if load else None},
-            "questions": {"in_window": len(in_window), "generation_subset": len(kept),
-                          "left_out": dict(left_out), "evaluated": len(questions)},
-            "retrieval": retrieval, "rows": rows, "notes": notes,
-            "per_question": [{"qid": q.qid, "asked": str(q.asked), "question": q.text, "answers": list(q.answers),
-                              "gold_passage_id": gold_ids.get(q.qid)} for q in questions]}
+        result = {
+            "config": {
+                "home": str(settings.home),
+                "from": str(args.first),
+                "to": str(args.last),
+                "readers": [vars(s) for s in args.reader_specs],
+                "gold_for": args.gold,
+                "passages": args.passages,
+                "top_k": args.top_k,
+                "max_questions": args.max_questions,
+                "seed": args.seed,
+                "max_answer_tokens": args.max_answer_tokens,
+                "encoder": args.encoder,
+                "device": args.device,
+                "threads": args.threads,
+                "baselines_only": args.baselines_only,
+                "cpu_count": os.cpu_count(),
+                "loadavg_end": list(load) if load else None,
+            },
+            "questions": {
+                "in_window": len(in_window),
+                "generation_subset": len(kept),
+                "left_out": dict(left_out),
+                "evaluated": len(questions),
+            },
+            "retrieval": retrieval,
+            "rows": rows,
+            "notes": notes,
+            "per_question": [
+                {
+                    "qid": q.qid,
+                    "asked": str(q.asked),
+                    "question": q.text,
+                    "answers": list(q.answers),
+                    "gold_passage_id": gold_ids.get(q.qid),
+                }
+                for q in questions
+            ],
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(f"written to {args.out}")

@@ -22,6 +22,7 @@ ranker's features), fitted on one window and scored on the other, both ways.
 
 Every question's record is appended to `<out>.partial.jsonl`; a rerun with the same --out resumes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,13 +60,20 @@ def score_continuations(model, tokenizer, prompt: str, answers: list[str]) -> li
         width = max(len(x) for x in ids)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         batch = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
-        mask = torch.cat([torch.ones(len(ids), enc["input_ids"].shape[1], dtype=torch.long),
-                          torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])], 1)
+        mask = torch.cat(
+            [
+                torch.ones(len(ids), enc["input_ids"].shape[1], dtype=torch.long),
+                torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
+            ],
+            1,
+        )
         past = copy.deepcopy(out.past_key_values)
         past.batch_repeat_interleave(len(ids))
         logp = torch.log_softmax(model(input_ids=batch, attention_mask=mask, past_key_values=past).logits.float(), -1)
-    return [(float(first[x[0]]) + sum(float(logp[i, j, x[j + 1]]) for j in range(len(x) - 1))) / len(x)
-            for i, x in enumerate(ids)]
+    return [
+        (float(first[x[0]]) + sum(float(logp[i, j, x[j + 1]]) for j in range(len(x) - 1))) / len(x)
+        for i, x in enumerate(ids)
+    ]
 
 
 def measure(service, session, snap, q, nlp, *, max_candidates: int) -> dict:
@@ -79,10 +87,16 @@ def measure(service, session, snap, q, nlp, *, max_candidates: int) -> dict:
     n = service.passages_for(reader)
     found = service.retriever.retrieve(session, snap, q.text, q.asked, N_WINDOWS * n)
     passages = [ReaderPassage(p.title, p.text, p.published) for p in found]
-    windows = [passages[w * n:(w + 1) * n] for w in range(N_WINDOWS)]
+    windows = [passages[w * n : (w + 1) * n] for w in range(N_WINDOWS)]
     gens = [reader.generate(q.text, q.asked, part).text if part else "" for part in windows]
-    item = ranker_item(q.text, q.asked, annotate_passages(nlp, passage_bodies(passages)),
-                       [p.published for p in passages], qid=q.qid, answers=q.answers)
+    item = ranker_item(
+        q.text,
+        q.asked,
+        annotate_passages(nlp, passage_bodies(passages)),
+        [p.published for p in passages],
+        qid=q.qid,
+        answers=q.answers,
+    )
     wh, head = question_type(q.text)
     cands = sorted(candidates(item), key=lambda c: (c.first_rank, -c.count))[:max_candidates]
     proposed = [a for a in dict.fromkeys([*gens, *(c.text for c in cands)]) if normalize_answer(a)]
@@ -92,9 +106,13 @@ def measure(service, session, snap, q, nlp, *, max_candidates: int) -> dict:
             if part:
                 prompt = build_prompt(q.text, q.asked, reader.context(q.text, part), None)
                 lp[w] = dict(zip(proposed, score_continuations(reader.model, reader.tokenizer, prompt, proposed)))
-    return {"qid": q.qid, "answers": list(q.answers), "gens": gens,
-            "cands": [{"text": c.text, "feat": features(item, c, wh, head, use_score=False)} for c in cands],
-            "lp": {str(w): v for w, v in lp.items()}}
+    return {
+        "qid": q.qid,
+        "answers": list(q.answers),
+        "gens": gens,
+        "cands": [{"text": c.text, "feat": features(item, c, wh, head, use_score=False)} for c in cands],
+        "lp": {str(w): v for w, v in lp.items()},
+    }
 
 
 def answer_rows(r: dict, *, with_candidates: bool) -> list[tuple[str, dict]]:
@@ -111,10 +129,16 @@ def answer_rows(r: dict, *, with_candidates: bool) -> list[tuple[str, dict]]:
         lps = [r["lp"][w][text] for w in sorted(r["lp"]) if text in r["lp"][w]] or [-10.0]
         window = norm.index(key) if key in norm else None  # the first window that wrote it
         own = r["lp"].get(str(window), {}).get(text, lps[0]) if window is not None else lps[0]
-        f = {f"window={window + 1 if window is not None else 0}": 1.0, "agree": float(norm.count(key)),
-             "lp_w1": lps[0], "lp_own": own, "lp_max": max(lps), "lp_mean": float(np.mean(lps)),
-             "lp_w1_gap": lps[0] - max((r["lp"]["0"][t] for t in r["lp"].get("0", {})), default=lps[0]),
-             "entity": float(key in ents)}
+        f = {
+            f"window={window + 1 if window is not None else 0}": 1.0,
+            "agree": float(norm.count(key)),
+            "lp_w1": lps[0],
+            "lp_own": own,
+            "lp_max": max(lps),
+            "lp_mean": float(np.mean(lps)),
+            "lp_w1_gap": lps[0] - max((r["lp"]["0"][t] for t in r["lp"].get("0", {})), default=lps[0]),
+            "entity": float(key in ents),
+        }
         if key in ents:
             f.update({f"e:{k}": v for k, v in ents[key]["feat"].items()})
         rows.append((text, f))
@@ -154,13 +178,21 @@ def em_f1(predictions: list[str], records: list[dict]) -> tuple[float, float]:
 
 def summarise(label: str, records: list[dict], other: list[dict], other_label: str) -> dict:
     served = [r["gens"][0] for r in records]
-    oracle_windows = [max((g for g in r["gens"] if g), key=lambda g: exact_match(g, r["answers"]), default="")
-                      for r in records]
-    oracle_all = [max([*(g for g in r["gens"] if g), *(c["text"] for c in r["cands"])] or [""],
-                      key=lambda a: exact_match(a, r["answers"])) for r in records]
-    rows = {"served answer (window 1)": em_f1(served, records),
-            "oracle: best window": em_f1(oracle_windows, records),
-            "oracle: best of windows and candidates": em_f1(oracle_all, records)}
+    oracle_windows = [
+        max((g for g in r["gens"] if g), key=lambda g: exact_match(g, r["answers"]), default="") for r in records
+    ]
+    oracle_all = [
+        max(
+            [*(g for g in r["gens"] if g), *(c["text"] for c in r["cands"])] or [""],
+            key=lambda a: exact_match(a, r["answers"]),
+        )
+        for r in records
+    ]
+    rows = {
+        "served answer (window 1)": em_f1(served, records),
+        "oracle: best window": em_f1(oracle_windows, records),
+        "oracle: best of windows and candidates": em_f1(oracle_all, records),
+    }
     for cands in (False, True):
         name = f"learned on {other_label}: windows{' + candidates' if cands else ''}"
         predicted = pick_learned(other, records, with_candidates=cands)
@@ -191,15 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     home = Path(args.home)
     if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
-        print(f"error: {home} holds no database: import and ingest the RealTimeQA slice first "
-              "(../shared/data/realtimeqa; see README)", file=sys.stderr)
+        print(
+            f"error: {home} holds no database: import and ingest the RealTimeQA slice first "
+            "(../shared/data/realtimeqa; see README)",
+            file=sys.stderr,
+        )
         return 2
 
     from app.bootstrap import build_answer_service, build_encoder, open_database
-    from app.core.config import Settings
     from evaluation.bakeoff import generation_subset
     from models.selflabel.generate import load_nlp
-    from workers.bakeoff import load_questions
+    from settings import Settings
+    from workers.bakeoff_gold import load_questions
 
     settings = Settings(home=home)
     db = open_database(settings, migrate=False)
@@ -213,29 +248,37 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no index snapshot in {home}: run `sqa ingest` first", file=sys.stderr)
             return 2
         snap, reader, nlp = service.index_state.current(), service.reader, load_nlp()
-        print(f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "
-              f"({service.passages_for(reader)} passages a window, {N_WINDOWS} windows)")
+        print(
+            f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "
+            f"({service.passages_for(reader)} passages a window, {N_WINDOWS} windows)"
+        )
         per_window = []
         for first, last in windows:
             kept, _ = generation_subset(load_questions(db.sessions, first, last))
             questions = sorted(kept, key=lambda q: (q.asked, q.qid))
             if args.max_questions and len(questions) > args.max_questions:
-                questions = sorted(random.Random(args.seed).sample(questions, args.max_questions),
-                                   key=lambda q: (q.asked, q.qid))
+                questions = sorted(
+                    random.Random(args.seed).sample(questions, args.max_questions), key=lambda q: (q.asked, q.qid)
+                )
             records, t0 = [], time.perf_counter()
             for i, q in enumerate(questions, 1):
                 r = cached.get((reader.name, q.qid))
                 if r is None:
                     with db.sessions() as session:
-                        r = {"reader": reader.name, **measure(service, session, snap, q, nlp,
-                                                              max_candidates=args.max_candidates)}
+                        r = {
+                            "reader": reader.name,
+                            **measure(service, session, snap, q, nlp, max_candidates=args.max_candidates),
+                        }
                     if partial is not None:
                         with open(partial, "a") as fh:
                             fh.write(json.dumps(r) + "\n")
                 records.append(r)
                 if i % 25 == 0 or i == len(questions):
-                    print(f"  {first}..{last}: {i}/{len(questions)} questions, {time.perf_counter() - t0:.0f} s",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"  {first}..{last}: {i}/{len(questions)} questions, {time.perf_counter() - t0:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             per_window.append((f"{first}..{last}", records))
     finally:
         db.close()

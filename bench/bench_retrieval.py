@@ -16,6 +16,7 @@ without its date prefix), the share of questions with a known gold article that 
 (the retriever's own call, one thread, after a warm-up). Questions without a gold answer are left
 out and counted. A retriever that needs BM25 files the index lacks says to run `sqa index bm25`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,17 +32,26 @@ from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
 
 KS = (1, 5, 20)  # --ks adds deeper cut-offs (e.g. 100, to see how much a re-ranker could gain)
-RETRIEVERS = {"dense": ("dense", {}), "bm25": ("bm25", {}), "hybrid-rrf": ("hybrid", {"fusion": "rrf"}),
-              "hybrid-weighted": ("hybrid", {"fusion": "weighted", "dense_weight": 0.5})}
+RETRIEVERS = {
+    "dense": ("dense", {}),
+    "bm25": ("bm25", {}),
+    "hybrid-rrf": ("hybrid", {"fusion": "rrf"}),
+    "hybrid-weighted": ("hybrid", {"fusion": "weighted", "dense_weight": 0.5}),
+}
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("SQA_HOME", ".sqa"), help="SQA_HOME with the window ingested (read only)")
+    ap.add_argument(
+        "--home", default=os.environ.get("SQA_HOME", ".sqa"), help="SQA_HOME with the window ingested (read only)"
+    )
     ap.add_argument("--from", dest="first", required=True, help="YYYY-MM-DD: first question date")
     ap.add_argument("--to", dest="last", required=True, help="YYYY-MM-DD: last question date")
-    ap.add_argument("--retrievers", default="dense,bm25,hybrid-rrf,hybrid-weighted",
-                    help=f"comma-separated, of {', '.join(RETRIEVERS)}")
+    ap.add_argument(
+        "--retrievers",
+        default="dense,bm25,hybrid-rrf,hybrid-weighted",
+        help=f"comma-separated, of {', '.join(RETRIEVERS)}",
+    )
     ap.add_argument("--encoder", default="auto", help="SQA_ENCODER (default auto: the index's own encoder)")
     ap.add_argument("--ks", default="1,5,20", help="recall cut-offs, comma-separated (1, 5 and 20 always)")
     ap.add_argument("--max-questions", type=int, default=0, help="first N questions of the window (0: all)")
@@ -61,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sqlalchemy import select
 
-    from app.core.config import Settings
-    from app.db.tables import Question
     from app.bootstrap import build_encoder, index_state, open_database
-    from app.services.retrieval import make_retriever
+    from serving.retrieval import make_retriever
+    from settings import Settings
+    from store.tables import Question
 
     unknown = [r for r in args.retrievers.split(",") if r not in RETRIEVERS]
     if unknown:
@@ -72,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     home = Path(args.home)
     if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
-        print(f"error: {home} holds no database: import and ingest the RealTimeQA slice first "
-              "(../shared/data/realtimeqa; see README)", file=sys.stderr)
+        print(
+            f"error: {home} holds no database: import and ingest the RealTimeQA slice first "
+            "(../shared/data/realtimeqa; see README)",
+            file=sys.stderr,
+        )
         return 2
     faiss.omp_set_num_threads(1)
     torch.set_num_threads(1)
@@ -89,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     snap = state.current()
     with db.sessions() as session:
-        rows = session.scalars(select(Question).where(Question.asked.between(first, last))
-                               .order_by(Question.asked, Question.qid)).all()
+        rows = session.scalars(
+            select(Question).where(Question.asked.between(first, last)).order_by(Question.asked, Question.qid)
+        ).all()
         questions = [q for q in rows if q.answers and any(a.strip() for a in q.answers)]
         left_out = len(rows) - len(questions)
         if args.max_questions:
-            questions = questions[:args.max_questions]
+            questions = questions[: args.max_questions]
         results = {}
         for label in args.retrievers.split(","):
             kind, options = RETRIEVERS[label]
@@ -122,23 +136,43 @@ def main(argv: list[str] | None = None) -> int:
                 if found:
                     days.append((q.asked - found[0].published).days)
             n = len(questions)
-            results[label] = {**{f"recall@{k}": hits[k] / n for k in ks},
-                              "gold_article@20": gold_found / gold_known if gold_known else None,
-                              "gold_known": gold_known, "median_days_top1": statistics.median(days) if days else None,
-                              "latency": latency_summary(ms)}
+            results[label] = {
+                **{f"recall@{k}": hits[k] / n for k in ks},
+                "gold_article@20": gold_found / gold_known if gold_known else None,
+                "gold_known": gold_known,
+                "median_days_top1": statistics.median(days) if days else None,
+                "latency": latency_summary(ms),
+            }
             r = results[label]
             gold_share = "-" if r["gold_article@20"] is None else f"{100 * r['gold_article@20']:5.1f}"
-            print(f"{label:16s} recall@1 {100 * r['recall@1']:5.1f}  @5 {100 * r['recall@5']:5.1f}  "
-                  f"@20 {100 * r['recall@20']:5.1f}  " +
-                  "".join(f"@{k} {100 * r[f'recall@{k}']:5.1f}  " for k in ks if k > 20) + f"gold article@20 {gold_share} "
-                  f"(of {gold_known})  median days to top-1 {r['median_days_top1']}  "
-                  f"p50 {r['latency']['p50_ms']} ms  p95 {r['latency']['p95_ms']} ms", flush=True)
+            print(
+                f"{label:16s} recall@1 {100 * r['recall@1']:5.1f}  @5 {100 * r['recall@5']:5.1f}  "
+                f"@20 {100 * r['recall@20']:5.1f}  "
+                + "".join(f"@{k} {100 * r[f'recall@{k}']:5.1f}  " for k in ks if k > 20)
+                + f"gold article@20 {gold_share} "
+                f"(of {gold_known})  median days to top-1 {r['median_days_top1']}  "
+                f"p50 {r['latency']['p50_ms']} ms  p95 {r['latency']['p95_ms']} ms",
+                flush=True,
+            )
     db.close()
-    print(f"{len(questions)} questions {first}..{last} ({left_out} without a gold answer left out); index "
-          f"{snap.snapshot_id} (encoder {snap.manifest.encoder}): {snap.index.ntotal} passages, {snap.manifest.shards[0].key}..{snap.manifest.shards[-1].key}")
+    print(
+        f"{len(questions)} questions {first}..{last} ({left_out} without a gold answer left out); index "
+        f"{snap.snapshot_id} (encoder {snap.manifest.encoder}): {snap.index.ntotal} passages, "
+        f"{snap.manifest.shards[0].key}..{snap.manifest.shards[-1].key}"
+    )
     if args.out:
-        args.out.write_text(json.dumps({"questions": len(questions), "left_out": left_out,
-                                        "snapshot": snap.snapshot_id, "encoder": snap.manifest.encoder, "results": results}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "questions": len(questions),
+                    "left_out": left_out,
+                    "snapshot": snap.snapshot_id,
+                    "encoder": snap.manifest.encoder,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -21,6 +21,7 @@ It reports errors (anything but 200 other than the admission gate's 503s: target
 scheduled runs (target: exactly one succeeded) and the month's passages (indexed once: the serving
 snapshot's ids equal the passage rows, none twice).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,19 +40,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.db.scratch import scratch_database  # noqa: E402
 from app.server_process import free_port, served  # noqa: E402
 from bench.bench_answers import SAMPLE, pct  # noqa: E402
+from store.scratch import scratch_database  # noqa: E402
 
 MONTH = "2024-03"
-QUESTIONS = [("Who is the mayor of Port Calder?", "2024-03-31"), ("Who coaches the Harbor Hawks?", "2024-02-20"),
-             ("What did the council approve?", "2024-03-15"), ("Who won the regatta?", "2024-01-30")]
+QUESTIONS = [
+    ("Who is the mayor of Port Calder?", "2024-03-31"),
+    ("Who coaches the Harbor Hawks?", "2024-02-20"),
+    ("What did the council approve?", "2024-03-15"),
+    ("Who won the regatta?", "2024-01-30"),
+]
 
 
 def build_home(home: Path, db_url: str) -> None:
     from app.bootstrap import build_encoder, ingest_config, open_database
-    from app.core.config import Settings
     from indexer.importers import read_realtimeqa
+    from settings import Settings
     from workers.imports import store_records
     from workers.ingest import ingest
 
@@ -107,8 +112,9 @@ http {{
     }}
 }}
 """)
-    proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(workdir)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["nginx", "-c", str(conf), "-p", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     import httpx
 
     base = f"http://127.0.0.1:{port}"
@@ -145,8 +151,9 @@ def load(base: str, clients: int, seconds: float, events: list[tuple[float, call
                 question, as_of = rng.choice(QUESTIONS)
                 t0 = time.perf_counter()
                 try:
-                    r = http.post("/v1/answers", json={"question": question, "as_of": as_of,
-                                                       "top_k": rng.randint(1, 10)})
+                    r = http.post(
+                        "/v1/answers", json={"question": question, "as_of": as_of, "top_k": rng.randint(1, 10)}
+                    )
                     status, detail = r.status_code, (r.text[:160] if r.status_code != 200 else "")
                 except httpx.HTTPError as exc:
                     status, detail = 0, f"{type(exc).__name__}: {exc}"
@@ -164,15 +171,26 @@ def load(base: str, clients: int, seconds: float, events: list[tuple[float, call
     ok = [ms for _, ms, s, _ in results if s == 200]
     refused = sum(1 for _, _, s, _ in results if s == 503)
     errors = [(s, d) for _, _, s, d in results if s not in (200, 503)]
-    return {"requests": len(results), "answered": len(ok), "per_s": len(ok) / seconds, "refused_503": refused,
-            "errors": len(errors), "error_examples": errors[:5], "p50_ms": pct(ok, 50), "p95_ms": pct(ok, 95)}
+    return {
+        "requests": len(results),
+        "answered": len(ok),
+        "per_s": len(ok) / seconds,
+        "refused_503": refused,
+        "errors": len(errors),
+        "error_examples": errors[:5],
+        "p50_ms": pct(ok, 50),
+        "p95_ms": pct(ok, 95),
+    }
 
 
 def worker_process(env: dict, log: Path) -> subprocess.Popen:
-    code = ("from app.bootstrap import scheduled_monthly_ingest; "
-            f"job = scheduled_monthly_ingest({MONTH!r}); print(job['state'], job['message'])")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT)
+    code = (
+        "from app.bootstrap import scheduled_monthly_ingest; "
+        f"job = scheduled_monthly_ingest({MONTH!r}); print(job['state'], job['message'])"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT
+    )
 
 
 def month_check(db_url: str, home: Path) -> dict:
@@ -181,27 +199,37 @@ def month_check(db_url: str, home: Path) -> dict:
     from sqlalchemy import func, select
 
     from app.bootstrap import open_database
-    from app.core.config import Settings
-    from app.db.tables import Job, Passage
-    from app.services.index_state import IndexState
+    from serving.index_state import IndexState
+    from settings import Settings
+    from store.tables import Job, Passage
 
     settings = Settings(home=home, database_url=db_url, encoder="hash")
     db = open_database(settings, migrate=False)
     try:
         with db.sessions() as s:
-            runs = [(j.kind, j.state) for j in s.scalars(select(Job).where(Job.kind.in_(("monthly-ingest", "ingest")))
-                                                         .order_by(Job.id)) if (j.params or {}).get("period") == MONTH
-                    or (j.params or {}).get("month") == MONTH]
+            runs = [
+                (j.kind, j.state)
+                for j in s.scalars(select(Job).where(Job.kind.in_(("monthly-ingest", "ingest"))).order_by(Job.id))
+                if (j.params or {}).get("period") == MONTH or (j.params or {}).get("month") == MONTH
+            ]
         state = IndexState(db.sessions, settings.index_dir, encoder="hash-384", dim=384)
         state.refresh()  # checksums, and ids against the database
         snap = state.current()
         shard = next((sh for sh in snap.index.shards if sh.key == MONTH), None)
         ids = shard.ids() if shard is not None else np.array([], dtype=np.int64)
         with db.sessions() as s:
-            rows = s.scalar(select(func.count()).select_from(Passage).where(Passage.faiss_id.in_(ids.tolist()))) \
-                if len(ids) else 0
-        return {"runs": runs, "snapshot": snap.snapshot_id, "month_vectors": int(len(ids)),
-                "unique_ids": int(len(set(ids.tolist()))), "rows_for_ids": int(rows)}
+            rows = (
+                s.scalar(select(func.count()).select_from(Passage).where(Passage.faiss_id.in_(ids.tolist())))
+                if len(ids)
+                else 0
+            )
+        return {
+            "runs": runs,
+            "snapshot": snap.snapshot_id,
+            "month_vectors": int(len(ids)),
+            "unique_ids": int(len(set(ids.tolist()))),
+            "rows_for_ids": int(rows),
+        }
     finally:
         db.close()
 
@@ -230,59 +258,99 @@ def load_wrk(base: str, clients: int, seconds: float, workdir: Path) -> dict:
     script = workdir / "answers.lua"
     table = ", ".join(f'{{"{q}", "{d}"}}' for q, d in QUESTIONS)
     script.write_text(WRK_SCRIPT.replace("{QUESTIONS}", "{" + table + "}"))
-    out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{int(seconds)}s", "--timeout", "120s", "-s", str(script),
-                          base], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{clients}", f"-d{int(seconds)}s", "--timeout", "120s", "-s", str(script), base],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     line = next(x for x in out.splitlines() if x.startswith("WRK "))
     requests, non2xx, socket_errors, duration_us, p50, p95 = line.split()[1:]
     answered = int(requests) - int(non2xx) - int(socket_errors)
-    return {"requests": int(requests), "answered": answered, "per_s": answered / (int(duration_us) / 1e6),
-            "refused_503": "(counted as errors by wrk)", "errors": int(non2xx) + int(socket_errors), "error_examples": [],
-            "p50_ms": float(p50), "p95_ms": float(p95)}
+    return {
+        "requests": int(requests),
+        "answered": answered,
+        "per_s": answered / (int(duration_us) / 1e6),
+        "refused_503": "(counted as errors by wrk)",
+        "errors": int(non2xx) + int(socket_errors),
+        "error_examples": [],
+        "p50_ms": float(p50),
+        "p95_ms": float(p95),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--postgres", default=os.environ.get("SQA_TEST_POSTGRES_URL",
-                                                         "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument(
+        "--postgres",
+        default=os.environ.get("SQA_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
+    )
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--phase-seconds", type=float, default=30.0)
     ap.add_argument("--fault-seconds", type=float, default=60.0)
-    ap.add_argument("--load", choices=["python", "wrk"], default="wrk" if shutil.which("wrk") else "python",
-                    help="the throughput phase's load generator: wrk (Debian: apt-get install wrk; the default "
-                         "where it is on the PATH) or Python threads (httpx), which share the cores with the servers")
+    ap.add_argument(
+        "--load",
+        choices=["python", "wrk"],
+        default="wrk" if shutil.which("wrk") else "python",
+        help="the throughput phase's load generator: wrk (Debian: apt-get install wrk; the default "
+        "where it is on the PATH) or Python threads (httpx), which share the cores with the servers",
+    )
     ap.add_argument("--encode-delay-ms", type=int, default=400, help="the workers' slowed encoder (per batch of 2)")
     args = ap.parse_args()
     if shutil.which("nginx") is None:
         print("nginx is not on the PATH (Debian: apt-get install nginx)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="sqa-scale-") as tmp, scratch_database(args.postgres, "sqa_scale") as db_url:
+    with (
+        tempfile.TemporaryDirectory(prefix="sqa-scale-") as tmp,
+        scratch_database(args.postgres, "sqa_scale") as db_url,
+    ):
         tmp = Path(tmp)
         home = tmp / "home"
         build_home(home, db_url)
-        env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": db_url, "SQA_ENCODER": "hash",
-               "SQA_READER": "first-entity", "SQA_SNAPSHOT_POLL_S": "1", "SQA_RATE_LIMIT": "", "SQA_MIGRATE": "0",
-               "SQA_TORCH_THREADS": "1", "SQA_AUTO_TRAIN": "false", "SQA_ANSWER_QUEUE": "64"}
+        env = {
+            **os.environ,
+            "SQA_HOME": str(home),
+            "SQA_DATABASE_URL": db_url,
+            "SQA_ENCODER": "hash",
+            "SQA_READER": "first-entity",
+            "SQA_SNAPSHOT_POLL_S": "1",
+            "SQA_RATE_LIMIT": "",
+            "SQA_MIGRATE": "0",
+            "SQA_TORCH_THREADS": "1",
+            "SQA_AUTO_TRAIN": "false",
+            "SQA_ANSWER_QUEUE": "64",
+        }
         ports = [free_port() for _ in range(args.replicas)]
         with contextlib.ExitStack() as stack:
-            replicas = [stack.enter_context(served(env, tmp / f"replica-{i}.log", port=p))
-                        for i, p in enumerate(ports)]
-            print(f"{args.replicas} replicas ready on one PostgreSQL database and one SQA_HOME; "
-                  f"{os.cpu_count()} cores", flush=True)
+            replicas = [stack.enter_context(served(env, tmp / f"replica-{i}.log", port=p)) for i, p in enumerate(ports)]
+            print(
+                f"{args.replicas} replicas ready on one PostgreSQL database and one SQA_HOME; {os.cpu_count()} cores",
+                flush=True,
+            )
             phases = []
             for n in range(1, args.replicas + 1):
                 with nginx(ports[:n], tmp / f"nginx-{n}") as base:
                     load(base, args.clients, 3)  # warm-up, not counted
-                    figures = (load_wrk(base, args.clients, args.phase_seconds, tmp) if args.load == "wrk"
-                               else load(base, args.clients, args.phase_seconds))
+                    figures = (
+                        load_wrk(base, args.clients, args.phase_seconds, tmp)
+                        if args.load == "wrk"
+                        else load(base, args.clients, args.phase_seconds)
+                    )
                 phases.append((n, figures))
-                print(f"  {n} replica(s): {figures['per_s']:7.1f} answers/s  p50 {figures['p50_ms']:6.0f} ms  "
-                      f"p95 {figures['p95_ms']:6.0f} ms  errors {figures['errors']}  503 {figures['refused_503']}",
-                      flush=True)
+                print(
+                    f"  {n} replica(s): {figures['per_s']:7.1f} answers/s  p50 {figures['p50_ms']:6.0f} ms  "
+                    f"p95 {figures['p95_ms']:6.0f} ms  errors {figures['errors']}  503 {figures['refused_503']}",
+                    flush=True,
+                )
 
             # Faults: two workers race for the month, the holder is killed, then a replica is.
-            wenv = {**env, "SQA_ENCODER": f"hash:delay_ms={args.encode_delay_ms}", "SQA_ENCODE_BATCH_SIZE": "2",
-                    "SQA_CHECKPOINT_EVERY": "4"}
+            wenv = {
+                **env,
+                "SQA_ENCODER": f"hash:delay_ms={args.encode_delay_ms}",
+                "SQA_ENCODE_BATCH_SIZE": "2",
+                "SQA_CHECKPOINT_EVERY": "4",
+            }
             workers: list[subprocess.Popen] = []
             killed: dict[str, str] = {}
 
@@ -297,10 +365,13 @@ def main() -> int:
                 pid, deadline = None, time.monotonic() + 60
                 with engine.connect() as conn:
                     while pid is None and time.monotonic() < deadline:
-                        pid = conn.execute(text(
-                            "SELECT m.pid FROM jobs m JOIN jobs i ON i.pid = m.pid WHERE m.kind = 'monthly-ingest' "
-                            "AND m.state = 'running' AND i.kind = 'ingest' AND i.state = 'running' "
-                            "AND i.progress > 0.1")).scalar()
+                        pid = conn.execute(
+                            text(
+                                "SELECT m.pid FROM jobs m JOIN jobs i ON i.pid = m.pid WHERE m.kind = 'monthly-ingest' "
+                                "AND m.state = 'running' AND i.kind = 'ingest' AND i.state = 'running' "
+                                "AND i.progress > 0.1"
+                            )
+                        ).scalar()
                         conn.rollback()
                         time.sleep(0.1)
                 engine.dispose()
@@ -316,41 +387,62 @@ def main() -> int:
                 killed["replica"] = f"port {ports[-1]}"
 
             with nginx(ports, tmp / "nginx-faults") as base:
-                faults = load(base, args.clients, args.fault_seconds,
-                              events=[(3, start_workers), (5, kill_holder), (args.fault_seconds * 0.5, kill_replica)])
+                faults = load(
+                    base,
+                    args.clients,
+                    args.fault_seconds,
+                    events=[(3, start_workers), (5, kill_holder), (args.fault_seconds * 0.5, kill_replica)],
+                )
                 for w in workers:
                     w.wait(timeout=600)
                 time.sleep(3)  # the replicas' snapshot poll (1 s)
                 import httpx
 
-                served_snapshots = [httpx.get(f"{r.base}/readyz", timeout=5).json().get("snapshot")
-                                    for r in replicas[:-1]]
+                served_snapshots = [
+                    httpx.get(f"{r.base}/readyz", timeout=5).json().get("snapshot") for r in replicas[:-1]
+                ]
             check = month_check(db_url, home)
             worker_out = [(tmp / f"worker-{i}.log").read_text().strip().splitlines()[-1:] for i in range(2)]
 
     one = phases[0][1]["per_s"] or float("nan")
-    print(f"\nthroughput ({args.clients} clients, {args.phase_seconds:g} s each, hash encoder, first-entity reader, "
-          f"{os.cpu_count()} cores; load from {args.load}, which shares the cores with nginx and the replicas):")
+    print(
+        f"\nthroughput ({args.clients} clients, {args.phase_seconds:g} s each, hash encoder, first-entity reader, "
+        f"{os.cpu_count()} cores; load from {args.load}, which shares the cores with nginx and the replicas):"
+    )
     for n, f in phases:
-        print(f"  {n} replica(s): {f['per_s']:7.1f} answers/s ({f['per_s'] / one:4.2f}x one)  p50 {f['p50_ms']:5.0f} ms  "
-              f"p95 {f['p95_ms']:5.0f} ms  errors {f['errors']}  refused 503 {f['refused_503']}")
-    print(f"\nfaults ({args.fault_seconds:g} s, {args.replicas} replicas): killed worker {killed.get('worker')}, "
-          f"replica {killed.get('replica')}")
-    print(f"  requests {faults['requests']}, answered {faults['answered']} ({faults['per_s']:.1f}/s), "
-          f"refused 503 {faults['refused_503']}, errors {faults['errors']}  p50 {faults['p50_ms']:.0f} ms "
-          f"p95 {faults['p95_ms']:.0f} ms")
+        print(
+            f"  {n} replica(s): {f['per_s']:7.1f} answers/s ({f['per_s'] / one:4.2f}x one)  p50 {f['p50_ms']:5.0f} ms  "
+            f"p95 {f['p95_ms']:5.0f} ms  errors {f['errors']}  refused 503 {f['refused_503']}"
+        )
+    print(
+        f"\nfaults ({args.fault_seconds:g} s, {args.replicas} replicas): killed worker {killed.get('worker')}, "
+        f"replica {killed.get('replica')}"
+    )
+    print(
+        f"  requests {faults['requests']}, answered {faults['answered']} ({faults['per_s']:.1f}/s), "
+        f"refused 503 {faults['refused_503']}, errors {faults['errors']}  p50 {faults['p50_ms']:.0f} ms "
+        f"p95 {faults['p95_ms']:.0f} ms"
+    )
     for e in faults["error_examples"]:
         print(f"    error: {e}")
     print(f"  workers: {worker_out}")
     succeeded = [r for r in check["runs"] if r == ("monthly-ingest", "succeeded")]
     print(f"  {MONTH} runs (kind, state, in order): {check['runs']}")
     print(f"  scheduled runs of {MONTH} that succeeded: {len(succeeded)} (target 1)")
-    print(f"  serving snapshot {check['snapshot']}: {check['month_vectors']} vectors of {MONTH}, "
-          f"{check['unique_ids']} distinct ids, {check['rows_for_ids']} passage rows for them")
-    print(f"  replicas left serving it: {sum(s == check['snapshot'] for s in served_snapshots)} of "
-          f"{len(served_snapshots)}")
-    ok = (faults["errors"] == 0 and len(succeeded) == 1 and check["month_vectors"] == check["unique_ids"]
-          == check["rows_for_ids"] > 0 and all(s == check["snapshot"] for s in served_snapshots))
+    print(
+        f"  serving snapshot {check['snapshot']}: {check['month_vectors']} vectors of {MONTH}, "
+        f"{check['unique_ids']} distinct ids, {check['rows_for_ids']} passage rows for them"
+    )
+    print(
+        f"  replicas left serving it: {sum(s == check['snapshot'] for s in served_snapshots)} of "
+        f"{len(served_snapshots)}"
+    )
+    ok = (
+        faults["errors"] == 0
+        and len(succeeded) == 1
+        and check["month_vectors"] == check["unique_ids"] == check["rows_for_ids"] > 0
+        and all(s == check["snapshot"] for s in served_snapshots)
+    )
     return 0 if ok else 1
 
 

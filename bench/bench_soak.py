@@ -15,6 +15,7 @@ run): the targets are 0 errors and growth under 10%. The defaults (hash encoder,
 reader) put the load on the serving machinery (HTTP, admission, retrieval, the database), not on a
 model; --reader gemma --encoder minilm soaks the default models, far fewer requests a minute.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,12 +76,22 @@ def main() -> int:
         home = Path(tmp) / "home"
         build_home(home, data, since, until, args.encoder)
         questions, _ = pick_questions(home, "", since, until, 10_000, args.seed)
-        env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": "", "SQA_ENCODER": args.encoder,
-               "SQA_READER": args.reader, "SQA_RATE_LIMIT": "", "SQA_SNAPSHOT_POLL_S": "5"}
+        env = {
+            **os.environ,
+            "SQA_HOME": str(home),
+            "SQA_DATABASE_URL": "",
+            "SQA_ENCODER": args.encoder,
+            "SQA_READER": args.reader,
+            "SQA_RATE_LIMIT": "",
+            "SQA_SNAPSHOT_POLL_S": "5",
+        }
         try:
             with served(env, Path(tmp) / "server.log") as server:
-                print(f"server ready in {server.startup_s:.1f} s; {len(questions)} questions; {args.clients} clients "
-                      f"for {args.minutes:g} min (encoder {args.encoder}, reader {args.reader})", flush=True)
+                print(
+                    f"server ready in {server.startup_s:.1f} s; {len(questions)} questions; {args.clients} clients "
+                    f"for {args.minutes:g} min (encoder {args.encoder}, reader {args.reader})",
+                    flush=True,
+                )
                 samples: list[tuple[float, int, float]] = []  # (elapsed s, requests so far, RSS MB)
                 results: list[tuple[float, float, int]] = []  # (start elapsed s, latency ms, status)
                 errors: list[str] = []
@@ -107,8 +118,9 @@ def main() -> int:
                                 if status != 200 and not refused:
                                     errors.append(f"HTTP {status}: {detail}")
 
-                threads = [threading.Thread(target=client, args=(args.seed + i,), daemon=True)
-                           for i in range(args.clients)]
+                threads = [
+                    threading.Thread(target=client, args=(args.seed + i,), daemon=True) for i in range(args.clients)
+                ]
                 for t in threads:
                     t.start()
                 while time.perf_counter() < stop:
@@ -117,8 +129,10 @@ def main() -> int:
                     with lock:
                         n = len(results)
                     samples.append((elapsed, n, rss_mb(server.process.pid)))
-                    print(f"  {elapsed:6.0f} s  {n:7d} requests  RSS {samples[-1][2]:7.1f} MB  errors {len(errors)}",
-                          flush=True)
+                    print(
+                        f"  {elapsed:6.0f} s  {n:7d} requests  RSS {samples[-1][2]:7.1f} MB  errors {len(errors)}",
+                        flush=True,
+                    )
                 for t in threads:
                     t.join(timeout=180)
                 if server.process.poll() is not None:
@@ -133,18 +147,26 @@ def main() -> int:
     base_rss = warm[0][2] if warm else float("nan")
     end_rss = samples[-1][2] if samples else float("nan")
     growth = 100 * (end_rss - base_rss) / base_rss if warm else float("nan")
-    print(f"\nsoak: {args.minutes:g} min, {args.clients} clients, encoder {args.encoder}, reader {args.reader}; "
-          f"{os.cpu_count()} cores")
-    print(f"requests: {len(results)} ({len(results) / duration:.1f}/s); answered {len(ok)}, refused by design (503) "
-          f"{refused}, errors {len(errors)}")
-    print(f"latency ms, whole run: p50 {pct(ok, 50):.0f}  p95 {pct(ok, 95):.0f}  max {max(ok, default=float('nan')):.0f}")
+    print(
+        f"\nsoak: {args.minutes:g} min, {args.clients} clients, encoder {args.encoder}, reader {args.reader}; "
+        f"{os.cpu_count()} cores"
+    )
+    print(
+        f"requests: {len(results)} ({len(results) / duration:.1f}/s); answered {len(ok)}, refused by design (503) "
+        f"{refused}, errors {len(errors)}"
+    )
+    print(
+        f"latency ms, whole run: p50 {pct(ok, 50):.0f}  p95 {pct(ok, 95):.0f}  max {max(ok, default=float('nan')):.0f}"
+    )
     for i in range(5):
         lo, hi = i * duration / 5, (i + 1) * duration / 5
         part = [ms for t, ms, s in results if s == 200 and lo <= t < hi]
         print(f"  fifth {i + 1}: {len(part):6d} answered  p50 {pct(part, 50):6.0f}  p95 {pct(part, 95):6.0f}")
-    print(f"RSS: {samples[0][2] if samples else float('nan'):.1f} MB at the first sample, {base_rss:.1f} MB after "
-          f"warm-up, {end_rss:.1f} MB at the end, peak {max((s[2] for s in samples), default=float('nan')):.1f} MB: "
-          f"growth after warm-up {growth:+.1f}% (target < 10%)")
+    print(
+        f"RSS: {samples[0][2] if samples else float('nan'):.1f} MB at the first sample, {base_rss:.1f} MB after "
+        f"warm-up, {end_rss:.1f} MB at the end, peak {max((s[2] for s in samples), default=float('nan')):.1f} MB: "
+        f"growth after warm-up {growth:+.1f}% (target < 10%)"
+    )
     for e in errors[:5]:
         print(f"  error: {e}")
     return 1 if errors else 0

@@ -12,6 +12,7 @@ their questions together (`all windows`: the test is stronger on more questions)
 question only one run has is left out and said, and so is a difference in the runs' --seed or
 --max-questions. Exit code 2 for a file that is not such a run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,16 @@ def load_run(path: Path) -> tuple[dict, dict]:
     except (OSError, json.JSONDecodeError) as exc:
         raise NotARun(f"{path}: cannot read it as JSON ({exc})") from exc
     windows = data.get("windows") if isinstance(data, dict) else None
-    if not isinstance(windows, dict) or not all(isinstance(w, dict) and isinstance(w.get("predictions"), dict)
-                                                for w in windows.values()):
+    if not isinstance(windows, dict) or not all(
+        isinstance(w, dict) and isinstance(w.get("predictions"), dict) for w in windows.values()
+    ):
         raise NotARun(f"{path}: not a bench.bench_quality --out file (no windows with predictions)")
     for label, w in windows.items():
         for qid, r in w["predictions"].items():
             if not isinstance(r, dict) or "e2e" not in r or not isinstance(r.get("answers"), list):
-                raise NotARun(f"{path}: window {label}, question {qid}: a prediction needs 'e2e' and a list "
-                              "of 'answers'")
+                raise NotARun(
+                    f"{path}: window {label}, question {qid}: a prediction needs 'e2e' and a list of 'answers'"
+                )
     return data.get("config") or {}, {label: w["predictions"] for label, w in windows.items()}
 
 
@@ -63,8 +66,7 @@ _ROLES = {"em_a": "em_new", "em_b": "em_ref", "only_a": "gained", "only_b": "los
 def _new_against_reference(new: dict, ref: dict, qids) -> dict:
     """`paired_em` of B (new) against A (the reference), with the keys named by role: em_new, em_ref,
     difference (B - A), gained (only B right), lost (only A right), p, low, high, level, n."""
-    return {_ROLES.get(k, k): v for k, v in paired_em(_right(new, qids), _right(ref, qids)).items()
-            if k != "left_out"}
+    return {_ROLES.get(k, k): v for k, v in paired_em(_right(new, qids), _right(ref, qids)).items() if k != "left_out"}
 
 
 def _describe(r: dict, a: str, b: str) -> str:
@@ -80,8 +82,12 @@ def compare_window(a: dict, b: dict) -> dict | None:
     common = [q for q in a if q in b]
     if not common:
         return None
-    out = {"all": _new_against_reference(b, a, common), "f1_ref": _f1(a, common), "f1_new": _f1(b, common),
-           "left_out": len(set(a) ^ set(b))}
+    out = {
+        "all": _new_against_reference(b, a, common),
+        "f1_ref": _f1(a, common),
+        "f1_new": _f1(b, common),
+        "left_out": len(set(a) ^ set(b)),
+    }
     for name, keep in (("read", True), ("not_read", False)):
         part = [q for q in common if bool(a[q].get("read")) is keep]
         out[name] = _new_against_reference(b, a, part) if part else None
@@ -89,8 +95,11 @@ def compare_window(a: dict, b: dict) -> dict | None:
 
 
 def _config_differences(config_a: dict, config_b: dict) -> list[str]:
-    return [f"{key} {config_a.get(key)} against {config_b.get(key)}" for key in ("seed", "max_questions")
-            if key in config_a and key in config_b and config_a[key] != config_b[key]]
+    return [
+        f"{key} {config_a.get(key)} against {config_b.get(key)}"
+        for key in ("seed", "max_questions")
+        if key in config_a and key in config_b and config_a[key] != config_b[key]
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     windows = {label: compare_window(run_a[label], run_b[label]) for label in run_a if label in run_b}
     shared = [label for label, r in windows.items() if r is not None]
     if not shared:
-        print(f"error: {args.a} and {args.b} share no question in any window "
-              f"({', '.join(run_a)} against {', '.join(run_b)})", file=sys.stderr)
+        print(
+            f"error: {args.a} and {args.b} share no question in any window "
+            f"({', '.join(run_a)} against {', '.join(run_b)})",
+            file=sys.stderr,
+        )
         return 2
     for difference in _config_differences(config_a, config_b):
         print(f"note: the runs were sampled differently ({difference}): only the questions both asked are paired")
@@ -124,20 +136,28 @@ def main(argv: list[str] | None = None) -> int:
     results = {label: windows[label] for label in shared}
     pooled = None
     if len(shared) > 1:  # the windows' questions together (a qid is one question, whatever its window)
-        pooled = compare_window({q: r for label in shared for q, r in run_a[label].items()},
-                                {q: r for label in shared for q, r in run_b[label].items()})
+        pooled = compare_window(
+            {q: r for label in shared for q, r in run_a[label].items()},
+            {q: r for label in shared for q, r in run_b[label].items()},
+        )
     for label, r in [*results.items(), *([(POOLED, pooled)] if pooled else [])]:
         print(f"\n{label}")
         print(f"  {_describe(r['all'], a, b)}")
         left = r["left_out"]
-        print(f"  F1 {b} {r['f1_new']:.1f} against {a} {r['f1_ref']:.1f}"
-              + (f"; {left} question{'s' if left != 1 else ''} in one run only" if left else ""))
+        print(
+            f"  F1 {b} {r['f1_new']:.1f} against {a} {r['f1_ref']:.1f}"
+            + (f"; {left} question{'s' if left != 1 else ''} in one run only" if left else "")
+        )
         for name, text in (("read", f"where {a}'s reader reads an answer"), ("not_read", "on the rest")):
             if r[name] is not None:
                 print(f"  {text}: {_describe(r[name], a, b)}")
     if args.out:
-        args.out.write_text(json.dumps({"a": str(args.a), "b": str(args.b), "names": names, "windows": results,
-                                        "pooled": pooled}, indent=1) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {"a": str(args.a), "b": str(args.b), "names": names, "windows": results, "pooled": pooled}, indent=1
+            )
+            + "\n"
+        )
         print(f"\nwritten to {args.out}")
     return 0
 

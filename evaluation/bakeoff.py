@@ -1,11 +1,12 @@
 """The reader bake-off's pure parts: the generation subset, published baselines, scoring, latency
 summaries. `bench/bench_readers.py` wires them to the database, the index and the readers; the
-gold-containing passage is looked up in the database by `workers/bakeoff.py`.
+gold-containing passage is looked up in the database by `workers/bakeoff_gold.py`.
 
 Questions are anything with `qid`, `text`, `asked`, `answers` (gold strings) and `meta` (the ORM
 `Question` or a plain stand-in). Scores are fractions in [0, 1]; the primary metric is
 `PRIMARY_METRIC` ("f1"), greater is better.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -20,8 +21,15 @@ from evaluation.subsets import needs_choices
 from indexer.jsonl import iter_jsonl
 from indexer.records import ImportReport
 
-__all__ = ["PRIMARY_METRIC", "GREATER_IS_BETTER", "MAX_ANSWER_TOKENS", "generation_subset",
-           "load_baseline_predictions", "score", "latency_summary"]
+__all__ = [
+    "PRIMARY_METRIC",
+    "GREATER_IS_BETTER",
+    "MAX_ANSWER_TOKENS",
+    "generation_subset",
+    "load_baseline_predictions",
+    "score",
+    "latency_summary",
+]
 
 GREATER_IS_BETTER = True
 MAX_ANSWER_TOKENS = 5  # RealTimeQA's generation setting: short answers only
@@ -42,8 +50,9 @@ class BakeoffQuestion(Protocol):
     meta: dict
 
 
-def generation_subset(questions: Iterable[BakeoffQuestion], max_tokens: int = MAX_ANSWER_TOKENS
-                      ) -> tuple[list[BakeoffQuestion], Counter]:
+def generation_subset(
+    questions: Iterable[BakeoffQuestion], max_tokens: int = MAX_ANSWER_TOKENS
+) -> tuple[list[BakeoffQuestion], Counter]:
     """Questions a generative reader can be scored on, and why the others were left out.
 
     Kept: the first gold answer has 1..max_tokens tokens after SQuAD normalisation, and the
@@ -151,5 +160,9 @@ def latency_summary(ms: Sequence[float]) -> dict[str, float | int | None]:
     if not len(ms):
         return {"n": 0, "p50_ms": None, "p95_ms": None, "mean_ms": None}
     x = np.asarray(ms, dtype=float)
-    return {"n": int(x.size), "p50_ms": round(float(np.percentile(x, 50)), 2),
-            "p95_ms": round(float(np.percentile(x, 95)), 2), "mean_ms": round(float(x.mean()), 2)}
+    return {
+        "n": int(x.size),
+        "p50_ms": round(float(np.percentile(x, 50)), 2),
+        "p95_ms": round(float(np.percentile(x, 95)), 2),
+        "mean_ms": round(float(x.mean()), 2),
+    }

@@ -31,6 +31,7 @@ Example:
     >>> drift_between(feb, jan)
     {'unseen_words': 0.41, 'unseen_words_tokens': 0.12, 'cosine': 0.003, 'kl': 5.2}
 """
+
 from __future__ import annotations
 
 import gzip
@@ -45,34 +46,14 @@ from pathlib import Path
 import numpy as np
 
 from indexer.atomic import write_atomic
+from settings import DRIFT_FEATURE_KINDS as FEATURE_KINDS
+from settings import parse_drift_features
 
-FEATURE_KINDS = ("words", "entities")
-# Every measure drift_between can return, in a stable order (unseen_entities* only when both
-# sides were profiled with entities).
-DRIFT_MEASURES = ("unseen_words", "unseen_words_tokens", "unseen_entities", "unseen_entities_tokens",
-                  "cosine", "kl")
 VAR_FLOOR = 1e-6
 PROFILE_FORMAT = 1
 
 # A word: letters and digits, with inner apostrophes ("don't"); tokens of digits only are dropped.
 _WORD = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*")
-
-
-def parse_features(value: str | Iterable[str]) -> tuple[str, ...]:
-    """'words,entities' (or an iterable of kinds) -> ('words', 'entities'), in FEATURE_KINDS order.
-
-    Raises:
-        ValueError naming the unknown kind, or when no kind is given.
-    """
-    items = value.split(",") if isinstance(value, str) else list(value)
-    kinds = {k.strip().lower() for k in items if k and k.strip()}
-    unknown = sorted(kinds - set(FEATURE_KINDS))
-    if unknown:
-        raise ValueError(f"drift feature {unknown[0]!r} is unknown (use {' and/or '.join(FEATURE_KINDS)}, "
-                         "comma-separated)")
-    if not kinds:
-        raise ValueError(f"no drift features given (use {' and/or '.join(FEATURE_KINDS)})")
-    return tuple(k for k in FEATURE_KINDS if k in kinds)
 
 
 def tokenize_words(text: str) -> list[str]:
@@ -91,8 +72,9 @@ def word_counts(texts: Iterable[str]) -> Counter:
     return counts
 
 
-def entity_counts(texts: Sequence[str], nlp, *, batch_size: int = 64,
-                  progress: Callable[[int], None] | None = None) -> Counter:
+def entity_counts(
+    texts: Sequence[str], nlp, *, batch_size: int = 64, progress: Callable[[int], None] | None = None
+) -> Counter:
     """Named-entity strings (whitespace-normalised, lower-cased) over `texts`.
 
     Args:
@@ -118,10 +100,16 @@ def entity_counts(texts: Sequence[str], nlp, *, batch_size: int = 64,
     return counts
 
 
-def profile_texts(texts: Sequence[str], features: Iterable[str], *, nlp=None, batch_size: int = 64,
-                  progress: Callable[[int], None] | None = None) -> dict[str, Counter]:
+def profile_texts(
+    texts: Sequence[str],
+    features: Iterable[str],
+    *,
+    nlp=None,
+    batch_size: int = 64,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Counter]:
     """{kind: Counter of features} for each requested kind ("entities" needs `nlp`)."""
-    kinds = parse_features(features)
+    kinds = parse_drift_features(features)
     out: dict[str, Counter] = {}
     if "words" in kinds:
         out["words"] = word_counts(texts)
@@ -153,8 +141,10 @@ class MonthProfile:
 
     def __post_init__(self):
         if self.sum_vec.shape != self.sum_sq.shape or self.sum_vec.ndim != 1:
-            raise ValueError(f"profile {self.label}: sum_vec {self.sum_vec.shape} and sum_sq {self.sum_sq.shape} "
-                             "must be (dim,) arrays of one shape")
+            raise ValueError(
+                f"profile {self.label}: sum_vec {self.sum_vec.shape} and sum_sq {self.sum_sq.shape} "
+                "must be (dim,) arrays of one shape"
+            )
         if self.n < 0:
             raise ValueError(f"profile {self.label}: n {self.n} is negative")
 
@@ -183,7 +173,7 @@ class MonthProfile:
         return np.maximum(self.sum_sq / max(self.n, 1) - mean * mean, var_floor)
 
     @classmethod
-    def merge(cls, profiles: Iterable["MonthProfile"]) -> "MonthProfile":
+    def merge(cls, profiles: Iterable[MonthProfile]) -> MonthProfile:
         """One profile of the union of disjoint months. A feature kind survives only if every profile has it.
 
         Raises:
@@ -195,12 +185,16 @@ class MonthProfile:
         months = [m for p in profiles for m in p.months]
         if len(set(months)) != len(months):
             repeated = sorted({m for m in months if months.count(m) > 1})
-            raise ValueError(f"month(s) {', '.join(repeated)} appear in more than one profile: merging would "
-                             "count their passages twice")
+            raise ValueError(
+                f"month(s) {', '.join(repeated)} appear in more than one profile: merging would "
+                "count their passages twice"
+            )
         dims, encoders = {p.dim for p in profiles}, {p.encoder for p in profiles}
         if len(dims) > 1 or len(encoders) > 1:
-            raise ValueError(f"profiles of different encoders or dimensions cannot be merged: "
-                             f"{sorted(encoders)}, {sorted(dims)} dims")
+            raise ValueError(
+                f"profiles of different encoders or dimensions cannot be merged: "
+                f"{sorted(encoders)}, {sorted(dims)} dims"
+            )
         kinds = [k for k in FEATURE_KINDS if all(k in p.counts for p in profiles)]
         counts = {}
         for k in kinds:
@@ -208,30 +202,55 @@ class MonthProfile:
             for p in profiles:
                 total.update(p.counts[k])
             counts[k] = total
-        return cls(months=tuple(sorted(months)), n=sum(p.n for p in profiles),
-                   sum_vec=np.sum([p.sum_vec for p in profiles], axis=0),
-                   sum_sq=np.sum([p.sum_sq for p in profiles], axis=0),
-                   counts=counts, encoder=encoders.pop())
+        return cls(
+            months=tuple(sorted(months)),
+            n=sum(p.n for p in profiles),
+            sum_vec=np.sum([p.sum_vec for p in profiles], axis=0),
+            sum_sq=np.sum([p.sum_sq for p in profiles], axis=0),
+            counts=counts,
+            encoder=encoders.pop(),
+        )
 
 
 merge_profiles = MonthProfile.merge
 
 
-def profile_vectors(months: str | Sequence[str], vectors: np.ndarray, *, encoder: str = "",
-                    counts: dict[str, Counter] | None = None, meta: dict[str, str] | None = None) -> MonthProfile:
+def profile_vectors(
+    months: str | Sequence[str],
+    vectors: np.ndarray,
+    *,
+    encoder: str = "",
+    counts: dict[str, Counter] | None = None,
+    meta: dict[str, str] | None = None,
+) -> MonthProfile:
     """A profile of (n, dim) passage embeddings (plus the feature counts, if already made)."""
     v = np.asarray(vectors)
     if v.ndim != 2 or not np.issubdtype(v.dtype, np.floating):
         raise ValueError(f"vectors must be a 2-d float array, got shape {v.shape} and dtype {v.dtype}")
     v = v.astype(np.float64, copy=False)
-    return MonthProfile(months=(months,) if isinstance(months, str) else tuple(sorted(months)), n=int(v.shape[0]),
-                        sum_vec=v.sum(axis=0), sum_sq=(v * v).sum(axis=0), counts=dict(counts or {}),
-                        encoder=encoder, meta=dict(meta or {}))
+    return MonthProfile(
+        months=(months,) if isinstance(months, str) else tuple(sorted(months)),
+        n=int(v.shape[0]),
+        sum_vec=v.sum(axis=0),
+        sum_sq=(v * v).sum(axis=0),
+        counts=dict(counts or {}),
+        encoder=encoder,
+        meta=dict(meta or {}),
+    )
 
 
-def build_profile(month: str, vectors: np.ndarray, texts: Sequence[str], features: Iterable[str], *,
-                  encoder: str = "", nlp=None, batch_size: int = 64, meta: dict[str, str] | None = None,
-                  progress: Callable[[int], None] | None = None) -> MonthProfile:
+def build_profile(
+    month: str,
+    vectors: np.ndarray,
+    texts: Sequence[str],
+    features: Iterable[str],
+    *,
+    encoder: str = "",
+    nlp=None,
+    batch_size: int = 64,
+    meta: dict[str, str] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> MonthProfile:
     """The profile of one month: its (n, dim) passage embeddings and the n passage texts."""
     if len(texts) != len(vectors):
         raise ValueError(f"month {month}: {len(vectors)} vectors but {len(texts)} texts")
@@ -240,6 +259,7 @@ def build_profile(month: str, vectors: np.ndarray, texts: Sequence[str], feature
 
 
 # ---- the measures --------------------------------------------------------------------------------
+
 
 def unseen_share(target: Counter, source: Counter) -> tuple[float, float]:
     """(share of target types absent from source, share of target tokens whose type is absent)."""
@@ -278,19 +298,21 @@ def drift_between(target: MonthProfile, source: MonthProfile, *, var_floor: floa
         if p.n == 0:
             raise ValueError(f"the {side} profile {p.label} has no passages")
     if target.dim != source.dim or target.encoder != source.encoder:
-        raise ValueError(f"target {target.label} ({target.encoder}, {target.dim} dims) and source {source.label} "
-                         f"({source.encoder}, {source.dim} dims) come from different encoders")
+        raise ValueError(
+            f"target {target.label} ({target.encoder}, {target.dim} dims) and source {source.label} "
+            f"({source.encoder}, {source.dim} dims) come from different encoders"
+        )
     out: dict[str, float] = {}
     for kind in FEATURE_KINDS:
         if kind in target.counts and kind in source.counts and target.counts[kind]:
-            out[f"unseen_{kind}"], out[f"unseen_{kind}_tokens"] = unseen_share(target.counts[kind],
-                                                                                source.counts[kind])
+            out[f"unseen_{kind}"], out[f"unseen_{kind}_tokens"] = unseen_share(target.counts[kind], source.counts[kind])
     out["cosine"] = cosine_distance(target, source)
     out["kl"] = gaussian_kl(target, source, var_floor)
     return out
 
 
 # ---- files ---------------------------------------------------------------------------------------
+
 
 def profile_files(stem: Path) -> tuple[Path, Path]:
     """(<stem>.npz, <stem>.json.gz)."""
@@ -309,11 +331,24 @@ def save_profile(profile: MonthProfile, stem: Path) -> tuple[Path, Path]:
     npz_path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(8)
     buf = io.BytesIO()
-    np.savez(buf, sum_vec=profile.sum_vec.astype(np.float64), sum_sq=profile.sum_sq.astype(np.float64),
-             n=np.int64(profile.n), months=np.array(profile.months, dtype=str), token=np.array(token))
-    body = {"format": PROFILE_FORMAT, "token": token, "months": list(profile.months), "n": profile.n,
-            "dim": profile.dim, "encoder": profile.encoder, "meta": profile.meta,
-            "counts": {k: dict(c) for k, c in profile.counts.items()}}
+    np.savez(
+        buf,
+        sum_vec=profile.sum_vec.astype(np.float64),
+        sum_sq=profile.sum_sq.astype(np.float64),
+        n=np.int64(profile.n),
+        months=np.array(profile.months, dtype=str),
+        token=np.array(token),
+    )
+    body = {
+        "format": PROFILE_FORMAT,
+        "token": token,
+        "months": list(profile.months),
+        "n": profile.n,
+        "dim": profile.dim,
+        "encoder": profile.encoder,
+        "meta": profile.meta,
+        "counts": {k: dict(c) for k, c in profile.counts.items()},
+    }
     write_atomic(npz_path, buf.getvalue())
     write_atomic(json_path, gzip.compress(json.dumps(body, ensure_ascii=False).encode("utf-8"), mtime=0))
     return npz_path, json_path
@@ -336,10 +371,23 @@ def load_profile(stem: Path) -> MonthProfile:
             n, months, token = int(arrays["n"]), tuple(str(m) for m in arrays["months"]), str(arrays["token"])
     except (OSError, ValueError, KeyError, EOFError) as exc:
         raise ValueError(f"drift profile {stem} is unreadable ({exc})") from None
-    if body.get("format") != PROFILE_FORMAT or body.get("token") != token or tuple(body.get("months", ())) != months \
-            or body.get("n") != n or body.get("dim") != sum_vec.shape[0]:
-        raise ValueError(f"drift profile {stem}: {npz_path.name} and {json_path.name} disagree (an interrupted "
-                         "write?); build it again")
-    return MonthProfile(months=months, n=n, sum_vec=sum_vec, sum_sq=sum_sq,
-                        counts={k: Counter(v) for k, v in body["counts"].items()},
-                        encoder=body.get("encoder", ""), meta=dict(body.get("meta") or {}))
+    if (
+        body.get("format") != PROFILE_FORMAT
+        or body.get("token") != token
+        or tuple(body.get("months", ())) != months
+        or body.get("n") != n
+        or body.get("dim") != sum_vec.shape[0]
+    ):
+        raise ValueError(
+            f"drift profile {stem}: {npz_path.name} and {json_path.name} disagree (an interrupted "
+            "write?); build it again"
+        )
+    return MonthProfile(
+        months=months,
+        n=n,
+        sum_vec=sum_vec,
+        sum_sq=sum_sq,
+        counts={k: Counter(v) for k, v in body["counts"].items()},
+        encoder=body.get("encoder", ""),
+        meta=dict(body.get("meta") or {}),
+    )

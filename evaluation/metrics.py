@@ -13,6 +13,7 @@ consequences for numbers (kept on purpose, so scores stay comparable with publis
 
 Words are not spelled out: "five" does not match "5".
 """
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 PRIMARY_METRIC = "f1"
 GREATER_IS_BETTER = True
@@ -163,16 +164,18 @@ def answer_support(answer: str, texts: Iterable[str]) -> list[int]:
 
 
 # Words a question shares with any sentence: they tell nothing about where its answer is.
-_EVIDENCE_STOP = frozenset("""
+_EVIDENCE_STOP = frozenset(
+    """
 a an the and or but if of to in on at by for with from as into about over after before between under
 than then so such that this these those there here is are was were be been being am do does did has
 have had it its he she they them his her their our we you your who whom whose what which when where
 why how many much week weeks year years month months day days last past recent recently new news
 according said says not no will would can could should may might one also more most other
-""".split())
+""".split()
+)
 # A sentence ends at . ! ? (optionally closed by a quote or bracket) before a space and a capital,
 # a digit or an opening quote. Abbreviations ("U.S. President") split wrongly now and then; the
-# cost is a sentence kept in two halves, not a lost word. (models.context splits passages with it too.)
+# cost is a sentence kept in two halves, not a lost word. (models.reader_context splits passages with it too.)
 SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]?\s+(?=[A-Z0-9\"'“‘(])")
 
 
@@ -207,7 +210,7 @@ def _as_date(value: date | datetime | str) -> date:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError(f"datetime {value.isoformat()} is naive (give a timezone-aware UTC datetime or a date)")
-        return value.astimezone(timezone.utc).date()
+        return value.astimezone(UTC).date()
     if isinstance(value, date):
         return value
     try:

@@ -11,6 +11,7 @@ against 0 of 131 it excludes zero (a resample misses all five less than 2.5% of 
 0.06. Used by
 `bench/bench_quality.py` (against a published system) and `bench/compare_quality.py` (two runs).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -50,8 +51,9 @@ def _interval(means: np.ndarray, level: float) -> tuple[float, float]:
     return _points(float(lo)), _points(float(hi))
 
 
-def em_interval(right: Mapping[str, bool], *, rounds: int = BOOTSTRAP_ROUNDS, level: float = LEVEL,
-                seed: int = 0) -> dict:
+def em_interval(
+    right: Mapping[str, bool], *, rounds: int = BOOTSTRAP_ROUNDS, level: float = LEVEL, seed: int = 0
+) -> dict:
     """One system's EM (points) with a percentile bootstrap interval over its questions.
 
     Example:
@@ -77,8 +79,9 @@ def mcnemar_p(only_a: int, only_b: int) -> float:
     return float(binomtest(only_a, only_a + only_b, 0.5, alternative="two-sided").pvalue)
 
 
-def paired_em(a: Mapping[str, bool], b: Mapping[str, bool], *, rounds: int = BOOTSTRAP_ROUNDS,
-              level: float = LEVEL, seed: int = 0) -> dict:
+def paired_em(
+    a: Mapping[str, bool], b: Mapping[str, bool], *, rounds: int = BOOTSTRAP_ROUNDS, level: float = LEVEL, seed: int = 0
+) -> dict:
     """System A against system B on the questions both were scored on (right or wrong each).
 
     Returns:
@@ -99,10 +102,19 @@ def paired_em(a: Mapping[str, bool], b: Mapping[str, bool], *, rounds: int = BOO
     xb = np.fromiter((bool(b[q]) for q in common), dtype=float)
     only_a, only_b = int(((xa == 1) & (xb == 0)).sum()), int(((xa == 0) & (xb == 1)).sum())
     lo, hi = _interval(_bootstrap_means(xa - xb, rounds, seed), level)
-    return {"n": len(common), "em_a": _points(float(xa.mean())), "em_b": _points(float(xb.mean())),
-            "difference": _points(float((xa - xb).mean())), "only_a": only_a, "only_b": only_b,
-            "p": round(mcnemar_p(only_a, only_b), 4), "low": lo, "high": hi, "level": level,
-            "left_out": len(set(a) ^ set(b))}
+    return {
+        "n": len(common),
+        "em_a": _points(float(xa.mean())),
+        "em_b": _points(float(xb.mean())),
+        "difference": _points(float((xa - xb).mean())),
+        "only_a": only_a,
+        "only_b": only_b,
+        "p": round(mcnemar_p(only_a, only_b), 4),
+        "low": lo,
+        "high": hi,
+        "level": level,
+        "left_out": len(set(a) ^ set(b)),
+    }
 
 
 def describe_paired(r: dict, a: str = "A", b: str = "B") -> str:
@@ -111,6 +123,8 @@ def describe_paired(r: dict, a: str = "A", b: str = "B") -> str:
     pct = round(100 * r["level"])
     p = r["p"]
     p_text = "1" if p >= 1 else f"{p:.2g}" if p >= 0.001 else "< 0.001"
-    return (f"{a} {r['em_a']:.1f} against {b} {r['em_b']:.1f} (n {r['n']}): {r['difference']:+.1f} EM, "
-            f"{pct}% interval {r['low']:+.1f}..{r['high']:+.1f}; only {a} right {r['only_a']}, "
-            f"only {b} right {r['only_b']}, McNemar p {p_text}")
+    return (
+        f"{a} {r['em_a']:.1f} against {b} {r['em_b']:.1f} (n {r['n']}): {r['difference']:+.1f} EM, "
+        f"{pct}% interval {r['low']:+.1f}..{r['high']:+.1f}; only {a} right {r['only_a']}, "
+        f"only {b} right {r['only_b']}, McNemar p {p_text}"
+    )

@@ -16,6 +16,7 @@ in F1 points. `summarise` gives the estimate (mean over the strategy's splits), 
 standard deviation, min and max) and the difference from the temporal estimate, as in the paper's
 Table 2. Pure functions: the learner and the scoring come from the caller.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,7 @@ def length_split(lengths: Sequence[int], *, test_fraction: float = 0.1) -> list[
     return [Split("length", 0, np.sort(order[size:]), np.sort(order[:size]))]
 
 
-def adversarial_splits(embeddings: np.ndarray, *, k: int = 5, test_fraction: float = 0.1,
-                       seed: int = 0) -> list[Split]:
+def adversarial_splits(embeddings: np.ndarray, *, k: int = 5, test_fraction: float = 0.1, seed: int = 0) -> list[Split]:
     """k splits whose test set is a random centroid's nearest neighbours.
 
     Args:
@@ -129,10 +129,19 @@ def summarise(scores: Sequence[SplitScore]) -> list[dict]:
         values = np.array([s.score for s in mine])
         base = float(np.mean([s.baseline for s in mine]))
         estimate = float(values.mean())
-        rows.append({"strategy": strategy, "splits": len(mine), "n_test": int(np.mean([s.n_test for s in mine])),
-                     "estimate": estimate, "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
-                     "min": float(values.min()), "max": float(values.max()), "baseline": base,
-                     "error_reduction": error_reduction(estimate, base)})
+        rows.append(
+            {
+                "strategy": strategy,
+                "splits": len(mine),
+                "n_test": int(np.mean([s.n_test for s in mine])),
+                "estimate": estimate,
+                "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+                "min": float(values.min()),
+                "max": float(values.max()),
+                "baseline": base,
+                "error_reduction": error_reduction(estimate, base),
+            }
+        )
     truth = next((r["estimate"] for r in rows if r["strategy"] == "temporal"), math.nan)
     for r in rows:
         r["diff_from_temporal"] = r["estimate"] - truth

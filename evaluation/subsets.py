@@ -1,4 +1,5 @@
 """Question subsets used by evaluation: RealTimeQA's generation subset."""
+
 from __future__ import annotations
 
 import re

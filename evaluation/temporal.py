@@ -25,6 +25,7 @@ the p-value is 1.0 (no evidence of any effect); with no differences at all it is
 Lag = state - test in quarters, as in StreamingQA's lag analysis: -1 means the index stops at the
 end of the quarter before the question's, 0 the end of the question's own quarter.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,7 @@ import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from itertools import combinations
 
 import numpy as np
@@ -76,7 +77,7 @@ def quarter_of(day: date | datetime | str) -> str:
     if isinstance(day, datetime):
         if day.tzinfo is None:
             raise ValueError(f"datetime {day.isoformat()} is naive (give a timezone-aware UTC datetime or a date)")
-        day = day.astimezone(timezone.utc).date()
+        day = day.astimezone(UTC).date()
     elif isinstance(day, str):
         try:
             day = date.fromisoformat(day)
@@ -128,7 +129,7 @@ def wilcoxon_p(differences: Iterable[float]) -> float:
 
 
 def wilcoxon_method(d: np.ndarray) -> str:
-    """"exact" for at most 50 differences with no ties and no zeros, else "asymptotic" (SciPy's
+    """ "exact" for at most 50 differences with no ties and no zeros, else "asymptotic" (SciPy's
     rule before 1.15). Newer SciPy's "auto" answers ties by enumerating all 2^n sign flips: 4 s for
     12 tied differences here, doubling with each one more, where the quarterly grids have many."""
     nonzero = np.abs(d[d != 0])
@@ -218,15 +219,18 @@ class TemporalGrid:
                 raise ValueError(f"question {key[0]} has two results for state {key[1]} (give one row per pair)")
             seen.add(key)
             metrics = {str(k): float(v) for k, v in row["metrics"].items()}
-            results.append(_Result(key[0], row["test_quarter"], row["state_quarter"],
-                                   str(row.get("subset") or "other"), metrics))
+            results.append(
+                _Result(key[0], row["test_quarter"], row["state_quarter"], str(row.get("subset") or "other"), metrics)
+            )
         return cls(results)
 
     def _scores(self, state: str, test: str, metric: str, subset: str | None) -> dict[str, float]:
         """question_id -> score in one cell (questions lacking the metric or the subset left out)."""
-        return {r.question_id: r.metrics[metric] for r in self._cells.get((state, test), [])
-                if metric in r.metrics and not math.isnan(r.metrics[metric])
-                and (subset is None or r.subset == subset)}
+        return {
+            r.question_id: r.metrics[metric]
+            for r in self._cells.get((state, test), [])
+            if metric in r.metrics and not math.isnan(r.metrics[metric]) and (subset is None or r.subset == subset)
+        }
 
     def cell(self, state: str, test: str, metric: str = "f1", subset: str | None = None) -> float | None:
         """Mean metric of one state on one test quarter; None when the cell is empty."""
@@ -257,7 +261,7 @@ class TemporalGrid:
             {lag: mean}, sorted by lag; lags with no question are absent.
         """
         pooled: dict[int, list[float]] = {}
-        for (s, t) in self._cells:
+        for s, t in self._cells:
             scores = self._scores(s, t, metric, subset).values()
             pooled.setdefault(quarter_index(s) - quarter_index(t), []).extend(scores)
         return {lag: _mean(v) for lag, v in sorted(pooled.items()) if v}
@@ -271,12 +275,18 @@ class TemporalGrid:
         states, tests, values = self.matrix(metric, subset)
         diffs = []
         for i, s in enumerate(states):
-            row = [(j, quarter_index(t)) for j, t in enumerate(tests)
-                   if quarter_index(t) >= quarter_index(s) and not math.isnan(values[i, j])]
+            row = [
+                (j, quarter_index(t))
+                for j, t in enumerate(tests)
+                if quarter_index(t) >= quarter_index(s) and not math.isnan(values[i, j])
+            ]
             for (j1, t1), (j2, t2) in combinations(row, 2):
                 diffs.append((values[i, j2] - values[i, j1]) / (t2 - t1))
-        return {"score": float(np.mean(diffs)) if diffs else math.nan,
-                "p_value": wilcoxon_p(diffs), "n_pairs": len(diffs)}
+        return {
+            "score": float(np.mean(diffs)) if diffs else math.nan,
+            "p_value": wilcoxon_p(diffs),
+            "n_pairs": len(diffs),
+        }
 
     def adaptation(self, metric: str = "f1", subset: str | None = None) -> dict[str, float]:
         """Adaptation score (see the module docstring): newer states on a fixed quarter.
@@ -289,16 +299,23 @@ class TemporalGrid:
         states, tests, values = self.matrix(metric, subset)
         cell_diffs, paired = [], []
         for j, t in enumerate(tests):
-            column = [(i, s) for i, s in enumerate(states)
-                      if quarter_index(s) <= quarter_index(t) and not math.isnan(values[i, j])]
+            column = [
+                (i, s)
+                for i, s in enumerate(states)
+                if quarter_index(s) <= quarter_index(t) and not math.isnan(values[i, j])
+            ]
             for (i1, s1), (i2, s2) in combinations(column, 2):
                 gap = quarter_index(s2) - quarter_index(s1)
                 cell_diffs.append((values[i2, j] - values[i1, j]) / gap)
                 old, new = self._scores(s1, t, metric, subset), self._scores(s2, t, metric, subset)
                 paired.extend((new[q] - old[q]) / gap for q in sorted(old.keys() & new.keys()))
         tested = paired or cell_diffs
-        return {"score": float(np.mean(cell_diffs)) if cell_diffs else math.nan,
-                "p_value": wilcoxon_p(tested), "n_pairs": len(tested), "n_cell_pairs": len(cell_diffs)}
+        return {
+            "score": float(np.mean(cell_diffs)) if cell_diffs else math.nan,
+            "p_value": wilcoxon_p(tested),
+            "n_pairs": len(tested),
+            "n_cell_pairs": len(cell_diffs),
+        }
 
     def corners(self, metric: str = "f1", subset: str | None = None) -> dict[str, dict]:
         """Three salient cells of the lower triangle (s <= t).
@@ -311,8 +328,12 @@ class TemporalGrid:
             adaptation).
         """
         states, tests, values = self.matrix(metric, subset)
-        filled = [(s, t, float(values[i, j])) for i, s in enumerate(states) for j, t in enumerate(tests)
-                  if quarter_index(s) <= quarter_index(t) and not math.isnan(values[i, j])]
+        filled = [
+            (s, t, float(values[i, j]))
+            for i, s in enumerate(states)
+            for j, t in enumerate(tests)
+            if quarter_index(s) <= quarter_index(t) and not math.isnan(values[i, j])
+        ]
         empty = {"state": None, "test": None, "value": None}
         if not filled:
             return {k: dict(empty) for k in ("old_state_old_test", "old_state_new_test", "new_state_new_test")}
@@ -321,9 +342,21 @@ class TemporalGrid:
         new_test = max((t for _, t, _ in filled), key=quarter_index)
         new_state = max((s for s, t, _ in filled if t == new_test), key=quarter_index)
         return {
-            "old_state_old_test": {"state": old_state, "test": old_test, "value": self.cell(old_state, old_test, metric, subset)},
-            "old_state_new_test": {"state": old_state, "test": new_test, "value": self.cell(old_state, new_test, metric, subset)},
-            "new_state_new_test": {"state": new_state, "test": new_test, "value": self.cell(new_state, new_test, metric, subset)},
+            "old_state_old_test": {
+                "state": old_state,
+                "test": old_test,
+                "value": self.cell(old_state, old_test, metric, subset),
+            },
+            "old_state_new_test": {
+                "state": old_state,
+                "test": new_test,
+                "value": self.cell(old_state, new_test, metric, subset),
+            },
+            "new_state_new_test": {
+                "state": new_state,
+                "test": new_test,
+                "value": self.cell(new_state, new_test, metric, subset),
+            },
         }
 
     def by_quarter(self, lag: int = 0) -> list[dict]:
@@ -354,16 +387,26 @@ class TemporalGrid:
         by_subset = {}
         # "all" pools every subset; a subset literally named "all" would be shadowed by it.
         for label, subset in [("all", None)] + [(s, s) for s in self.subsets if s != "all"]:
-            by_subset[label] = {m: {
-                "matrix": self.matrix(m, subset)[2].tolist(),
-                "counts": [[self.count(s, t, m, subset) for t in self.tests] for s in self.states],
-                "lag_table": self.lag_table(m, subset),
-                "deterioration": self.deterioration(m, subset),
-                "adaptation": self.adaptation(m, subset),
-                "corners": self.corners(m, subset),
-            } for m in self.metric_names}
-        return jsonable({
-            "primary_metric": self.primary_metric, "greater_is_better": self.greater_is_better,
-            "states": self.states, "tests": self.tests, "metrics": self.metric_names,
-            "subsets": self.subsets, "n_results": self.n_results, "by_subset": by_subset,
-        })
+            by_subset[label] = {
+                m: {
+                    "matrix": self.matrix(m, subset)[2].tolist(),
+                    "counts": [[self.count(s, t, m, subset) for t in self.tests] for s in self.states],
+                    "lag_table": self.lag_table(m, subset),
+                    "deterioration": self.deterioration(m, subset),
+                    "adaptation": self.adaptation(m, subset),
+                    "corners": self.corners(m, subset),
+                }
+                for m in self.metric_names
+            }
+        return jsonable(
+            {
+                "primary_metric": self.primary_metric,
+                "greater_is_better": self.greater_is_better,
+                "states": self.states,
+                "tests": self.tests,
+                "metrics": self.metric_names,
+                "subsets": self.subsets,
+                "n_results": self.n_results,
+                "by_subset": by_subset,
+            }
+        )

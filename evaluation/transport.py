@@ -21,6 +21,7 @@ F1 minus the mean predicted drop over its months (weighted by their questions wh
 before it only, and the naive "no change" forecast (the previous quarter's F1) is reported beside
 it so the regression has something to beat.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,9 +61,14 @@ def transportability(scores: Mapping[str, float], source: str) -> dict:
     base = scores[source]
     later = {p: tau_p(base, s) for p, s in sorted(scores.items()) if p > source}
     ratios = [r for r in later.values() if not math.isnan(r)]
-    return {"source": source, "source_score": base, "tau_p": later,
-            "tau_p_mean": float(np.mean(ratios)) if ratios else math.nan,
-            "tau_var": tau_var(list(scores.values())), "n": len(scores)}
+    return {
+        "source": source,
+        "source_score": base,
+        "tau_p": later,
+        "tau_p_mean": float(np.mean(ratios)) if ratios else math.nan,
+        "tau_var": tau_var(list(scores.values())),
+        "n": len(scores),
+    }
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,9 @@ class DropModel:
         return self.intercept + self.slope * drift
 
 
-def fit_drop_model(drifts: Sequence[float], drops: Sequence[float], weights: Sequence[float] | None = None,
-                   *, intercept: bool = False) -> DropModel:
+def fit_drop_model(
+    drifts: Sequence[float], drops: Sequence[float], weights: Sequence[float] | None = None, *, intercept: bool = False
+) -> DropModel:
     """Weighted least squares of drop on drift; through the origin unless `intercept` (and >= 3 points).
 
     Returns:
@@ -154,16 +161,27 @@ def walk_forward(months: Sequence[PeriodScore], source_quarter: str, *, intercep
     quarters = sorted(q for q in by_quarter if q > source_quarter)
     for q in quarters:
         known = [m for p in by_quarter if p < q for m in by_quarter[p] if m.f1 is not None and m.n > 0]
-        model = fit_drop_model([m.drift for m in known], [source_f1 - m.f1 for m in known],
-                               [m.n for m in known], intercept=intercept)
+        model = fit_drop_model(
+            [m.drift for m in known], [source_f1 - m.f1 for m in known], [m.n for m in known], intercept=intercept
+        )
         predicted = predict_quarter(source_f1, model, by_quarter[q])
         actual = quarter_f1(by_quarter[q])
         weights = [max(m.n, 1) for m in by_quarter[q]]
         drift = float(np.average([m.drift for m in by_quarter[q]], weights=weights))
-        rows.append({"quarter": q, "drift": drift, "predicted_f1": predicted, "actual_f1": actual,
-                     "error": None if actual is None else predicted - actual,
-                     "naive_f1": previous, "naive_error": None if actual is None else previous - actual,
-                     "slope": model.slope, "intercept": model.intercept, "n_points": model.n_points})
+        rows.append(
+            {
+                "quarter": q,
+                "drift": drift,
+                "predicted_f1": predicted,
+                "actual_f1": actual,
+                "error": None if actual is None else predicted - actual,
+                "naive_f1": previous,
+                "naive_error": None if actual is None else previous - actual,
+                "slope": model.slope,
+                "intercept": model.intercept,
+                "n_points": model.n_points,
+            }
+        )
         if actual is not None:
             previous = actual
     return rows

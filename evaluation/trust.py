@@ -5,17 +5,17 @@ The same figures come out of the benchmark (`bench/bench_quality.py`) and every 
 (`workers/evaluate.py`), so a quarter's report says whether "high confidence" still means what it
 meant when the bands were set (README, "How far to trust an answer").
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from evaluation.temporal import quarter_index
 
 # The ask page's bands, [from, to): set on the RealTimeQA slice, where "high" answers were right
 # 57-69% of the time and "low" ones 3-5% (1.0 counts in "high").
-CONFIDENCE_BANDS: tuple[tuple[str, float, float], ...] = (("high", 0.7, 1.0), ("medium", 0.15, 0.7),
-                                                          ("low", 0.0, 0.15))
+CONFIDENCE_BANDS: tuple[tuple[str, float, float], ...] = (("high", 0.7, 1.0), ("medium", 0.15, 0.7), ("low", 0.0, 0.15))
 
 
 def confidence_band(confidence: float | None) -> str:
@@ -56,9 +56,12 @@ def grounded_split(judged: Iterable[Judged]) -> dict:
         return {}
     inside = [j for j in known if j.grounded]
     outside = [j for j in known if not j.grounded]
-    return {"share": _pct(len(inside), len(known)), "n": len(inside),
-            "em_grounded": _pct(sum(j.right for j in inside), len(inside)),
-            "em_otherwise": _pct(sum(j.right for j in outside), len(outside))}
+    return {
+        "share": _pct(len(inside), len(known)),
+        "n": len(inside),
+        "em_grounded": _pct(sum(j.right for j in inside), len(inside)),
+        "em_otherwise": _pct(sum(j.right for j in outside), len(outside)),
+    }
 
 
 def confidence_bands(judged: Iterable[Judged]) -> dict:
@@ -77,10 +80,21 @@ def confidence_bands(judged: Iterable[Judged]) -> dict:
     bands = []
     for name, lo, hi in CONFIDENCE_BANDS:
         inside = [j for j in scored if confidence_band(j.confidence) == name]
-        bands.append({"band": name, "from": lo, "to": hi, "share": _pct(len(inside), len(scored)), "n": len(inside),
-                      "em": _pct(sum(j.right for j in inside), len(inside))})
-    return {"n": len(scored), "bands": bands, "auc": auc([j.confidence for j in scored if j.right],
-                                                         [j.confidence for j in scored if not j.right])}
+        bands.append(
+            {
+                "band": name,
+                "from": lo,
+                "to": hi,
+                "share": _pct(len(inside), len(scored)),
+                "n": len(inside),
+                "em": _pct(sum(j.right for j in inside), len(inside)),
+            }
+        )
+    return {
+        "n": len(scored),
+        "bands": bands,
+        "auc": auc([j.confidence for j in scored if j.right], [j.confidence for j in scored if not j.right]),
+    }
 
 
 def auc(positives: list[float], negatives: list[float]) -> float | None:
@@ -122,12 +136,18 @@ def describe(trust: dict) -> list[str]:
     lines = []
     g, c = trust.get("grounded"), trust.get("confidence")
     if g:
-        lines.append(f"grounded answers  {g['share']:.1f} % (n {g['n']}; a passage read states them): "
-                     f"EM {g['em_grounded']:.1f} on those, {g['em_otherwise']:.1f} on the rest")
+        lines.append(
+            f"grounded answers  {g['share']:.1f} % (n {g['n']}; a passage read states them): "
+            f"EM {g['em_grounded']:.1f} on those, {g['em_otherwise']:.1f} on the rest"
+        )
     if c:
-        lines.append("by confidence     " + "   ".join(f"{b['band']} {b['from']:.2f}-{b['to']:.2f}: {b['share']:.1f} % "
-                                                       f"EM {b['em']:.1f}" for b in c["bands"])
-                     + f"   (n {c['n']}, AUC {c['auc']})")
+        lines.append(
+            "by confidence     "
+            + "   ".join(
+                f"{b['band']} {b['from']:.2f}-{b['to']:.2f}: {b['share']:.1f} % EM {b['em']:.1f}" for b in c["bands"]
+            )
+            + f"   (n {c['n']}, AUC {c['auc']})"
+        )
     return lines
 
 
@@ -153,7 +173,9 @@ def trust_by_quarter(rows: Iterable[dict]) -> dict:
             held[1].append(Judged(em == 1.0, row.get("grounded"), row.get("confidence")))
     if not picked:
         return {}
-    out = {test: trust_summary(judged) for test, (_, judged) in sorted(picked.items(), key=lambda kv: quarter_index(kv[0]))}
+    out = {
+        test: trust_summary(judged) for test, (_, judged) in sorted(picked.items(), key=lambda kv: quarter_index(kv[0]))
+    }
     out["all"] = trust_summary([j for _, judged in picked.values() for j in judged])
     return out
 

@@ -1,5 +1,6 @@
 """Durable file replacement: write beside the target, fsync, rename over it, fsync the directory.
 A crash leaves either the old file or the new one, never half of one."""
+
 from __future__ import annotations
 
 import os

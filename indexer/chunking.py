@@ -11,6 +11,7 @@ Example:
     >>> split_passages("One. Two.\\n\\nThree", dt.date(2019, 2, 7))
     ['Thursday, February 7, 2019. One. Two. Three']
 """
+
 from __future__ import annotations
 
 import datetime as dt

@@ -1,4 +1,5 @@
 """Dates as the StreamingQA protocol writes them, and the day numbers the index ids carry."""
+
 from __future__ import annotations
 
 import datetime as dt

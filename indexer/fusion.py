@@ -12,6 +12,7 @@ Example:
     >>> reciprocal_rank_fusion([[7, 3, 5], [3, 9]], k=3)
     [(3, 0.0325...), (7, 0.0163...), (9, 0.0161...)]
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -46,8 +47,9 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int, *, c: int 
     return _ranked(scores, first_seen, k)
 
 
-def weighted_fusion(scored: Sequence[Sequence[tuple[int, float]]], weights: Sequence[float], k: int
-                    ) -> list[tuple[int, float]]:
+def weighted_fusion(
+    scored: Sequence[Sequence[tuple[int, float]]], weights: Sequence[float], k: int
+) -> list[tuple[int, float]]:
     """Fuse (id, score) lists by a weighted sum of min-max normalised scores.
 
     Args:
@@ -75,8 +77,9 @@ def weighted_fusion(scored: Sequence[Sequence[tuple[int, float]]], weights: Sequ
     return _ranked(scores, first_seen, k)
 
 
-def recency_prior(hits: Sequence[tuple[int, float]], as_of_day: int, weight: float, k: int, *,
-                  scale_days: float = 1.0) -> list[tuple[int, float]]:
+def recency_prior(
+    hits: Sequence[tuple[int, float]], as_of_day: int, weight: float, k: int, *, scale_days: float = 1.0
+) -> list[tuple[int, float]]:
     """Re-score (id, score) hits with a soft penalty on their age at `as_of`: score - weight *
     log1p(age_days / scale_days), the age read from the id (`indexer.ids`); best first, at most k.
 

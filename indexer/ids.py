@@ -10,6 +10,7 @@ Example:
     >>> make_id(dt.date(2023, 4, 2), 7) < ids_through(dt.date(2023, 4, 2)) <= make_id(dt.date(2023, 4, 3), 0)
     True
 """
+
 from __future__ import annotations
 
 import datetime as dt

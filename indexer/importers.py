@@ -9,12 +9,13 @@ Example:
     >>> len(articles), len(questions), questions[0].asked, questions[0].answers, report.skipped
     (36, 13, datetime.date(2024, 1, 11), ('4.25 percent',), {})
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from indexer.dates import InvalidDateError, parse_day
 from indexer.jsonl import (
@@ -98,8 +99,7 @@ def _realtimeqa_files(root: Path) -> dict[str, list[Path]]:
         files[_RTQA_NAME.match(path.name).group(2)].append(path)
     if not files["qa"] and not files["gcs"]:
         raise ValueError(
-            f"no RealTimeQA files under {base} (expected past/YYYY/YYYYMMDD_qa.jsonl[.gz] "
-            "and YYYYMMDD_gcs.jsonl[.gz])"
+            f"no RealTimeQA files under {base} (expected past/YYYY/YYYYMMDD_qa.jsonl[.gz] and YYYYMMDD_gcs.jsonl[.gz])"
         )
     return {kind: sorted(paths, key=lambda p: (p.name, str(p))) for kind, paths in files.items()}
 
@@ -140,8 +140,9 @@ def _realtimeqa_question(obj: dict, where: str, report: ImportReport) -> Questio
         return None
     choices = tuple(c.strip() if isinstance(c, str) else str(c) for c in obj["choices"])
     meta = {"source": obj.get("question_source"), "url": obj.get("question_url")}
-    return QuestionRecord(qid=qid, text=text, asked=asked, answers=(answer,), subset="realtimeqa",
-                          choices=choices, meta=meta)
+    return QuestionRecord(
+        qid=qid, text=text, asked=asked, answers=(answer,), subset="realtimeqa", choices=choices, meta=meta
+    )
 
 
 def _week(path: Path) -> tuple[str, str]:

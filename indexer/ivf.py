@@ -21,6 +21,7 @@ Example:
     >>> spec = ShardPolicy(ivf_min=100_000).spec_for(250_000, 384)   # ShardSpec('ivf-flat', nlist=2048, nprobe=128)
     >>> index = build_ivf(vectors_sorted, ids_sorted, spec)          # (n, 384) float32, (n,) int64 ascending
 """
+
 from __future__ import annotations
 
 import math
@@ -105,8 +106,9 @@ def default_pq_m(dim: int) -> int:
     return m
 
 
-def ivf_spec(kind: str, n: int, dim: int, *, nlist: int = 0, nprobe: int = 0, pq_m: int = 0,
-             pq_nbits: int = 8) -> ShardSpec:
+def ivf_spec(
+    kind: str, n: int, dim: int, *, nlist: int = 0, nprobe: int = 0, pq_m: int = 0, pq_nbits: int = 8
+) -> ShardSpec:
     """A spec of `kind` for a shard of n vectors; 0 means the default for that size."""
     if kind == "flat":
         return FLAT
@@ -176,7 +178,7 @@ def build_ivf(vectors: np.ndarray, ids: np.ndarray, spec: ShardSpec, *, seed: in
     index.train(np.ascontiguousarray(sample))
     step = 1 << 18  # add in chunks: bounded temporary memory, list order unchanged
     for start in range(0, n, step):
-        index.add_with_ids(np.ascontiguousarray(vectors[start:start + step]), ids[start:start + step])
+        index.add_with_ids(np.ascontiguousarray(vectors[start : start + step]), ids[start : start + step])
     index.nprobe = spec.nprobe
     return index
 

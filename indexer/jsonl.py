@@ -3,6 +3,7 @@
 Bad content never raises: a skipped line or record is counted in the `ImportReport` with its
 "file:line". Only a missing file is an error.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -54,7 +55,7 @@ def parse_published(value: object, *, what: str = "publish date") -> dt.date:
         value = float(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
-            return dt.datetime.fromtimestamp(value, tz=dt.timezone.utc).date()
+            return dt.datetime.fromtimestamp(value, tz=dt.UTC).date()
         except (OverflowError, OSError, ValueError):
             raise InvalidDateError(f"{what} {value!r} is not a unix time in seconds") from None
     return parse_day(value, what=what)  # type: ignore[arg-type]  # a non-string raises InvalidDateError

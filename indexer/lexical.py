@@ -13,6 +13,7 @@ Example:
     >>> index = LexicalIndex([shard])
     >>> scores, ids = index.search(["Who won the NBA final?"], dt.date(2023, 4, 14), 10)   # (1, 10) each
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -26,8 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from indexer.dates import from_day_number
-from indexer.errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ids import id_day_numbers, ids_through
+from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.shards import check_as_of, check_k, check_key, empty_results
 
 if TYPE_CHECKING:
@@ -71,8 +72,10 @@ class Bm25Shard:
         """Index `texts` (n passages) under `ids` ((n,) int64, any order, unique)."""
         ids = np.asarray(ids)
         if ids.dtype != np.int64 or ids.ndim != 1 or ids.size != len(texts) or ids.size == 0:
-            raise ValueError(f"BM25 shard {key}: need one int64 id per text, got {len(texts)} texts and ids "
-                             f"of shape {ids.shape} and dtype {ids.dtype}")
+            raise ValueError(
+                f"BM25 shard {key}: need one int64 id per text, got {len(texts)} texts and ids "
+                f"of shape {ids.shape} and dtype {ids.dtype}"
+            )
         import bm25s
 
         order = np.argsort(ids, kind="stable")
@@ -101,8 +104,10 @@ class Bm25Shard:
         """One .npz: the ids and the files `bm25s.BM25.save` writes (its own format, loaded by its `load`)."""
         with tempfile.TemporaryDirectory() as tmp:
             self._bm25.save(tmp, show_progress=False)
-            files = {f"{_FILE_PREFIX}{p.name}": np.frombuffer(p.read_bytes(), dtype=np.uint8)
-                     for p in sorted(Path(tmp).iterdir())}
+            files = {
+                f"{_FILE_PREFIX}{p.name}": np.frombuffer(p.read_bytes(), dtype=np.uint8)
+                for p in sorted(Path(tmp).iterdir())
+            }
         buf = io.BytesIO()
         np.savez(buf, format=np.int64(LEXICAL_FORMAT), ids=self._ids, **files)
         return buf.getvalue()
@@ -120,14 +125,15 @@ class Bm25Shard:
                 ids = npz["ids"].astype(np.int64, copy=False)
                 for name in npz.files:
                     if name.startswith(_FILE_PREFIX):
-                        (Path(tmp) / name[len(_FILE_PREFIX):]).write_bytes(npz[name].tobytes())
+                        (Path(tmp) / name[len(_FILE_PREFIX) :]).write_bytes(npz[name].tobytes())
                 retriever = bm25s.BM25.load(tmp, show_progress=False)
             shard = cls(key, retriever, ids)
         except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
             raise IndexIntegrityError(f"{where} is not readable ({exc}); {REBUILD_HINT}") from None
         if shard.ntotal != expected_count or retriever.scores["num_docs"] != expected_count:
             raise IndexIntegrityError(
-                f"{where} holds {shard.ntotal} passages, the manifest says {expected_count}; {REBUILD_HINT}")
+                f"{where} holds {shard.ntotal} passages, the manifest says {expected_count}; {REBUILD_HINT}"
+            )
         return shard
 
 
@@ -160,12 +166,15 @@ class LexicalIndex:
         as_of, k = check_as_of(as_of), check_k(k)
         out_scores, out_ids = empty_results(len(queries), k)
         for qi, tokens in enumerate(tokenize(queries) if len(queries) else []):
-            parts = [s.search_tokens(tokens, k, as_of if as_of < s.max_day else None)
-                     for s in self._shards if s.min_day <= as_of]
+            parts = [
+                s.search_tokens(tokens, k, as_of if as_of < s.max_day else None)
+                for s in self._shards
+                if s.min_day <= as_of
+            ]
             if not parts:
                 continue
             scores = np.concatenate([p[0] for p in parts])
             ids = np.concatenate([p[1] for p in parts])
             best = np.lexsort((ids, -scores))[:k]  # best first; ties by id
-            out_scores[qi, :best.size], out_ids[qi, :best.size] = scores[best], ids[best]
+            out_scores[qi, : best.size], out_ids[qi, : best.size] = scores[best], ids[best]
         return out_scores, out_ids

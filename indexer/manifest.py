@@ -12,6 +12,7 @@ manifest (temp file, fsync, rename, fsync the directory), so a crash leaves eith
 or the new one, never a half-written file under a real name. The manifest's sha256 is what the
 database records.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -23,13 +24,22 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from indexer.errors import REBUILD_HINT, IndexIntegrityError
+from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ivf import FLAT, ShardSpec
 from indexer.shards import check_key, is_live_key
 from indexer.storage import LocalStore, as_store
 
-__all__ = ["FileRef", "ShardEntry", "Manifest", "new_snapshot_id", "write_manifest", "read_manifest",
-           "sha256_hex", "SHARDS_DIR", "SNAPSHOTS_DIR"]
+__all__ = [
+    "FileRef",
+    "ShardEntry",
+    "Manifest",
+    "new_snapshot_id",
+    "write_manifest",
+    "read_manifest",
+    "sha256_hex",
+    "SHARDS_DIR",
+    "SNAPSHOTS_DIR",
+]
 
 MANIFEST_FORMAT = 1
 SHARDS_DIR = "shards"
@@ -135,12 +145,13 @@ class ShardEntry:
         body = dict(body)
         index = body.pop("index", None)
         bm25 = body.pop("bm25", None)
-        return cls(**body, index=FLAT if index is None else ShardSpec(**index),
-                   bm25=None if bm25 is None else FileRef(**bm25))
+        return cls(
+            **body, index=FLAT if index is None else ShardSpec(**index), bm25=None if bm25 is None else FileRef(**bm25)
+        )
 
 
 def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
 def new_snapshot_id(now: dt.datetime | None = None) -> str:
@@ -180,7 +191,9 @@ class Manifest:
             if e.dim != self.dim:
                 raise ValueError(f"shard {e.key} has dim {e.dim}, the manifest {self.dim}")
             if e.encoder is not None and e.encoder != self.encoder:  # a query never mixes encoders
-                raise ValueError(f"shard {e.key} was encoded with {e.encoder}, the manifest's encoder is {self.encoder}")
+                raise ValueError(
+                    f"shard {e.key} was encoded with {e.encoder}, the manifest's encoder is {self.encoder}"
+                )
         settled = [e for e in shards if not is_live_key(e.key)]  # live pieces may share days (ids never)
         for prev, cur in zip(settled, settled[1:]):
             if cur.span[0] <= prev.span[1]:
@@ -227,8 +240,12 @@ class Manifest:
         add = tuple(add)
         gone = set(drop) | {e.key for e in add}
         now = _utc_now()
-        return replace(self, snapshot_id=new_snapshot_id(now), created_at=now.isoformat(),
-                       shards=tuple(e for e in self.shards if e.key not in gone) + add)
+        return replace(
+            self,
+            snapshot_id=new_snapshot_id(now),
+            created_at=now.isoformat(),
+            shards=tuple(e for e in self.shards if e.key not in gone) + add,
+        )
 
     @property
     def live(self) -> tuple[ShardEntry, ...]:
@@ -277,7 +294,9 @@ def write_manifest(index_dir, manifest: Manifest) -> tuple[str, str]:
     if store.exists(name):
         if store.read(name) == data:
             return name, sha256_hex(data)
-        raise FileExistsError(f"snapshot {manifest.snapshot_id} already exists at {store.locate(name)} with other contents")
+        raise FileExistsError(
+            f"snapshot {manifest.snapshot_id} already exists at {store.locate(name)} with other contents"
+        )
     store.write(name, data)
     return name, sha256_hex(data)
 

@@ -13,6 +13,7 @@ Example:
     >>> len(batch.records), batch.rejected[0].line, batch.rejected[0].field
     (1, 2, 'url')
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -67,7 +68,7 @@ def parse_published(value: object) -> dt.date:
         except ValueError:
             stamp = None
         if stamp is not None:
-            return stamp.astimezone(dt.timezone.utc).date() if stamp.tzinfo else stamp.date()
+            return stamp.astimezone(dt.UTC).date() if stamp.tzinfo else stamp.date()
     if not isinstance(value, str):
         raise InvalidDateError(f"published must be a string such as 2023-04-14, not {type(value).__name__}")
     return parse_day(value, what="published")
@@ -121,14 +122,24 @@ def check_article(obj: object, limits: PushLimits, today: dt.date) -> ArticleRec
     if published > today + dt.timedelta(days=limits.future_days):
         raise RecordError("published", f"published {published} is in the future (today is {today})")
     authors = obj.get("authors") or []
-    if not isinstance(authors, list) or not all(isinstance(a, str) and len(a) <= 200 for a in authors) \
-            or len(authors) > 50:
+    if (
+        not isinstance(authors, list)
+        or not all(isinstance(a, str) and len(a) <= 200 for a in authors)
+        or len(authors) > 50
+    ):
         raise RecordError("authors", "authors must be a list of at most 50 names (strings of up to 200 characters)")
     language = obj.get("language") or ""
     if not isinstance(language, str) or len(language) > 16:
         raise RecordError("language", "language must be a short code such as 'en' (at most 16 characters)")
-    return ArticleRecord(url=url, title=title, text=text, published=published, source=source,
-                         authors=tuple(a.strip() for a in authors if a.strip()), language=language.strip())
+    return ArticleRecord(
+        url=url,
+        title=title,
+        text=text,
+        published=published,
+        source=source,
+        authors=tuple(a.strip() for a in authors if a.strip()),
+        language=language.strip(),
+    )
 
 
 def _objects(body: bytes, batch: PushBatch) -> list[tuple[int, object]]:
@@ -174,8 +185,10 @@ def parse_articles(body: bytes, *, today: dt.date, limits: PushLimits = PushLimi
     batch = PushBatch()
     objects = _objects(body, batch)
     if len(objects) + len(batch.rejected) > limits.max_records:
-        raise BodyError(f"the body holds {len(objects) + len(batch.rejected):,} records, more than the "
-                        f"{limits.max_records:,} allowed in one request: split it")
+        raise BodyError(
+            f"the body holds {len(objects) + len(batch.rejected):,} records, more than the "
+            f"{limits.max_records:,} allowed in one request: split it"
+        )
     seen: dict[str, tuple[int, ArticleRecord]] = {}
     for line, obj in objects:
         try:
@@ -187,8 +200,14 @@ def parse_articles(body: bytes, *, today: dt.date, limits: PushLimits = PushLimi
         first = seen.get(record.url)
         if first is not None:
             if first[1].content_hash != record.content_hash or first[1].published != record.published:
-                batch.rejected.append(Rejected(line, "url", f"url repeats line {first[0]} with another text or "
-                                                            "date in this batch: send one version", record.url))
+                batch.rejected.append(
+                    Rejected(
+                        line,
+                        "url",
+                        f"url repeats line {first[0]} with another text or date in this batch: send one version",
+                        record.url,
+                    )
+                )
             else:
                 batch.records.append((line, record))  # stored once; counted as a duplicate
             continue

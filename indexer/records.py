@@ -1,4 +1,5 @@
 """Plain records that importers produce and the database stores. No SQL, no settings."""
+
 from __future__ import annotations
 
 import datetime as dt

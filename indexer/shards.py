@@ -14,6 +14,7 @@ Example:
     >>> scores, ids = index.search(queries, dt.date(2023, 4, 14), 10)   # (nq, 10), (nq, 10)
     >>> big = MonthShard.build("2023-05", vectors, ids, spec=ivf_spec("ivf-flat", len(ids), 384))
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -26,8 +27,8 @@ import faiss
 import numpy as np
 
 from indexer.dates import day_number, from_day_number, month_end, parse_month
-from indexer.errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ids import id_day, id_day_numbers, ids_from, ids_through
+from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ivf import FLAT, ShardSpec, build_ivf, ivf_list_ids, ivf_search_params, spec_of
 
 # A key is also the start of the shard's file name: "2023-04", "history-2023-01".
@@ -49,8 +50,9 @@ def check_key(key: str) -> str:
 def live_key(month: str, seq: int) -> str:
     """The key of live piece `seq` of `month` ('2023-04', 17 -> 'live-2023-04-000017')."""
     if not _MONTH_KEY_RE.match(month) or not 0 <= seq < 1_000_000:
-        raise ValueError(f"a live piece needs a YYYY-MM month and a sequence number below 1,000,000, "
-                         f"not {month!r} and {seq!r}")
+        raise ValueError(
+            f"a live piece needs a YYYY-MM month and a sequence number below 1,000,000, not {month!r} and {seq!r}"
+        )
     return f"{LIVE_PREFIX}{month}-{seq:06d}"
 
 
@@ -125,8 +127,16 @@ class MonthShard:
     an IndexIDMap2 over an IndexFlatIP) or an IVF index holding the ids itself, its lists sorted by id.
     """
 
-    def __init__(self, key: str, index: faiss.Index, min_day: dt.date, max_day: dt.date, *,
-                 spec: ShardSpec = FLAT, ids: np.ndarray | None = None):
+    def __init__(
+        self,
+        key: str,
+        index: faiss.Index,
+        min_day: dt.date,
+        max_day: dt.date,
+        *,
+        spec: ShardSpec = FLAT,
+        ids: np.ndarray | None = None,
+    ):
         self.key = check_key(key)
         self.min_day = min_day
         self.max_day = max_day
@@ -138,8 +148,10 @@ class MonthShard:
         self._days, self._cum = days, np.cumsum(counts)
 
     def __repr__(self) -> str:
-        return (f"MonthShard({self.key!r}, {self.ntotal} vectors, {self.min_day}..{self.max_day}, dim={self.dim}, "
-                f"{self.spec.kind})")
+        return (
+            f"MonthShard({self.key!r}, {self.ntotal} vectors, {self.min_day}..{self.max_day}, dim={self.dim}, "
+            f"{self.spec.kind})"
+        )
 
     @classmethod
     def build(cls, key: str, vectors: np.ndarray, ids: np.ndarray, *, spec: ShardSpec = FLAT) -> MonthShard:
@@ -203,7 +215,9 @@ class MonthShard:
         ivf = faiss.extract_index_ivf(index)
         ivf.make_direct_map()
         ids = ivf_list_ids(index)[0]
-        return ids, np.vstack([ivf.reconstruct(int(i)) for i in ids]) if ids.size else np.zeros((0, self.dim), np.float32)
+        return ids, np.vstack([ivf.reconstruct(int(i)) for i in ids]) if ids.size else np.zeros(
+            (0, self.dim), np.float32
+        )
 
     def count_through(self, as_of: dt.date) -> int:
         """Passages of this shard published on or before `as_of`."""
@@ -229,8 +243,9 @@ class MonthShard:
         boundary = as_of is not None and as_of < self.max_day
         if self.spec.is_ivf:  # nprobe raised by 1/share in the boundary shard (indexer.ivf)
             share = self.count_through(as_of) / self.ntotal if boundary else 1.0
-            params = ivf_search_params(self.spec, share, ids_from(self.min_day),
-                                       ids_through(as_of) if boundary else None)
+            params = ivf_search_params(
+                self.spec, share, ids_from(self.min_day), ids_through(as_of) if boundary else None
+            )
         elif boundary:
             # Boundary shard: only ids of days <= as_of. Other shards are searched unfiltered
             # (a selector costs a per-id check and keeps FAISS off its BLAS path).
@@ -268,8 +283,11 @@ class MonthShard:
             found = spec_of(index, spec.nprobe) if spec.is_ivf and isinstance(index, faiss.IndexIVF) else None
         except ValueError:  # an IVF type shards never use
             found = None
-        if (index.metric_type != faiss.METRIC_INNER_PRODUCT
-                or (spec.is_ivf and found != spec) or (not spec.is_ivf and not isinstance(index, faiss.IndexIDMap2))):
+        if (
+            index.metric_type != faiss.METRIC_INNER_PRODUCT
+            or (spec.is_ivf and found != spec)
+            or (not spec.is_ivf and not isinstance(index, faiss.IndexIDMap2))
+        ):
             raise IndexIntegrityError(
                 f"{where} holds a {type(index).__name__} (metric {index.metric_type}"
                 f"{f', {found}' if found else ''}), expected {expected}; {REBUILD_HINT}"
@@ -324,8 +342,9 @@ class MonthShard:
             data = Path(path).read_bytes()
         except OSError as exc:
             raise IndexIntegrityError(f"shard {key}: cannot read {path} ({exc.strerror}); {REBUILD_HINT}") from None
-        return cls.from_bytes(data, key, expected_count, dim, min_day=min_day, max_day=max_day, source=str(path),
-                              spec=spec)
+        return cls.from_bytes(
+            data, key, expected_count, dim, min_day=min_day, max_day=max_day, source=str(path), spec=spec
+        )
 
 
 class ShardedIndex:

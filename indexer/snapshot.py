@@ -8,8 +8,10 @@ Example:
     >>> entry = write_shard(index_dir, MonthShard.build("2023-04", vectors, ids))
     >>> manifest = Manifest.new(encoder="all-MiniLM-L6-v2", dim=384).with_shard(entry)
     >>> path, sha = write_manifest(index_dir, manifest)
-    >>> index = ShardCache().open_snapshot(index_dir, read_manifest(path), expected_encoder="all-MiniLM-L6-v2", expected_dim=384)
+    >>> index = ShardCache().open_snapshot(index_dir, read_manifest(path),
+    ...                                    expected_encoder="all-MiniLM-L6-v2", expected_dim=384)
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +22,7 @@ from dataclasses import replace
 from pathlib import PurePosixPath
 
 from indexer.atomic import TMP_SUFFIX as _TMP_SUFFIX
-from indexer.errors import REBUILD_HINT, IndexIntegrityError
+from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.lexical import Bm25Shard, LexicalIndex
 from indexer.manifest import SHARDS_DIR, SNAPSHOTS_DIR, FileRef, Manifest, ShardEntry, sha256_hex
 from indexer.shards import MonthShard, ShardedIndex
@@ -28,16 +30,16 @@ from indexer.storage import IndexStore, as_store
 
 Where = IndexStore | str | os.PathLike  # an index root: a store, or a folder (a LocalStore on it)
 
-__all__ = ["IndexIntegrityError", "LexicalMissingError", "ShardCache", "write_shard", "write_lexical",
-           "garbage_files"]
+__all__ = ["IndexIntegrityError", "LexicalMissingError", "ShardCache", "write_shard", "write_lexical", "garbage_files"]
 
 
 class LexicalMissingError(IndexIntegrityError):
     """A snapshot has shards without a BM25 index (built before BM25 existed)."""
 
 
-def write_shard(index_dir: Where, shard: MonthShard, lexical: Bm25Shard | None = None, *,
-                encoder: str | None = None) -> ShardEntry:
+def write_shard(
+    index_dir: Where, shard: MonthShard, lexical: Bm25Shard | None = None, *, encoder: str | None = None
+) -> ShardEntry:
     """Write `shard` (and its BM25 index) to new files under shards/ of the index root `index_dir`
     (a store or a folder); returns its manifest entry, which records `encoder` (the encoder
     version of its vectors)."""
@@ -64,8 +66,10 @@ def write_lexical(index_dir: Where, entry: ShardEntry, lexical: Bm25Shard) -> Sh
     """Write `lexical` beside the shard file `entry` names (same build id, ".bm25"); returns the entry
     with it. The BM25 index must hold exactly the shard's passages (checked here by count)."""
     if lexical.key != entry.key or lexical.ntotal != entry.count:
-        raise ValueError(f"BM25 index {lexical.key} ({lexical.ntotal} passages) does not match shard "
-                         f"{entry.key} ({entry.count} vectors)")
+        raise ValueError(
+            f"BM25 index {lexical.key} ({lexical.ntotal} passages) does not match shard "
+            f"{entry.key} ({entry.count} vectors)"
+        )
     name = str(PurePosixPath(entry.file).with_suffix(".bm25"))
     data = lexical.to_bytes()
     as_store(index_dir).write(name, data)  # a rebuild of the same shard's BM25 replaces it whole
@@ -112,7 +116,13 @@ class ShardCache:
                 )
             min_day, max_day = entry.span
             shard = MonthShard.from_bytes(
-                data, entry.key, entry.count, entry.dim, min_day=min_day, max_day=max_day, source=path,
+                data,
+                entry.key,
+                entry.count,
+                entry.dim,
+                min_day=min_day,
+                max_day=max_day,
+                source=path,
                 spec=entry.index,
             )
             self._loaded[path] = (entry.faiss_part, shard)
@@ -134,12 +144,15 @@ class ShardCache:
             except OSError as exc:
                 raise IndexIntegrityError(f"{where} cannot be read ({exc.strerror}); {REBUILD_HINT}") from None
             if sha256_hex(data) != entry.bm25.sha256:
-                raise IndexIntegrityError(f"{where} has sha256 {sha256_hex(data)}, the manifest says "
-                                          f"{entry.bm25.sha256}; {REBUILD_HINT}")
+                raise IndexIntegrityError(
+                    f"{where} has sha256 {sha256_hex(data)}, the manifest says {entry.bm25.sha256}; {REBUILD_HINT}"
+                )
             shard = Bm25Shard.from_bytes(data, entry.key, entry.count, source=path)
             if (shard.min_day, shard.max_day) != entry.span:
-                raise IndexIntegrityError(f"{where} spans {shard.min_day}..{shard.max_day}, the shard "
-                                          f"{entry.min_day}..{entry.max_day}; {REBUILD_HINT}")
+                raise IndexIntegrityError(
+                    f"{where} spans {shard.min_day}..{shard.max_day}, the shard "
+                    f"{entry.min_day}..{entry.max_day}; {REBUILD_HINT}"
+                )
             self._lexical[path] = (entry.bm25, shard)
             return shard
 
@@ -154,7 +167,8 @@ class ShardCache:
         if missing:
             raise LexicalMissingError(
                 f"index snapshot {manifest.snapshot_id} has no BM25 index for shard(s) {', '.join(missing)} "
-                "(built before BM25 existed): build them with `sqa index bm25`, or set SQA_RETRIEVER=dense")
+                "(built before BM25 existed): build them with `sqa index bm25`, or set SQA_RETRIEVER=dense"
+            )
         store = as_store(index_dir)
         return LexicalIndex(self.get_lexical(store, e) for e in manifest.shards)
 
@@ -215,8 +229,11 @@ def garbage_files(index_dir: Where, keep: Iterable[Manifest], *, min_age_s: floa
     for sub, suffixes in patterns.items():
         for f in store.list(f"{sub}/"):
             base = f.name.rpartition("/")[2]
-            ours = base.endswith(suffixes) and not base.startswith(".") or (
-                base.startswith(".") and base.endswith(_TMP_SUFFIX))
+            ours = (
+                base.endswith(suffixes)
+                and not base.startswith(".")
+                or (base.startswith(".") and base.endswith(_TMP_SUFFIX))
+            )
             if ours and f.name not in referenced and f.age_s >= min_age_s:
                 found.append(f.name)
     return sorted(set(found))

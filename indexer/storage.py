@@ -21,6 +21,7 @@ Example:
     >>> [f.name for f in store.list("snapshots/")]
     ['snapshots/abc.json']
 """
+
 from __future__ import annotations
 
 import os
@@ -35,6 +36,7 @@ from indexer.atomic import write_atomic
 @dataclass(frozen=True)
 class StoredFile:
     """A file in a store: its name and its age in seconds (since it was written)."""
+
     name: str
     age_s: float
 

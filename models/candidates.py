@@ -13,6 +13,7 @@ merged by SQuAD-normalised text. Passages are annotated once (`annotate_passages
 JSON-able records, so a cache file can hold them. A candidate is a positive example when it
 matches a gold answer (exact match, or token F1 >= 0.6).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,12 +27,27 @@ import numpy as np
 from evaluation.metrics import exact_match, normalize_answer, token_f1
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOP = set("""a an the of in on at to for from by with and or but is are was were be been being has have
+_STOP = set(
+    """a an the of in on at to for from by with and or but is are was were be been being has have
 had do does did this that these those it its as into about after before over under than then there
 their his her he she they them who whom whose what which when where why how many much today week year
-month day s""".split())
-_WH = ("how many", "how much", "how long", "how old", "how", "who", "whom", "whose", "what", "which",
-       "when", "where", "why")
+month day s""".split()
+)
+_WH = (
+    "how many",
+    "how much",
+    "how long",
+    "how old",
+    "how",
+    "who",
+    "whom",
+    "whose",
+    "what",
+    "which",
+    "when",
+    "where",
+    "why",
+)
 POSITIVE_F1 = 0.6
 
 
@@ -85,8 +101,13 @@ def annotate_passages(nlp, bodies: Sequence[str], *, batch_size: int = 64) -> li
 
 def annotated(record: dict, *, rank: int, score: float, days_old: int) -> AnnotatedPassage:
     """An AnnotatedPassage from an `annotate_passages` record and its place in a retrieval."""
-    return AnnotatedPassage(rank, score, days_old, tuple(frozenset(s) for s in record["sentences"]),
-                            tuple(Mention(t, lab, s) for t, lab, s in record["mentions"]))
+    return AnnotatedPassage(
+        rank,
+        score,
+        days_old,
+        tuple(frozenset(s) for s in record["sentences"]),
+        tuple(Mention(t, lab, s) for t, lab, s in record["mentions"]),
+    )
 
 
 def question_type(question: str) -> tuple[str, str]:
@@ -95,7 +116,7 @@ def question_type(question: str) -> tuple[str, str]:
     for wh in _WH:
         m = re.search(rf"\b{wh}\b", q)
         if m:
-            after = words(q[m.end():])
+            after = words(q[m.end() :])
             head = ""
             if wh in ("what", "which") and after and after[0] not in _STOP:
                 head = after[0]
@@ -225,9 +246,15 @@ class CandidateRanker:
         """The fitted ranker as JSON-able values (no pickle): settings, vocabulary, weights."""
         if self._model is None:
             raise RuntimeError("fit the ranker before saving it")
-        return {"c": self.c, "seed": self.seed, "use_score": self.use_score,
-                "vocabulary": list(self._vec.feature_names_), "classes": [int(k) for k in self._model.classes_],
-                "coef": [float(w) for w in self._model.coef_[0]], "intercept": float(self._model.intercept_[0])}
+        return {
+            "c": self.c,
+            "seed": self.seed,
+            "use_score": self.use_score,
+            "vocabulary": list(self._vec.feature_names_),
+            "classes": [int(k) for k in self._model.classes_],
+            "coef": [float(w) for w in self._model.coef_[0]],
+            "intercept": float(self._model.intercept_[0]),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> CandidateRanker:
@@ -237,8 +264,9 @@ class CandidateRanker:
 
         names, coef = list(data["vocabulary"]), list(data["coef"])
         if len(names) != len(coef) or not names:
-            raise ValueError(f"a saved ranker needs one coefficient per feature ({len(names)} features, "
-                             f"{len(coef)} coefficients)")
+            raise ValueError(
+                f"a saved ranker needs one coefficient per feature ({len(names)} features, {len(coef)} coefficients)"
+            )
         ranker = cls(c=data.get("c", 1.0), seed=data.get("seed", 0), use_score=data.get("use_score", True))
         vec = DictVectorizer()
         vec.feature_names_, vec.vocabulary_ = names, {n: i for i, n in enumerate(names)}

@@ -13,6 +13,7 @@ towers through a Router module the encoders would then have to carry, and its ch
 stop on a wall-clock budget. The loop checkpoints every `checkpoint_every` steps and resumes from
 there, validates each epoch, and keeps the best.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -84,8 +85,11 @@ class BiEncoder:
 
         self.cfg, self.device = cfg, device
         self.query = SentenceTransformer(str(base), device=device, local_files_only=True)
-        self.passage = self.query if cfg.towers == "shared" else SentenceTransformer(
-            str(base), device=device, local_files_only=True)
+        self.passage = (
+            self.query
+            if cfg.towers == "shared"
+            else SentenceTransformer(str(base), device=device, local_files_only=True)
+        )
 
     @property
     def modules(self):
@@ -113,8 +117,10 @@ class BiEncoder:
         q = self._embed(self.query, [p.query for p in batch], cfg.max_query_len)  # (B, dim)
         d = self._embed(self.passage, texts, cfg.max_passage_len)  # (B + negatives, dim)
         logits = cfg.scale * q @ d.T  # (B, B + negatives)
-        same = torch.tensor([[t == p.positive and j != i for j, t in enumerate(texts)] for i, p in enumerate(batch)],
-                            device=logits.device)
+        same = torch.tensor(
+            [[t == p.positive and j != i for j, t in enumerate(texts)] for i, p in enumerate(batch)],
+            device=logits.device,
+        )
         logits = logits.masked_fill(same, float("-inf"))
         return F.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
 
@@ -126,8 +132,16 @@ class BiEncoder:
 
     def _encode(self, model, texts, max_len, batch_size) -> np.ndarray:
         model.max_seq_length = max_len
-        return np.asarray(model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
-                                       convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+        return np.asarray(
+            model.encode(
+                list(texts),
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            ),
+            dtype=np.float32,
+        )
 
     def train(self, flag: bool) -> None:
         for m in self.modules:
@@ -146,8 +160,9 @@ class BiEncoder:
             self.query.save(str(tmp / "query"))
             self.passage.max_seq_length = self.cfg.max_passage_len
             self.passage.save(str(tmp / "passage"))
-        (tmp / ENCODER_INFO).write_text(json.dumps({**info, "towers": self.cfg.towers, "config": asdict(self.cfg)},
-                                                   indent=2, default=str) + "\n")
+        (tmp / ENCODER_INFO).write_text(
+            json.dumps({**info, "towers": self.cfg.towers, "config": asdict(self.cfg)}, indent=2, default=str) + "\n"
+        )
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
 
@@ -162,13 +177,20 @@ class BiEncoder:
 def _batches(pairs: Sequence[Pair], size: int, seed: int) -> list[list[Pair]]:
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
-    return [[pairs[i] for i in order[s:s + size]] for s in range(0, len(order) - 1, size)
-            if len(order[s:s + size]) >= 2]
+    return [
+        [pairs[i] for i in order[s : s + size]] for s in range(0, len(order) - 1, size) if len(order[s : s + size]) >= 2
+    ]
 
 
-def train_biencoder(model: BiEncoder, pairs: Sequence[Pair], work: Path,
-                    validate: Callable[[BiEncoder], dict], *, metric: str,
-                    report: Callable[[float, str], None] = lambda f, m: None) -> DprResult:
+def train_biencoder(
+    model: BiEncoder,
+    pairs: Sequence[Pair],
+    work: Path,
+    validate: Callable[[BiEncoder], dict],
+    *,
+    metric: str,
+    report: Callable[[float, str], None] = lambda f, m: None,
+) -> DprResult:
     """Train `model` on `pairs`; validate before and after each epoch (`validate(model)` returns
     figures, `metric` is the one to maximise); the best state ends in `work/best.pt`. Resumes from
     `work/ckpt.pt` when it exists."""
@@ -182,7 +204,8 @@ def train_biencoder(model: BiEncoder, pairs: Sequence[Pair], work: Path,
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     warm = max(1, int(cfg.warmup * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm)))
+    )
     result, step = DprResult(), 0
     ckpt, best_path = work / "ckpt.pt", work / "best.pt"
     if ckpt.exists():
@@ -203,8 +226,17 @@ def train_biencoder(model: BiEncoder, pairs: Sequence[Pair], work: Path,
 
     def save_ckpt() -> None:
         tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": model.state(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
-                    "history": json.dumps(result.history), "best": json.dumps(result.best)}, tmp)
+        torch.save(
+            {
+                "model": model.state(),
+                "opt": opt.state_dict(),
+                "sched": sched.state_dict(),
+                "step": step,
+                "history": json.dumps(result.history),
+                "best": json.dumps(result.best),
+            },
+            tmp,
+        )
         tmp.replace(ckpt)
 
     t0, losses = time.monotonic(), []
@@ -230,8 +262,14 @@ def train_biencoder(model: BiEncoder, pairs: Sequence[Pair], work: Path,
                 break
         model.train(False)
         figures = validate(model)
-        result.history.append({"step": step, "epoch": round(step / per_epoch, 2),
-                               "loss": round(float(np.mean(losses[-per_epoch:])) if losses else math.nan, 4), **figures})
+        result.history.append(
+            {
+                "step": step,
+                "epoch": round(step / per_epoch, 2),
+                "loss": round(float(np.mean(losses[-per_epoch:])) if losses else math.nan, 4),
+                **figures,
+            }
+        )
         report(step / total, f"step {step}: {figures}")
         if figures[metric] > result.best.get(metric, -1.0):
             result.best = {"step": step, **figures}

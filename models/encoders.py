@@ -9,6 +9,7 @@ records in each shard, and `resolve_encoder` turns such a name back into the enc
 What a query encoder reads of a question is `query_text`: the bare question for the packaged
 MiniLM, the dated StreamingQA form ("Today is ... . <question>") for a version trained on it.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -16,8 +17,9 @@ import hashlib
 import importlib.util
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -87,13 +89,18 @@ class SentenceTransformerEncoder:
         self.name = name or path.name
 
     @classmethod
-    def packaged(cls, device: str = "cpu") -> "SentenceTransformerEncoder":
+    def packaged(cls, device: str = "cpu") -> SentenceTransformerEncoder:
         return cls(packaged_minilm_path(), name=PACKAGED_MINILM, device=device)
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 0) -> np.ndarray:
         batch_size = batch_size or (GPU_BATCH if self.model.device.type == "cuda" else CPU_BATCH)
-        out = self.model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
-                                normalize_embeddings=True, show_progress_bar=False)
+        out = self.model.encode(
+            list(texts),
+            batch_size=batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
         return np.ascontiguousarray(out, dtype=np.float32)  # (n, dim)
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
@@ -186,8 +193,9 @@ class DualEncoder:
             raise ValueError(f"{folder / ENCODER_INFO}: query_format {query_format!r} must be one of {QUERY_FORMATS}")
         self.dated_queries = query_format == "dated"
         if towers == "shared":
-            self.query = self.passage = make_tower(folder / "shared", name=info["version"], device=device,
-                                                   backend=backend)
+            self.query = self.passage = make_tower(
+                folder / "shared", name=info["version"], device=device, backend=backend
+            )
         else:
             self.query = make_tower(folder / "query", name=info["version"], device=device, backend=backend)
             self.passage = make_tower(folder / "passage", name=info["version"], device=device, backend=backend)
@@ -241,8 +249,9 @@ def _recorded_encoder(name: str, encoders_dir: Path | None, device: str, backend
     return None
 
 
-def resolve_encoder(name: str, *, encoders_dir: Path | None, device: str = "cpu", backend: str = "torch"
-                    ) -> TextEncoder:
+def resolve_encoder(
+    name: str, *, encoders_dir: Path | None, device: str = "cpu", backend: str = "torch"
+) -> TextEncoder:
     """The encoder an index records by `name`: the packaged MiniLM, a hash fake, or a trained
     version folder under `encoders_dir`, its model run on `backend` (torch, onnx, onnx-int8).
     ValueError saying what is missing otherwise."""
@@ -250,8 +259,10 @@ def resolve_encoder(name: str, *, encoders_dir: Path | None, device: str = "cpu"
         return make_tower(packaged_minilm_path(), name=PACKAGED_MINILM, device=device, backend=backend)
     if (encoder := _recorded_encoder(name, encoders_dir, device, backend)) is not None:
         return encoder
-    raise ValueError(f"the index was encoded with {name!r}, which is neither the packaged {PACKAGED_MINILM} "
-                     f"nor a trained version under {encoders_dir} (`sqa encoders list`)")
+    raise ValueError(
+        f"the index was encoded with {name!r}, which is neither the packaged {PACKAGED_MINILM} "
+        f"nor a trained version under {encoders_dir} (`sqa encoders list`)"
+    )
 
 
 def _folder_dim(folder: Path) -> int | None:
@@ -300,8 +311,9 @@ def describe_encoder(spec: str, *, encoders_dir: Path | None = None) -> tuple[st
     return None
 
 
-def load_encoder(spec: str, *, device: str = "cpu", encoders_dir: Path | None = None, backend: str = "torch"
-                 ) -> TextEncoder:
+def load_encoder(
+    spec: str, *, device: str = "cpu", encoders_dir: Path | None = None, backend: str = "torch"
+) -> TextEncoder:
     """Build an encoder from a setting: "minilm", "hash", "hash:delay_ms=5", a trained version's
     name (a folder under `encoders_dir`), or a local folder (a trained version or any
     sentence-transformers model); models run on `backend` (torch, onnx, onnx-int8)."""

@@ -5,14 +5,15 @@ encoded on its own (B*N x L); start and end logits of all N passages of a questi
 together (shared normalisation, Clark & Gardner), so span scores compare across passages, and the
 loss is the marginal likelihood of every occurrence of the answer in any passage.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -49,7 +50,7 @@ class SpanModel(torch.nn.Module):
         self.head = torch.nn.Linear(encoder.config.hidden_size, 2)  # start, end
 
     @classmethod
-    def warm_start(cls, config: SpanConfig) -> "SpanModel":
+    def warm_start(cls, config: SpanConfig) -> SpanModel:
         from transformers import AutoModel, AutoTokenizer
 
         from models.encoders import packaged_minilm_path
@@ -59,7 +60,7 @@ class SpanModel(torch.nn.Module):
         return cls(AutoModel.from_pretrained(base), AutoTokenizer.from_pretrained(base), config)
 
     @classmethod
-    def load(cls, path: Path | str, *, device: str = "cpu") -> "SpanModel":
+    def load(cls, path: Path | str, *, device: str = "cpu") -> SpanModel:
         from transformers import AutoModel, AutoTokenizer
 
         path = Path(path)
@@ -84,8 +85,9 @@ class SpanModel(torch.nn.Module):
     def device(self) -> torch.device:
         return self.head.weight.device
 
-    def encode_inputs(self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]],
-                      n_passages: int | None = None) -> SpanBatch:
+    def encode_inputs(
+        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+    ) -> SpanBatch:
         """Pairs (dated question, "title. passage"), truncating the passage only. Missing passages
         become empty pairs whose context mask is all False."""
         n = n_passages or self.config.n_passages
@@ -95,32 +97,41 @@ class SpanModel(torch.nn.Module):
             for i in range(n):
                 questions.append(dated_question(question, as_of))
                 contexts.append(f"{ps[i].title}. {ps[i].text}" if i < len(ps) else "")
-        enc = self.tokenizer(questions, contexts, max_length=self.config.max_passage_tokens,
-                             truncation="only_second", padding=True, return_offsets_mapping=True,
-                             return_tensors="pt")
+        enc = self.tokenizer(
+            questions,
+            contexts,
+            max_length=self.config.max_passage_tokens,
+            truncation="only_second",
+            padding=True,
+            return_offsets_mapping=True,
+            return_tensors="pt",
+        )
         b = len(items)
         seq = [enc.sequence_ids(i) for i in range(len(questions))]
         context = torch.tensor([[s == 1 for s in row] for row in seq])
         offsets = enc["offset_mapping"].tolist()
         return SpanBatch(
-            ids=enc["input_ids"].view(b, n, -1), mask=enc["attention_mask"].view(b, n, -1),
+            ids=enc["input_ids"].view(b, n, -1),
+            mask=enc["attention_mask"].view(b, n, -1),
             context=context.view(b, n, -1),
             offsets=[[[tuple(o) for o in offsets[i * n + j]] for j in range(n)] for i in range(b)],
-            texts=[contexts[i * n:(i + 1) * n] for i in range(b)])
+            texts=[contexts[i * n : (i + 1) * n] for i in range(b)],
+        )
 
     def logits(self, batch: SpanBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Start and end logits, B x (N*L), -inf outside passage tokens."""
         b, n, length = batch.ids.shape
-        hidden = self.encoder(input_ids=batch.ids.reshape(b * n, length).to(self.device),
-                              attention_mask=batch.mask.reshape(b * n, length).to(self.device)).last_hidden_state
+        hidden = self.encoder(
+            input_ids=batch.ids.reshape(b * n, length).to(self.device),
+            attention_mask=batch.mask.reshape(b * n, length).to(self.device),
+        ).last_hidden_state
         scores = self.head(hidden)  # (B*N) x L x 2
         scores = scores.reshape(b, n * length, 2)
         allowed = batch.context.reshape(b, n * length).to(self.device)
         scores = scores.masked_fill(~allowed.unsqueeze(-1), float("-inf"))
         return scores[..., 0], scores[..., 1]
 
-    def answer_positions(self, batch: SpanBatch, answers: Sequence[Sequence[str]]
-                         ) -> list[tuple[list[int], list[int]]]:
+    def answer_positions(self, batch: SpanBatch, answers: Sequence[Sequence[str]]) -> list[tuple[list[int], list[int]]]:
         """Flattened (N*L) token positions where an occurrence of a gold answer starts and ends."""
         b, n, length = batch.ids.shape
         out = []
@@ -164,8 +175,9 @@ class SpanModel(torch.nn.Module):
         return torch.stack(terms).mean() if terms else None
 
     @torch.inference_mode()
-    def extract(self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]],
-                n_passages: int | None = None) -> list[tuple[str, float]]:
+    def extract(
+        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+    ) -> list[tuple[str, float]]:
         """Best span (text, score) per question over all its passages."""
         if not items:
             return []
@@ -179,8 +191,11 @@ class SpanModel(torch.nn.Module):
             # score[x, y] = s[x] + e[y] for x <= y < x + width, within one passage.
             pair = s[:, None] + e[None, :]
             idx = torch.arange(n * length)
-            valid = (idx[None, :] >= idx[:, None]) & (idx[None, :] < idx[:, None] + width) \
+            valid = (
+                (idx[None, :] >= idx[:, None])
+                & (idx[None, :] < idx[:, None] + width)
                 & ((idx[None, :] // length) == (idx[:, None] // length))
+            )
             pair = pair.masked_fill(~valid, float("-inf"))
             flat = int(pair.argmax())
             x, y = divmod(flat, n * length)
@@ -201,5 +216,7 @@ class ExtractiveReader(BatchedReader):
         super().__init__(model, name=name, n_passages=n_passages)
 
     def _read(self, items: Sequence[Item]) -> list[ReaderAnswer]:
-        return [ReaderAnswer(text=text, raw=f"{text}\t{score:.3f}")
-                for text, score in self.model.extract(items, self.n_passages)]
+        return [
+            ReaderAnswer(text=text, raw=f"{text}\t{score:.3f}")
+            for text, score in self.model.extract(items, self.n_passages)
+        ]

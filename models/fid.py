@@ -8,15 +8,16 @@ passages at once. Two backbones:
 - "seq2seq": any local T5/BART checkpoint folder (`AutoModelForSeq2SeqLM`), e.g. flan-t5-base.
 The config (`FiDConfig`) is saved beside the weights and wins on reload (nanoGPT's rule).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -71,7 +72,7 @@ class FiDModel(torch.nn.Module):
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def warm_start(cls, config: FiDConfig) -> "FiDModel":
+    def warm_start(cls, config: FiDConfig) -> FiDModel:
         """A new, untrained model from the backbone named in the config."""
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
 
@@ -81,7 +82,8 @@ class FiDModel(torch.nn.Module):
             base = config.base or str(packaged_minilm_path())
             config = dataclasses.replace(config, base=base)
             model = EncoderDecoderModel.from_encoder_decoder_pretrained(
-                base, base, tie_encoder_decoder=config.tie_encoder_decoder)
+                base, base, tie_encoder_decoder=config.tie_encoder_decoder
+            )
             tokenizer = AutoTokenizer.from_pretrained(base)
             _set_special_tokens(model, tokenizer)
         elif config.backbone == "seq2seq":
@@ -94,7 +96,7 @@ class FiDModel(torch.nn.Module):
         return cls(model, tokenizer, config)
 
     @classmethod
-    def load(cls, path: Path | str, *, device: str = "cpu") -> "FiDModel":
+    def load(cls, path: Path | str, *, device: str = "cpu") -> FiDModel:
         """Reload a saved model exactly: the stored config decides the architecture."""
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
 
@@ -125,8 +127,9 @@ class FiDModel(torch.nn.Module):
         return next(self.model.parameters()).device
 
     # ---- tensors ------------------------------------------------------------------------
-    def encode_inputs(self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]],
-                      n_passages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_inputs(
+        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and mask of shape B x N x L. Questions with fewer than N passages are padded
         with empty passages whose mask is all zero except the first token (so the decoder never
         attends to an empty row only)."""
@@ -142,8 +145,9 @@ class FiDModel(torch.nn.Module):
                 else:
                     texts.append(f"question: {dated_question(question, as_of)}")
                     present.append(False)
-        enc = self.tokenizer(texts, max_length=self.config.max_passage_tokens, truncation=True,
-                             padding=True, return_tensors="pt")
+        enc = self.tokenizer(
+            texts, max_length=self.config.max_passage_tokens, truncation=True, padding=True, return_tensors="pt"
+        )
         ids, mask = enc["input_ids"], enc["attention_mask"]
         absent = torch.tensor([not p for p in present])
         mask[absent, 1:] = 0
@@ -153,8 +157,13 @@ class FiDModel(torch.nn.Module):
     def encode_answers(self, answers: Sequence[str]) -> torch.Tensor:
         """Labels (B x T) with -100 on padding; for BERT the leading [CLS] is the decoder's start
         token, so it is dropped from the labels and [SEP] ends the answer."""
-        enc = self.tokenizer(list(answers), max_length=self.config.max_answer_tokens + 1, truncation=True,
-                             padding=True, return_tensors="pt")
+        enc = self.tokenizer(
+            list(answers),
+            max_length=self.config.max_answer_tokens + 1,
+            truncation=True,
+            padding=True,
+            return_tensors="pt",
+        )
         labels = enc["input_ids"].clone()
         labels[enc["attention_mask"] == 0] = -100
         if self.config.backbone == "minilm":
@@ -166,8 +175,9 @@ class FiDModel(torch.nn.Module):
         from transformers.modeling_outputs import BaseModelOutput
 
         b, n, length = ids.shape
-        hidden = self.model.get_encoder()(input_ids=ids.reshape(b * n, length),
-                                          attention_mask=mask.reshape(b * n, length)).last_hidden_state
+        hidden = self.model.get_encoder()(
+            input_ids=ids.reshape(b * n, length), attention_mask=mask.reshape(b * n, length)
+        ).last_hidden_state
         hidden = hidden.reshape(b, n * length, hidden.shape[-1])
         return BaseModelOutput(last_hidden_state=hidden), mask.reshape(b, n * length)
 
@@ -177,16 +187,21 @@ class FiDModel(torch.nn.Module):
         return out.loss
 
     @torch.inference_mode()
-    def generate(self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]],
-                 n_passages: int | None = None) -> list[str]:
+    def generate(
+        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+    ) -> list[str]:
         """Batched generation: one answer string per (question, as_of, passages)."""
         if not items:
             return []
         ids, mask = self.encode_inputs(items, n_passages)
         enc, fused_mask = self.fuse(ids.to(self.device), mask.to(self.device))
-        out = self.model.generate(encoder_outputs=enc, attention_mask=fused_mask,
-                                  max_new_tokens=self.config.max_answer_tokens,
-                                  num_beams=self.config.num_beams, do_sample=False)
+        out = self.model.generate(
+            encoder_outputs=enc,
+            attention_mask=fused_mask,
+            max_new_tokens=self.config.max_answer_tokens,
+            num_beams=self.config.num_beams,
+            do_sample=False,
+        )
         return [t.strip() for t in self.tokenizer.batch_decode(out, skip_special_tokens=True)]
 
 

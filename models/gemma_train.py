@@ -17,21 +17,30 @@ cross-entropy on the answer tokens only, and the logits are computed only there:
 parameters are the 262k-token vocabulary, so the full B x L x 262k output head would cost three
 times the rest of the step. The embeddings (tied to the output head) stay frozen.
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from models.gemma import (FOLDER_NAME, PRECISIONS, GemmaReader, build_prompt, build_target, gemma_folder,
-                          reader_context, resolve_training_precision)
+from models.gemma import (
+    FOLDER_NAME,
+    PRECISIONS,
+    GemmaReader,
+    build_prompt,
+    build_target,
+    gemma_folder,
+    reader_context,
+    resolve_training_precision,
+)
 from models.reader_base import Item, ReaderPassage, final_answer
 from models.saved_config import SavedConfig
 
@@ -52,9 +61,9 @@ class GemmaConfig(SavedConfig):
     max_answer_tokens: int = 24  # training target, newline included
     max_new_tokens: int = 16  # generation
     # 0: the first max_passage_words of each of the first n_passages (the original prompt); else the
-    # sentences of the first n_passages that bear on the question, this many words in all (models.context)
+    # sentences of the first n_passages that bear on the question, this many words in all (models.reader_context)
     context_words: int = 0
-    # Each article's headline after a passage's date (models.context.add_titles). False in configs
+    # Each article's headline after a passage's date (models.reader_context.add_titles). False in configs
     # saved before it existed: a version reads the prompt it was trained on.
     titles: bool = False
     method: str = "lora"  # "lora" (peft adapters) | "last-layers" (train the last decoder layers)
@@ -76,8 +85,7 @@ class GemmaConfig(SavedConfig):
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))  # JSON gives a list
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is unknown (use {' or '.join(METHODS)})")
-        for name in ("n_passages", "max_passage_words", "max_answer_tokens", "max_new_tokens", "lora_r",
-                     "last_layers"):
+        for name in ("n_passages", "max_passage_words", "max_answer_tokens", "max_new_tokens", "lora_r", "last_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.context_words < 0:
@@ -87,12 +95,23 @@ class GemmaConfig(SavedConfig):
         if self.max_length < 0:
             raise ValueError(f"max_length must be 0 (the served prompt whole) or positive, got {self.max_length}")
         if self.max_length and self.max_length < 2 * self.max_answer_tokens:
-            raise ValueError(f"max_length {self.max_length} leaves no room for the passages and question "
-                             f"(max_answer_tokens is {self.max_answer_tokens})")
+            raise ValueError(
+                f"max_length {self.max_length} leaves no room for the passages and question "
+                f"(max_answer_tokens is {self.max_answer_tokens})"
+            )
 
 
-def fit_prompt(question: str, as_of, passages: Sequence[ReaderPassage], max_words: int, budget: int,
-               count: Callable[[str], int], *, context_words: int = 0, titles: bool = False) -> str:
+def fit_prompt(
+    question: str,
+    as_of,
+    passages: Sequence[ReaderPassage],
+    max_words: int,
+    budget: int,
+    count: Callable[[str], int],
+    *,
+    context_words: int = 0,
+    titles: bool = False,
+) -> str:
     """`build_prompt` with every passage cut to the same number of words, the most (up to `max_words`)
     that keeps `count(prompt) <= budget`; the question is never cut (without room, passages keep one
     word). `count` is the tokenizer's length of a prompt. With `context_words`, the sentences are
@@ -102,8 +121,14 @@ def fit_prompt(question: str, as_of, passages: Sequence[ReaderPassage], max_word
     if context_words:
         words = context_words
         while True:
-            kept = reader_context(question, passages, n_passages=len(passages), max_passage_words=max_words,
-                                  context_words=words, titles=titles)
+            kept = reader_context(
+                question,
+                passages,
+                n_passages=len(passages),
+                max_passage_words=max_words,
+                context_words=words,
+                titles=titles,
+            )
             prompt = build_prompt(question, as_of, kept, None)
             n = count(prompt)
             if n <= budget or words <= 8:
@@ -111,8 +136,12 @@ def fit_prompt(question: str, as_of, passages: Sequence[ReaderPassage], max_word
             words = max(8, min(words - 8, int(words * budget / n)))
 
     def render(words: int, passages=passages) -> str:
-        return build_prompt(question, as_of, reader_context(question, passages, n_passages=len(passages),
-                                                            max_passage_words=words, titles=titles), None)
+        return build_prompt(
+            question,
+            as_of,
+            reader_context(question, passages, n_passages=len(passages), max_passage_words=words, titles=titles),
+            None,
+        )
 
     words = min(max_words, max((len(p.text.split()) for p in passages), default=1))
     prompt = render(words)
@@ -169,8 +198,14 @@ class GemmaModel:
         if config.method == "lora":
             from peft import LoraConfig, get_peft_model
 
-            lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                              target_modules=list(config.lora_targets), bias="none", task_type="CAUSAL_LM")
+            lora = LoraConfig(
+                r=config.lora_r,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=list(config.lora_targets),
+                bias="none",
+                task_type="CAUSAL_LM",
+            )
             with warnings.catch_warnings():  # peft asks transformers' deprecated is_gradient_checkpointing
                 warnings.simplefilter("ignore", FutureWarning)
                 self.net = get_peft_model(lm, lora)  # freezes everything but the adapters (B starts at zero)
@@ -178,7 +213,7 @@ class GemmaModel:
             layers = lm.model.layers
             if config.last_layers > len(layers):
                 raise ValueError(f"last_layers {config.last_layers} is more than the model's {len(layers)} layers")
-            for module in (*layers[-config.last_layers:], lm.model.norm):
+            for module in (*layers[-config.last_layers :], lm.model.norm):
                 for p in module.parameters():
                     p.requires_grad_(True)
             self.net = lm
@@ -186,8 +221,9 @@ class GemmaModel:
 
     # ---- construction and files -------------------------------------------------------------------
     @classmethod
-    def from_base(cls, config: GemmaConfig | None = None, *, cache_dir: Path | None = None,
-                  device: str = "cpu") -> GemmaModel:
+    def from_base(
+        cls, config: GemmaConfig | None = None, *, cache_dir: Path | None = None, device: str = "cpu"
+    ) -> GemmaModel:
         """An untrained model over the packaged base (converted into `cache_dir` on first use)."""
         lm, tokenizer = _load_base(cache_dir)
         model = cls(lm, tokenizer, config or GemmaConfig(), base_cache=cache_dir)
@@ -235,8 +271,10 @@ class GemmaModel:
         own = dict(self.named_trainable())
         if set(own) != set(state):
             missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-            raise ValueError(f"trained tensors do not match the model ({self.config.method}): "
-                             f"missing {missing[:3]}, unexpected {extra[:3]}")
+            raise ValueError(
+                f"trained tensors do not match the model ({self.config.method}): "
+                f"missing {missing[:3]}, unexpected {extra[:3]}"
+            )
         with torch.no_grad():
             for name, p in own.items():
                 p.copy_(state[name])
@@ -289,9 +327,16 @@ class GemmaModel:
         for (question, as_of, passages), answer in zip(items, answers):
             target = self._ids(build_target(answer), special=False)[: cfg.max_answer_tokens]
             if cfg.max_length:
-                prompt = fit_prompt(question, as_of, list(passages)[: cfg.n_passages], cfg.max_passage_words,
-                                    cfg.max_length - len(target), lambda t: len(self._ids(t, special=True)),
-                                    context_words=cfg.context_words, titles=cfg.titles)
+                prompt = fit_prompt(
+                    question,
+                    as_of,
+                    list(passages)[: cfg.n_passages],
+                    cfg.max_passage_words,
+                    cfg.max_length - len(target),
+                    lambda t: len(self._ids(t, special=True)),
+                    context_words=cfg.context_words,
+                    titles=cfg.titles,
+                )
             else:  # what the served reader reads, whole
                 prompt = build_prompt(question, as_of, self.context(question, passages), None)
             rows.append((self._ids(prompt, special=True), target))
@@ -303,7 +348,7 @@ class GemmaModel:
         for i, (p, t) in enumerate(rows):
             ids[i, : len(p) + len(t)] = torch.tensor(p + t)
             mask[i, : len(p) + len(t)] = 1
-            labels[i, len(p): len(p) + len(t)] = torch.tensor(t)
+            labels[i, len(p) : len(p) + len(t)] = torch.tensor(t)
         return ids, mask, labels
 
     def loss(self, items: Sequence[Item], answers: Sequence[str]) -> torch.Tensor:
@@ -342,7 +387,7 @@ class GemmaModel:
         size = batch_size or max(1, len(live))
         with torch.inference_mode():
             for start in range(0, len(live), size):
-                chunk = live[start:start + size]
+                chunk = live[start : start + size]
                 read = [(items[i][0], items[i][1], self.context(items[i][0], items[i][2])) for i in chunk]
                 for i, (question, _, passages), raw in zip(chunk, read, self._generate_rows(read)):
                     out[i] = final_answer(raw, question, passages)
@@ -366,34 +411,62 @@ class GemmaModel:
         ids = torch.full((len(prompts), length), pad, dtype=torch.long)
         mask = torch.zeros((len(prompts), length), dtype=torch.long)
         for row, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
-            ids[row, length - len(p):] = torch.tensor(p)
-            mask[row, length - len(p):] = 1
+            ids[row, length - len(p) :] = torch.tensor(p)
+            mask[row, length - len(p) :] = 1
         with self._autocast():
-            gen = self.net.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                    max_new_tokens=cfg.max_new_tokens, do_sample=False, pad_token_id=pad,
-                                    stopping_criteria=_first_line_stop(self.tokenizer, length))  # B x (length + new)
+            gen = self.net.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                max_new_tokens=cfg.max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+                stopping_criteria=_first_line_stop(self.tokenizer, length),
+            )  # B x (length + new)
         return self.tokenizer.batch_decode(gen[:, length:], skip_special_tokens=True)
 
     def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
         """What the served reader reads of the ranked passages (GemmaReader.context)."""
         cfg = self.config
-        return reader_context(question, passages, n_passages=cfg.n_passages, max_passage_words=cfg.max_passage_words,
-                              context_words=cfg.context_words, titles=cfg.titles)
+        return reader_context(
+            question,
+            passages,
+            n_passages=cfg.n_passages,
+            max_passage_words=cfg.max_passage_words,
+            context_words=cfg.context_words,
+            titles=cfg.titles,
+        )
 
     # ---- serving ----------------------------------------------------------------------------------
-    def into_reader(self, *, name: str, n_passages: int | None = None, answer_beams: int = 1,
-                    vocabulary: str = "full", precision: str = "float32", echo_beams: int = 0) -> GemmaReader:
+    def into_reader(
+        self,
+        *,
+        name: str,
+        n_passages: int | None = None,
+        answer_beams: int = 1,
+        vocabulary: str = "full",
+        precision: str = "float32",
+        echo_beams: int = 0,
+    ) -> GemmaReader:
         """A GemmaReader (the served prompt and decoding) over this model. LoRA adapters are merged
         into the base weights first (serving costs what the base costs), so the model is for serving
         only afterwards: do not train it again."""
         lm = self.net.merge_and_unload() if self.config.method == "lora" else self.net
         self.net = lm.eval()
-        return GemmaReader(lm, self.tokenizer, device=str(self.device), name=name,
-                           n_passages=n_passages or self.config.n_passages,
-                           max_passage_words=self.config.max_passage_words, max_new_tokens=self.config.max_new_tokens,
-                           context_words=self.config.context_words, answer_beams=answer_beams,
-                           vocabulary=vocabulary, precision=precision, titles=self.config.titles,
-                           echo_beams=echo_beams)
+        return GemmaReader(
+            lm,
+            self.tokenizer,
+            device=str(self.device),
+            name=name,
+            n_passages=n_passages or self.config.n_passages,
+            max_passage_words=self.config.max_passage_words,
+            max_new_tokens=self.config.max_new_tokens,
+            context_words=self.config.context_words,
+            answer_beams=answer_beams,
+            vocabulary=vocabulary,
+            precision=precision,
+            titles=self.config.titles,
+            echo_beams=echo_beams,
+        )
 
 
 # What may differ between the members of a soup: where each found its base, and how it trained.
@@ -414,11 +487,16 @@ def soup_config(configs: Sequence[GemmaConfig]) -> GemmaConfig:
     for i, c in enumerate(configs):
         if c.method != "lora":
             raise ValueError(f"member {i + 1} was trained with {c.method!r}: a soup averages LoRA adapters")
-        differ = [f.name for f in dataclasses.fields(c) if f.name not in SOUP_FREE
-                  and getattr(c, f.name) != getattr(first, f.name)]
+        differ = [
+            f.name
+            for f in dataclasses.fields(c)
+            if f.name not in SOUP_FREE and getattr(c, f.name) != getattr(first, f.name)
+        ]
         if differ:
-            raise ValueError(f"member {i + 1} differs from the first in {', '.join(differ)}: only runs of the "
-                             "same settings (another seed) average")
+            raise ValueError(
+                f"member {i + 1} differs from the first in {', '.join(differ)}: only runs of the "
+                "same settings (another seed) average"
+            )
     n = len(configs)
     return dataclasses.replace(first, lora_r=first.lora_r * n, lora_alpha=first.lora_alpha * n)
 
@@ -468,5 +546,13 @@ def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     return config
 
 
-__all__ = ["GemmaConfig", "GemmaModel", "fit_prompt", "LORA_TARGETS", "METHODS", "soup_config", "soup_state",
-           "write_soup"]
+__all__ = [
+    "GemmaConfig",
+    "GemmaModel",
+    "fit_prompt",
+    "LORA_TARGETS",
+    "METHODS",
+    "soup_config",
+    "soup_state",
+    "write_soup",
+]

@@ -11,9 +11,11 @@ candidates, a candidate that holds an answer string a positive) and is validated
 same way. A version folder holds `reranker.json` alone: the feature names, their means and spreads,
 the coefficients (plain JSON, no pickle).
 
-    model = FeatureReranker.fit(items)          # items: [{"query", "cands": [{"input", "age", "score", "article", "hit"}]}]
+    # items: [{"query", "cands": [{"input", "age", "score", "article", "hit"}]}]
+    model = FeatureReranker.fit(items)
     model.score_candidates("Who won ...?", cands)  # (n,) float64, higher is better
 """
+
 from __future__ import annotations
 
 import json
@@ -25,19 +27,35 @@ from pathlib import Path
 
 import numpy as np
 
-from models.context import STOPWORDS, content_terms
+from models.reader_context import STOPWORDS, content_terms
 
 INFO_FILE = "reranker.json"  # models.reranker.INFO_FILE: the same folder layout
 KIND = "features"
 
-FEATURES = ("first_stage_score", "inverse_rank", "log_rank", "log_age", "age_above_newest", "question_weight",
-            "question_share", "best_sentence_weight", "title_share", "bigrams", "names_share", "same_article",
-            "article_first", "numbers_asked")
+FEATURES = (
+    "first_stage_score",
+    "inverse_rank",
+    "log_rank",
+    "log_age",
+    "age_above_newest",
+    "question_weight",
+    "question_share",
+    "best_sentence_weight",
+    "title_share",
+    "bigrams",
+    "names_share",
+    "same_article",
+    "article_first",
+    "numbers_asked",
+)
 _SENTENCES = re.compile(r"(?<=[.!?])\s+")
 _NAME = re.compile(r"\b[A-Z][a-zA-Z'’]+")
 _NUMBER = re.compile(r"\d")
-_COUNT_QUESTION = re.compile(r"\b(how many|how much|what percent|what percentage|what year|what age|how old|"
-                             r"how long|what number)\b", re.I)
+_COUNT_QUESTION = re.compile(
+    r"\b(how many|how much|what percent|what percentage|what year|what age|how old|"
+    r"how long|what number)\b",
+    re.I,
+)
 
 
 def _words(text: str) -> list[str]:
@@ -64,7 +82,14 @@ def candidate_features(question: str, cands: Sequence[dict]) -> np.ndarray:
     weight = {t: math.log(1 + n / df[t]) if df[t] else math.log(1 + n) for t in asked}
     total = sum(weight.values()) or 1.0
     q_bigrams = _bigrams(_words(question))
-    names = {m.group(0).lower() for m in _NAME.finditer(question[1:])} - {"what", "which", "who", "how", "when", "where"}
+    names = {m.group(0).lower() for m in _NAME.finditer(question[1:])} - {
+        "what",
+        "which",
+        "who",
+        "how",
+        "when",
+        "where",
+    }
     newest = min(c["age"] for c in cands)
     articles = Counter(c.get("article") for c in cands)
     seen_articles: set = set()
@@ -107,8 +132,16 @@ class FeatureReranker:
 
     kind = KIND
 
-    def __init__(self, mean: Sequence[float], spread: Sequence[float], coef: Sequence[float], intercept: float, *,
-                 info: dict | None = None, name: str = "features") -> None:
+    def __init__(
+        self,
+        mean: Sequence[float],
+        spread: Sequence[float],
+        coef: Sequence[float],
+        intercept: float,
+        *,
+        info: dict | None = None,
+        name: str = "features",
+    ) -> None:
         if not (len(mean) == len(spread) == len(coef) == len(FEATURES)):
             raise ValueError(f"a feature re-ranker needs {len(FEATURES)} means, spreads and coefficients")
         self.mean, self.spread = np.asarray(mean, dtype=np.float64), np.asarray(spread, dtype=np.float64)
@@ -146,14 +179,20 @@ class FeatureReranker:
         return (candidate_features(question, cands) - self.mean) / self.spread @ self.coef + self.intercept
 
     def to_json(self) -> dict:
-        return {"features": list(FEATURES), "mean": self.mean.tolist(), "spread": self.spread.tolist(),
-                "coef": self.coef.tolist(), "intercept": self.intercept}
+        return {
+            "features": list(FEATURES),
+            "mean": self.mean.tolist(),
+            "spread": self.spread.tolist(),
+            "coef": self.coef.tolist(),
+            "intercept": self.intercept,
+        }
 
     def save(self, folder: Path | str, info: dict) -> None:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / INFO_FILE).write_text(json.dumps({**info, "kind": KIND, "model": self.to_json()}, indent=1,
-                                                   default=str))
+        (folder / INFO_FILE).write_text(
+            json.dumps({**info, "kind": KIND, "model": self.to_json()}, indent=1, default=str)
+        )
 
     @classmethod
     def load(cls, folder: Path | str) -> FeatureReranker:
@@ -161,10 +200,18 @@ class FeatureReranker:
         info = json.loads((folder / INFO_FILE).read_text())
         model = info.get("model") or {}
         if list(model.get("features", [])) != list(FEATURES):
-            raise ValueError(f"{folder / INFO_FILE} was trained on other features ({model.get('features')}): "
-                             "train it again with `sqa train reranker --kind features`")
-        return cls(model["mean"], model["spread"], model["coef"], model["intercept"], info=info,
-                   name=info.get("version", folder.name))
+            raise ValueError(
+                f"{folder / INFO_FILE} was trained on other features ({model.get('features')}): "
+                "train it again with `sqa train reranker --kind features`"
+            )
+        return cls(
+            model["mean"],
+            model["spread"],
+            model["coef"],
+            model["intercept"],
+            info=info,
+            name=info.get("version", folder.name),
+        )
 
 
 __all__ = ["FEATURES", "FeatureReranker", "KIND", "candidate_features", "learnable"]

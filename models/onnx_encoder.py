@@ -18,6 +18,7 @@ Example:
     >>> tower.encode(["Today is Monday, June 5, 2023. Who won?"]).shape
     (1, 384)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,9 +27,9 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -97,8 +98,9 @@ def export_onnx(folder: Path | str, *, quantize: bool, cache_dir: Path | str | N
         if quantize:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            quantize_dynamic(str(tmp / FLOAT_FILE), str(tmp / INT8_FILE), weight_type=QuantType.QInt8,
-                             per_channel=True)  # per tensor: cosine to the float vectors 0.95 on average, per channel 0.99
+            quantize_dynamic(
+                str(tmp / FLOAT_FILE), str(tmp / INT8_FILE), weight_type=QuantType.QInt8, per_channel=True
+            )  # per tensor: cosine to the float vectors 0.95 on average, per channel 0.99
         final.mkdir(exist_ok=True)
         for name in (FLOAT_FILE, INT8_FILE):
             if (tmp / name).is_file() and not (final / name).is_file():
@@ -120,22 +122,31 @@ def _export_float(folder: Path, path: Path) -> None:
             self.inner = inner
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
+            return self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
 
     example = tuple(torch.ones((2, 8), dtype=torch.long) for _ in INPUTS)
     axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS}
     with torch.no_grad():
-        torch.onnx.export(Hidden(model), example, str(path), dynamo=False, input_names=list(INPUTS),
-                          output_names=["hidden"], dynamic_axes={**axes, "hidden": {0: "batch", 1: "tokens"}},
-                          opset_version=17)
+        torch.onnx.export(
+            Hidden(model),
+            example,
+            str(path),
+            dynamo=False,
+            input_names=list(INPUTS),
+            output_names=["hidden"],
+            dynamic_axes={**axes, "hidden": {0: "batch", 1: "tokens"}},
+            opset_version=17,
+        )
 
 
 class OnnxTower:
     """One sentence-transformers tower on ONNX Runtime (CPU), float or int8."""
 
-    def __init__(self, folder: Path | str, *, name: str, quantize: bool, cache_dir: Path | str | None = None,
-                 threads: int = 0) -> None:
+    def __init__(
+        self, folder: Path | str, *, name: str, quantize: bool, cache_dir: Path | str | None = None, threads: int = 0
+    ) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -154,8 +165,11 @@ class OnnxTower:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(export_onnx(folder, quantize=quantize, cache_dir=cache_dir)),
-                                            options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(export_onnx(folder, quantize=quantize, cache_dir=cache_dir)),
+            options,
+            providers=["CPUExecutionProvider"],
+        )
         self.dim = int(self.session.get_outputs()[0].shape[-1])
         self.threads = threads or (os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
@@ -186,7 +200,7 @@ class OnnxTower:
         order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
         out = []
         for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             width = max(len(encodings[i].ids) for i in rows)
             feed = {name: np.zeros((len(rows), width), dtype=np.int64) for name in INPUTS}
             for r, i in enumerate(rows):

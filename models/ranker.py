@@ -9,6 +9,7 @@ and both annotate the passage body (date prefix left out) with `annotate_passage
 A version folder holds `ranker.json`: the config, the DictVectorizer vocabulary, the coefficients
 and the intercept (plain JSON, no pickle), beside `reader.json` (models/trained.py).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -33,8 +34,15 @@ class RankerConfig(SavedConfig):
     seed: int = 0
 
 
-def ranker_item(question: str, as_of: dt.date, records: Sequence[dict], published: Sequence[dt.date], *,
-                qid: str = "", answers: Sequence[str] = ()) -> RankerItem:
+def ranker_item(
+    question: str,
+    as_of: dt.date,
+    records: Sequence[dict],
+    published: Sequence[dt.date],
+    *,
+    qid: str = "",
+    answers: Sequence[str] = (),
+) -> RankerItem:
     """The ranker's input for one question: passage i has rank i, no retrieval score, and its age
     in days at `as_of`.
 
@@ -46,9 +54,15 @@ def ranker_item(question: str, as_of: dt.date, records: Sequence[dict], publishe
     """
     if len(records) != len(published):
         raise ValueError(f"{len(records)} annotations for {len(published)} passages")
-    return RankerItem(qid, question, tuple(answers), tuple(
-        annotated(rec, rank=r, score=0.0, days_old=(as_of - day).days)
-        for r, (rec, day) in enumerate(zip(records, published))))
+    return RankerItem(
+        qid,
+        question,
+        tuple(answers),
+        tuple(
+            annotated(rec, rank=r, score=0.0, days_old=(as_of - day).days)
+            for r, (rec, day) in enumerate(zip(records, published))
+        ),
+    )
 
 
 def passage_bodies(passages: Sequence[ReaderPassage]) -> list[str]:
@@ -90,8 +104,7 @@ class CandidateReader(BatchedReader):
         'Denver Nuggets'
     """
 
-    def __init__(self, model: RankerModel, *, name: str = "ranker", n_passages: int | None = None,
-                 nlp=None) -> None:
+    def __init__(self, model: RankerModel, *, name: str = "ranker", n_passages: int | None = None, nlp=None) -> None:
         super().__init__(model, name=name, n_passages=n_passages)
         self._nlp = nlp
         self._lock = threading.Lock()  # spaCy pipelines are not documented as thread-safe
@@ -111,5 +124,7 @@ class CandidateReader(BatchedReader):
         return [ranker_item(q, as_of, [next(records) for _ in ps], [p.published for p in ps]) for q, as_of, ps in cut]
 
     def _read(self, items: Sequence[Item]) -> list[ReaderAnswer]:
-        return [ReaderAnswer(text=text, raw=f"{text}\t{prob:.3f}")
-                for text, prob in self.model.ranker.predict_scored(self.items(items))]
+        return [
+            ReaderAnswer(text=text, raw=f"{text}\t{prob:.3f}")
+            for text, prob in self.model.ranker.predict_scored(self.items(items))
+        ]

@@ -9,12 +9,14 @@ or before that date (the retriever guarantees it; `check_passages` re-asserts it
 backends (gemma, fid, extractive, ranker) import them from here, so no backend imports the
 module that picks backends.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from indexer.dates import format_long
 
@@ -96,13 +98,13 @@ def strip_restated_question(text: str, question: str) -> str:
     restate the question (small generators love to do that)."""
     q_words = set(_WORD.findall(question.lower()))
     for m in _COPULA.finditer(text):
-        head = _WORD.findall(text[:m.start()].lower())
-        rest = text[m.end():].strip()
+        head = _WORD.findall(text[: m.start()].lower())
+        rest = text[m.end() :].strip()
         if head and rest and sum(w in q_words for w in head) >= 0.6 * len(head):
             return rest
         tail = _WORD.findall(rest.lower())
         if head and tail and sum(w in q_words for w in tail) >= 0.6 * len(tail):
-            return text[:m.start()].strip()
+            return text[: m.start()].strip()
     return text
 
 
@@ -131,10 +133,12 @@ def shorten_answer(raw: str, *, question: str = "", max_words: int = 8) -> str:
 
 
 _HOW_MANY = re.compile(r"\bhow many ([a-z]+)", re.IGNORECASE)
-_NUMBER_WORDS = frozenset("""
+_NUMBER_WORDS = frozenset(
+    """
 one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen
 nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred dozen
-""".split())
+""".split()
+)
 _SCALES = frozenset("hundred thousand million billion trillion".split())
 # Units of time: the gold answers of RealTimeQA write "how many years" both ways ("37 years", "12").
 _TIME_UNITS = frozenset("second minute hour day week month year decade century".split())
@@ -169,15 +173,19 @@ def drop_counted_noun(answer: str, question: str) -> str:
 
 
 # The capitalised words of a date (spelled out: calendar's names follow the locale).
-DATE_WORDS = frozenset("""
+DATE_WORDS = frozenset(
+    """
 Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July August September
 October November December
-""".split())
+""".split()
+)
 
 # Capitalised words that start a sentence, date a story, give a title or credit a photo: never part
 # of a name that `complete_name` puts before a bare surname ("On Tuesday Biden ..." is not "Tuesday
 # Biden", "Getty Images Pelé" not a name).
-_NOT_NAME = frozenset("""
+_NOT_NAME = (
+    frozenset(
+        """
 The A An In On At But And Or When After Before As If For From By With Of To That This These Those It He She They We
 I His Her Their Its Our While Since So Yet Also Then Now Here There What Who Why How Where Which According Meanwhile
 However Still Like Under Over About Despite During Did Does Do Is Was Were Are Has Have Had Will Would Can Could Should
@@ -185,7 +193,10 @@ Former Sen. Rep. Gov. Mr. Mrs. Ms. Dr. President Prime Minister Secretary Chief 
 Justice King Queen Prince Princess Pope General Gen. Lt. Col. Sgt. St. Coach Director Senator Governor Mayor Speaker
 Leader Vice Attorney Officer Rev. Sir Dame Lord Lady Actor Actress Singer Rapper Star Chairman Chairwoman House Senate
 Team Company Brand Even Get Images Photo
-""".split()) | DATE_WORDS
+""".split()
+    )
+    | DATE_WORDS
+)
 _NAME_TOKEN = re.compile(r"[^\W_]+(?:['’.&-][^\W_]+)*\.?|[^\w\s]", re.UNICODE)
 
 
@@ -193,8 +204,12 @@ def _name_part(token: str) -> bool:
     """A word that can stand before a surname: capitalised, not a sentence opener, day or title, not
     a possessive ("SpaceX's") or a compound like "Wyoming-based", and no sentence's end ("Mario.")
     unless it is an initial ("E.")."""
-    return (token[:1].isupper() and token not in _NOT_NAME and not re.search(r"['’]s$|-[a-z]", token)
-            and (not token.endswith(".") or re.fullmatch(r"[A-Z]\.", token) is not None))
+    return (
+        token[:1].isupper()
+        and token not in _NOT_NAME
+        and not re.search(r"['’]s$|-[a-z]", token)
+        and (not token.endswith(".") or re.fullmatch(r"[A-Z]\.", token) is not None)
+    )
 
 
 def complete_name(answer: str, texts: Sequence[str], question: str = "") -> str:
@@ -228,7 +243,7 @@ def complete_name(answer: str, texts: Sequence[str], question: str = "") -> str:
             j = i
             while j > max(0, i - 2) and _name_part(tokens[j - 1]) and tokens[j - 1] != word:
                 j -= 1
-            form = tuple(tokens[j:i + 1])
+            form = tuple(tokens[j : i + 1])
             forms[form] = forms.get(form, 0) + 1
     longer = {form: n for form, n in forms.items() if len(form) > 1}
     if not longer:
@@ -251,7 +266,7 @@ def grounded(answer: str, text: str) -> bool:
     if not a:
         return False
     n = len(a)
-    return any(t[i:i + n] == a for i in range(len(t) - n + 1) if t[i] == a[0])
+    return any(t[i : i + n] == a for i in range(len(t) - n + 1) if t[i] == a[0])
 
 
 def final_answer(raw: str, question: str, read: Sequence[ReaderPassage]) -> str:

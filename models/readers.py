@@ -4,19 +4,41 @@ A reader sees the question, the date it is asked as of, and passages that were a
 or before that date (the retriever guarantees it; `check_passages` re-asserts it). The interface
 itself lives in `models/reader_base.py` and is re-exported here.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from indexer.chunking import passage_body
-from models.reader_base import (DATE_WORDS, BatchedReader, Item, Reader, ReaderAnswer, ReaderPassage,
-                                check_passages, dated_question, shorten_answer, strip_restated_question)
+from models.reader_base import (
+    DATE_WORDS,
+    BatchedReader,
+    Item,
+    Reader,
+    ReaderAnswer,
+    ReaderPassage,
+    check_passages,
+    dated_question,
+    shorten_answer,
+    strip_restated_question,
+)
 
-__all__ = ["BatchedReader", "Item", "Reader", "ReaderAnswer", "ReaderPassage", "check_passages", "dated_question",
-           "shorten_answer", "strip_restated_question", "FirstEntityReader", "load_reader"]
+__all__ = [
+    "BatchedReader",
+    "Item",
+    "Reader",
+    "ReaderAnswer",
+    "ReaderPassage",
+    "check_passages",
+    "dated_question",
+    "shorten_answer",
+    "strip_restated_question",
+    "FirstEntityReader",
+    "load_reader",
+]
 
 
 _ENTITY = re.compile(r"\b([A-Z][a-zA-Z0-9'\-]+(?:\s+(?:of\s+|the\s+)?[A-Z][a-zA-Z0-9'\-]+)*)")
@@ -43,9 +65,18 @@ class FirstEntityReader:
         return ReaderAnswer(text="", raw="")
 
 
-def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_dir: Path | None = None,
-                context_words: int = 0, answer_beams: int = 1, vocabulary: str = "full",
-                precision: str = "float32", echo_beams: int = 0) -> Reader:
+def load_reader(
+    spec: str,
+    *,
+    device: str = "cpu",
+    max_passages: int = 3,
+    cache_dir: Path | None = None,
+    context_words: int = 0,
+    answer_beams: int = 1,
+    vocabulary: str = "full",
+    precision: str = "float32",
+    echo_beams: int = 0,
+) -> Reader:
     """Build a reader from a setting: "gemma" or "first-entity". `cache_dir` is where
     "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
     sentence selection budget (0: none) and `vocabulary` what its answers may be written with
@@ -56,7 +87,14 @@ def load_reader(spec: str, *, device: str = "cpu", max_passages: int = 3, cache_
     if spec == "gemma":
         from models.gemma import GemmaReader
 
-        return GemmaReader.load(cache_dir=cache_dir, device=device, n_passages=max_passages,
-                                context_words=context_words, answer_beams=answer_beams, vocabulary=vocabulary,
-                                precision=precision, echo_beams=echo_beams)
+        return GemmaReader.load(
+            cache_dir=cache_dir,
+            device=device,
+            n_passages=max_passages,
+            context_words=context_words,
+            answer_beams=answer_beams,
+            vocabulary=vocabulary,
+            precision=precision,
+            echo_beams=echo_beams,
+        )
     raise ValueError(f"reader {spec!r} is unknown (use 'gemma' or 'first-entity')")

@@ -11,6 +11,7 @@ tokenizer and `reranker.json` (settings, lineage, validation figures).
     model.train_groups(groups, epochs=1)
     model.scores("Today is 2023-04-02. Who won ...?", ["title. passage text", ...])  # (n,) float32
 """
+
 from __future__ import annotations
 
 import json
@@ -57,28 +58,38 @@ class Group:
 
 
 class CrossEncoderReranker:
-    def __init__(self, model, tokenizer, cfg: RerankerConfig, *, name: str = "minilm-cross", device: str = "cpu",
-                 info: dict | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        cfg: RerankerConfig,
+        *,
+        name: str = "minilm-cross",
+        device: str = "cpu",
+        info: dict | None = None,
+    ) -> None:
         self.model, self.tokenizer, self.cfg, self.name, self.device = model, tokenizer, cfg, name, device
         self.info = info or {}
         self.model.to(device)
         self.model.eval()
 
     @classmethod
-    def from_packaged(cls, cfg: RerankerConfig | None = None, *, device: str = "cpu") -> "CrossEncoderReranker":
+    def from_packaged(cls, cfg: RerankerConfig | None = None, *, device: str = "cpu") -> CrossEncoderReranker:
         """The packaged MiniLM with a fresh scoring head (untrained: train it before use)."""
         from models.encoders import packaged_minilm_path
 
         return cls._load(packaged_minilm_path(), cfg or RerankerConfig(), device=device, name="minilm-cross")
 
     @classmethod
-    def load(cls, folder: Path | str, *, device: str = "cpu") -> "CrossEncoderReranker":
+    def load(cls, folder: Path | str, *, device: str = "cpu") -> CrossEncoderReranker:
         folder = Path(folder)
         info_path = folder / INFO_FILE
         if not info_path.exists():
             raise FileNotFoundError(f"{folder} is not a re-ranker version (no {INFO_FILE})")
         info = json.loads(info_path.read_text())
-        cfg = RerankerConfig(**{k: v for k, v in info.get("config", {}).items() if k in RerankerConfig.__dataclass_fields__})
+        cfg = RerankerConfig(
+            **{k: v for k, v in info.get("config", {}).items() if k in RerankerConfig.__dataclass_fields__}
+        )
         return cls._load(folder, cfg, device=device, name=info.get("version", folder.name), info=info)
 
     @classmethod
@@ -104,8 +115,14 @@ class CrossEncoderReranker:
         (folder / INFO_FILE).write_text(json.dumps({**info, "config": asdict(self.cfg)}, indent=1, default=str))
 
     def _forward(self, queries: Sequence[str], passages: Sequence[str]):
-        enc = self.tokenizer(list(queries), list(passages), truncation="only_second", max_length=self.cfg.max_length,
-                             padding=True, return_tensors="pt").to(self.device)
+        enc = self.tokenizer(
+            list(queries),
+            list(passages),
+            truncation="only_second",
+            max_length=self.cfg.max_length,
+            padding=True,
+            return_tensors="pt",
+        ).to(self.device)
         return self.model(**enc).logits[:, 0]
 
     def scores(self, query: str, passages: Sequence[str]) -> np.ndarray:
@@ -116,13 +133,18 @@ class CrossEncoderReranker:
         self.model.eval()
         with torch.inference_mode():
             for i in range(0, len(passages), self.cfg.batch_size):
-                chunk = passages[i:i + self.cfg.batch_size]
+                chunk = passages[i : i + self.cfg.batch_size]
                 out.append(self._forward([query] * len(chunk), chunk).float().cpu().numpy())
         return np.concatenate(out).astype(np.float32) if out else np.zeros(0, dtype=np.float32)
 
-    def train_groups(self, groups: Sequence[Group], *, progress: Callable[[float, str], None] | None = None,
-                     validate: Callable[[], dict] | None = None,
-                     better: Callable[[dict, dict], bool] | None = None) -> dict:
+    def train_groups(
+        self,
+        groups: Sequence[Group],
+        *,
+        progress: Callable[[float, str], None] | None = None,
+        validate: Callable[[], dict] | None = None,
+        better: Callable[[dict, dict], bool] | None = None,
+    ) -> dict:
         """Listwise training over the groups (cfg.epochs, within cfg.max_minutes). Returns
         {"steps", "seconds", "stopped", "history": [validate() after each epoch], "best_epoch"}.
         With `better(new, best)` the weights of the best epoch by it are kept (validated each epoch),
@@ -141,7 +163,9 @@ class CrossEncoderReranker:
         sched = None
         if cfg.warmup_ratio > 0:
             sched = torch.optim.lr_scheduler.LambdaLR(
-                opt, lambda i: (i + 1) / max(1, warmup) if i < warmup else max(0.0, (total - i) / max(1, total - warmup)))
+                opt,
+                lambda i: (i + 1) / max(1, warmup) if i < warmup else max(0.0, (total - i) / max(1, total - warmup)),
+            )
         autocast = cfg.precision == "bfloat16" and str(self.device).startswith("cuda")
         rng = random.Random(cfg.seed)
         t0, step, stopped, history = time.monotonic(), 0, "epochs", []
@@ -151,7 +175,7 @@ class CrossEncoderReranker:
             rng.shuffle(order)
             self.model.train()
             for s in range(steps_per_epoch):
-                batch = order[s * cfg.groups_per_step:(s + 1) * cfg.groups_per_step]
+                batch = order[s * cfg.groups_per_step : (s + 1) * cfg.groups_per_step]
                 queries, passages, sizes = [], [], []
                 for g in batch:
                     members = [g.positive, *g.negatives[: cfg.negatives]]
@@ -162,8 +186,9 @@ class CrossEncoderReranker:
                     logits = self._forward(queries, passages).float()
                 loss, j = 0.0, 0
                 for n in sizes:  # the positive is each group's first member
-                    loss = loss + torch.nn.functional.cross_entropy(logits[j:j + n][None], torch.zeros(1, dtype=torch.long,
-                                                                                                   device=logits.device))
+                    loss = loss + torch.nn.functional.cross_entropy(
+                        logits[j : j + n][None], torch.zeros(1, dtype=torch.long, device=logits.device)
+                    )
                     j += n
                 (loss / len(sizes)).backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -187,8 +212,13 @@ class CrossEncoderReranker:
                 break
         if best_state is not None:
             self.model.load_state_dict(best_state)
-        return {"steps": step, "seconds": round(time.monotonic() - t0, 1), "stopped": stopped, "history": history,
-                "best_epoch": best_epoch}
+        return {
+            "steps": step,
+            "seconds": round(time.monotonic() - t0, 1),
+            "stopped": stopped,
+            "history": history,
+            "best_epoch": best_epoch,
+        }
 
 
 def groups_of(items: list[dict], *, max_positives: int, negatives: int, seed: int = 0) -> list[Group]:
@@ -207,8 +237,9 @@ def groups_of(items: list[dict], *, max_positives: int, negatives: int, seed: in
     return groups
 
 
-def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency: float = 0.0,
-                    first_stage: float = 0.0) -> dict:
+def ranking_figures(
+    items: list[dict], scores: list[list[float]] | None, recency: float = 0.0, first_stage: float = 0.0
+) -> dict:
     """recall@k and MRR of the candidates ordered by `scores` plus `first_stage` times the first
     stage's score minus the recency prior (scores None: the first stage's own order), over all the
     items (an item without a positive counts as a miss)."""
@@ -220,8 +251,9 @@ def ranking_figures(items: list[dict], scores: list[list[float]] | None, recency
         if scores is None:
             order = list(range(len(cands)))
         else:
-            final = [s + first_stage * c.get("score", 0.0) - recency * math.log1p(c["age"])
-                     for s, c in zip(scores[j], cands)]
+            final = [
+                s + first_stage * c.get("score", 0.0) - recency * math.log1p(c["age"]) for s, c in zip(scores[j], cands)
+            ]
             order = sorted(range(len(cands)), key=lambda i: -final[i])
         flags = [cands[i]["hit"] for i in order]
         for k in KS:
@@ -241,7 +273,8 @@ def fit_weights(items: list[dict], scores: list[list[float]], grid) -> tuple[flo
 def beats(figures: dict, first_stage: dict) -> bool:
     """Whether re-ranked `figures` beat the first stage's: recall@5, then MRR."""
     return figures["recall@5"] > first_stage["recall@5"] or (
-        figures["recall@5"] == first_stage["recall@5"] and figures["mrr"] > first_stage["mrr"])
+        figures["recall@5"] == first_stage["recall@5"] and figures["mrr"] > first_stage["mrr"]
+    )
 
 
 def prior_alone(items: list[dict], recency: float, first_stage: float) -> dict:

@@ -3,6 +3,7 @@
 Its own module so that the reader modules and `models/trained.py` (which loads them) do not import
 each other: the readers import this, and only `trained.py` imports the readers.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -10,13 +10,14 @@ The export (workers/train.py `run_export_job`) holds `train.jsonl` and `val.json
 questions with the passages the served retriever gives them, exactly what `sqa train reader` would
 learn from), `job.json` (the model and loop settings of that job, and a tokenizer check) and
 `tokenizer/` (the exporting machine's tokenizer: another transformers may convert the GGUF's
-tokenizer otherwise, and a check text that tokenizes differently is refused before any step). This module runs the same loop
-(`models.training.ReaderTrainer`: validation on the held-back month, the best checkpoint kept, a
+tokenizer otherwise, and a check text that tokenizes differently is refused before any step). This module runs the same
+loop (`models.training.ReaderTrainer`: validation on the held-back month, the best checkpoint kept, a
 wall-clock budget, resumable from `<out>.run/`), with whatever the command line overrides: more
 epochs, a larger batch and `--device cuda` are what a GPU is for. The output folder is a version
 folder (`trained.safetensors`, `gemma_config.json`, `reader.json`) that `sqa models import` checks
 and registers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,18 +59,22 @@ def check_tokenizer(tokenizer, check: dict | None) -> None:
         return
     got = list(tokenizer(check["text"])["input_ids"])
     if got != list(check["ids"]):
-        raise ValueError(f"the tokenizer here splits text unlike the one the data were exported with ({len(got)} "
-                         f"ids against {len(check['ids'])}; first {got[:6]} against {list(check['ids'])[:6]}): "
-                         f"the adapters would learn the wrong tokens. Export again (the export carries its "
-                         f"tokenizer in {TOKENIZER_DIR}/) or install the transformers version of the exporting machine")
+        raise ValueError(
+            f"the tokenizer here splits text unlike the one the data were exported with ({len(got)} "
+            f"ids against {len(check['ids'])}; first {got[:6]} against {list(check['ids'])[:6]}): "
+            f"the adapters would learn the wrong tokens. Export again (the export carries its "
+            f"tokenizer in {TOKENIZER_DIR}/) or install the transformers version of the exporting machine"
+        )
 
 
 def read_job(folder: Path) -> dict:
     """The export's job file; ValueError when `folder` is not an export."""
     missing = [name for name in (JOB_FILE, "train.jsonl", "val.jsonl") if not (folder / name).exists()]
     if missing:
-        raise ValueError(f"{folder} is not an exported training set ({', '.join(missing)} missing): make one "
-                         "with `sqa train reader --kind gemma --until YYYY-MM-DD --export DIR`")
+        raise ValueError(
+            f"{folder} is not an exported training set ({', '.join(missing)} missing): make one "
+            "with `sqa train reader --kind gemma --until YYYY-MM-DD --export DIR`"
+        )
     job = json.loads((folder / JOB_FILE).read_text())
     if job.get("kind") != "gemma":
         raise ValueError(f"{folder / JOB_FILE}: kind {job.get('kind')!r} cannot be trained here (gemma only)")
@@ -84,8 +89,16 @@ def device_name(device: str) -> str:
     return "cpu"
 
 
-def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: Path | None = None,
-                   overrides: dict | None = None, model_overrides: dict | None = None, progress=None) -> dict:
+def train_exported(
+    folder: Path,
+    out: Path,
+    *,
+    device: str = "cpu",
+    base_cache: Path | None = None,
+    overrides: dict | None = None,
+    model_overrides: dict | None = None,
+    progress=None,
+) -> dict:
     """Train on the export in `folder` and write the version folder `out`; returns its reader.json.
     `overrides` replace TrainConfig fields of the job (epochs, batch size, lr, budget...),
     `model_overrides` GemmaConfig fields (lora_r, method, precision...). Checkpoints go to `<out>.run/`: the
@@ -104,8 +117,10 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
     exported = int(job["train"].get("n_passages") or job["model"].get("n_passages") or 0)
     wanted = (model_overrides or {}).get("n_passages")
     if wanted is not None and exported and not 1 <= wanted <= exported:
-        raise ValueError(f"--n-passages {wanted}: the export holds {exported} passages a question (export with "
-                         f"`--n-passages {wanted}` or more to train on {wanted})")
+        raise ValueError(
+            f"--n-passages {wanted}: the export holds {exported} passages a question (export with "
+            f"`--n-passages {wanted}` or more to train on {wanted})"
+        )
     if wanted is not None:  # the loop cuts each example's passages to this, and the version serves as many
         overrides = {**(overrides or {}), "n_passages": wanted}
     tcfg = dataclasses.replace(TrainConfig(**job["train"]), **(overrides or {}))
@@ -126,8 +141,11 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
     run_dir = out.with_name(out.name + ".run")
     # Resume only the same run: the same data and settings (else the checkpoint's step and best score
     # would be read against other data), else start again.
-    key = json.dumps({"job": job, "train": dataclasses.asdict(tcfg), "model": mcfg.to_json(),
-                      "examples": [len(train), len(val)]}, sort_keys=True, default=str)
+    key = json.dumps(
+        {"job": job, "train": dataclasses.asdict(tcfg), "model": mcfg.to_json(), "examples": [len(train), len(val)]},
+        sort_keys=True,
+        default=str,
+    )
     if run_dir.exists() and (run_dir / "run.json").exists() and (run_dir / "run.json").read_text() != key:
         log.info("%s holds another run's checkpoints (other data or settings): starting again", run_dir)
         shutil.rmtree(run_dir)
@@ -135,22 +153,56 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
     (run_dir / "run.json").write_text(key)
     trainer = ReaderTrainer(model, "gemma", tcfg, run_dir)
     result = trainer.train(train, val, progress)
-    info = {"kind": "gemma", "version": None, "parent_version": None, "label": job["label"],
-            "trained_until": job["trained_until"], "month": None,
-            "spec": {**job["spec"], **{k: v for k, v in (overrides or {}).items()
-                                       if k in ("lr", "batch_size", "max_epochs", "warmup_steps", "eval_every",
-                                                "patience", "keep_within", "max_steps", "max_minutes", "seed")},
-                     **{k: v for k, v in (model_overrides or {}).items() if k == "method"},
-                     **({"n_passages": mcfg.n_passages, "infer_passages": mcfg.n_passages}
-                        if "n_passages" in (model_overrides or {}) else {})},
-            "model_overrides": model_overrides or {},
-            "data": {**job["data"], "train": len(train), "val": len(val)}, "validation": result.best,
-            **({"validation_top": result.top} if result.top else {}),
-            "history": result.history, "stopped": result.stopped, "steps": result.steps,
-            "train_seconds": result.seconds, "precision": model.training_precision,
-            "trained_elsewhere": {"device": device_name(device), "torch": torch.__version__,
-                                  "train": dataclasses.asdict(tcfg), "base_load_seconds": round(load_s, 1),
-                                  "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}}
+    info = {
+        "kind": "gemma",
+        "version": None,
+        "parent_version": None,
+        "label": job["label"],
+        "trained_until": job["trained_until"],
+        "month": None,
+        "spec": {
+            **job["spec"],
+            **{
+                k: v
+                for k, v in (overrides or {}).items()
+                if k
+                in (
+                    "lr",
+                    "batch_size",
+                    "max_epochs",
+                    "warmup_steps",
+                    "eval_every",
+                    "patience",
+                    "keep_within",
+                    "max_steps",
+                    "max_minutes",
+                    "seed",
+                )
+            },
+            **{k: v for k, v in (model_overrides or {}).items() if k == "method"},
+            **(
+                {"n_passages": mcfg.n_passages, "infer_passages": mcfg.n_passages}
+                if "n_passages" in (model_overrides or {})
+                else {}
+            ),
+        },
+        "model_overrides": model_overrides or {},
+        "data": {**job["data"], "train": len(train), "val": len(val)},
+        "validation": result.best,
+        **({"validation_top": result.top} if result.top else {}),
+        "history": result.history,
+        "stopped": result.stopped,
+        "steps": result.steps,
+        "train_seconds": result.seconds,
+        "precision": model.training_precision,
+        "trained_elsewhere": {
+            "device": device_name(device),
+            "torch": torch.__version__,
+            "train": dataclasses.asdict(tcfg),
+            "base_load_seconds": round(load_s, 1),
+            "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        },
+    }
 
     def write(tmp: Path) -> None:
         shutil.copytree(trainer.best_dir, tmp, dirs_exist_ok=True)
@@ -164,38 +216,72 @@ def train_exported(folder: Path, out: Path, *, device: str = "cpu", base_cache: 
 def _parser() -> argparse.ArgumentParser:
     from models.gemma import PRECISIONS  # light: no torch, no transformers
 
-    p = argparse.ArgumentParser(prog="python -m models.train_exported", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m models.train_exported gemma-data --out gemma-version "
-                                       "--device cuda --epochs 3 --batch-size 16 --max-minutes 6")
+    p = argparse.ArgumentParser(
+        prog="python -m models.train_exported",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: python -m models.train_exported gemma-data --out gemma-version "
+        "--device cuda --epochs 3 --batch-size 16 --max-minutes 6",
+    )
     p.add_argument("folder", type=Path, help="an export of `sqa train reader --kind gemma --export DIR`")
     p.add_argument("--out", type=Path, required=True, help="the version folder to write (for `sqa models import`)")
     p.add_argument("--device", default="auto", help="auto (cuda when torch sees a GPU) | cpu | cuda | cuda:N")
-    p.add_argument("--base-cache", type=Path, default=None, help="where the packaged base is converted (default: "
-                   "models.gemma's cache)")
+    p.add_argument(
+        "--base-cache",
+        type=Path,
+        default=None,
+        help="where the packaged base is converted (default: models.gemma's cache)",
+    )
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--warmup-steps", type=int, default=None)
     p.add_argument("--eval-every", type=int, default=None, help="steps between validations")
     p.add_argument("--patience", type=int, default=None, help="validations without a better F1 before stopping")
-    p.add_argument("--keep-within", type=float, default=None, help="F1 points: keep the earliest validated model "
-                   "within this of the best validation F1 (the export's: the job's setting; 0: the best)")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps, validating there "
-                   "(the export's: the job's setting, no cap unless `sqa train reader --export` was given one; 0: none)")
+    p.add_argument(
+        "--keep-within",
+        type=float,
+        default=None,
+        help="F1 points: keep the earliest validated model "
+        "within this of the best validation F1 (the export's: the job's setting; 0: the best)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="stop after this many steps, validating there "
+        "(the export's: the job's setting, no cap unless `sqa train reader --export` was given one; 0: none)",
+    )
     p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget of the loop (0: none)")
     p.add_argument("--lora-r", type=int, default=None, help="LoRA rank (the job's: 16)")
-    p.add_argument("--method", choices=("lora", "last-layers"), default=None,
-                   help="what trains (the job's: lora); last-layers with --last-layers 18 trains every decoder "
-                        "layer (the tied embeddings stay frozen): a GPU's full fine-tuning, a 400 MB version")
+    p.add_argument(
+        "--method",
+        choices=("lora", "last-layers"),
+        default=None,
+        help="what trains (the job's: lora); last-layers with --last-layers 18 trains every decoder "
+        "layer (the tied embeddings stay frozen): a GPU's full fine-tuning, a 400 MB version",
+    )
     p.add_argument("--last-layers", type=int, default=None, help="with --method last-layers: how many (of 18)")
-    p.add_argument("--n-passages", type=int, default=None, help="read the first N of each example's passages, in "
-                   "training and when serving (at most what the export holds: one export serves several runs)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="number format of the training's matmuls (the export's: SQA_TRAIN_PRECISION where it was "
-                        "made; auto: bfloat16 on a GPU and wherever oneDNN computes it, else float32)")
-    p.add_argument("--max-length", type=int, default=None, help="training tokens per example, passages cut to fit "
-                   "(the job's: 320; 0: the served prompt whole, no cut)")
+    p.add_argument(
+        "--n-passages",
+        type=int,
+        default=None,
+        help="read the first N of each example's passages, in "
+        "training and when serving (at most what the export holds: one export serves several runs)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="number format of the training's matmuls (the export's: SQA_TRAIN_PRECISION where it was "
+        "made; auto: bfloat16 on a GPU and wherever oneDNN computes it, else float32)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="training tokens per example, passages cut to fit (the job's: 320; 0: the served prompt whole, no cut)",
+    )
     return p
 
 
@@ -205,12 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    flags = {"max_epochs": ("--epochs", args.epochs, 1), "batch_size": ("--batch-size", args.batch_size, 1),
-             "lr": ("--lr", args.lr, 0), "warmup_steps": ("--warmup-steps", args.warmup_steps, 0),
-             "eval_every": ("--eval-every", args.eval_every, 1), "patience": ("--patience", args.patience, 1),
-             "keep_within": ("--keep-within", args.keep_within, 0),
-             "max_steps": ("--max-steps", args.max_steps, 0),
-             "max_minutes": ("--max-minutes", args.max_minutes, 0)}  # TrainConfig field: (flag, value, least)
+    flags = {
+        "max_epochs": ("--epochs", args.epochs, 1),
+        "batch_size": ("--batch-size", args.batch_size, 1),
+        "lr": ("--lr", args.lr, 0),
+        "warmup_steps": ("--warmup-steps", args.warmup_steps, 0),
+        "eval_every": ("--eval-every", args.eval_every, 1),
+        "patience": ("--patience", args.patience, 1),
+        "keep_within": ("--keep-within", args.keep_within, 0),
+        "max_steps": ("--max-steps", args.max_steps, 0),
+        "max_minutes": ("--max-minutes", args.max_minutes, 0),
+    }  # TrainConfig field: (flag, value, least)
     overrides = {}
     for name, (flag, value, least) in flags.items():
         if value is None:
@@ -228,11 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.n_passages is not None and args.n_passages < 1:
         print(f"error: --n-passages {args.n_passages} is out of range", file=sys.stderr)
         return 2
-    model_overrides = {name: value for name, value in (("lora_r", args.lora_r), ("method", args.method),
-                                                       ("last_layers", args.last_layers),
-                                                       ("n_passages", args.n_passages),
-                                                       ("max_length", args.max_length),
-                                                       ("precision", args.precision)) if value is not None}
+    model_overrides = {
+        name: value
+        for name, value in (
+            ("lora_r", args.lora_r),
+            ("method", args.method),
+            ("last_layers", args.last_layers),
+            ("n_passages", args.n_passages),
+            ("max_length", args.max_length),
+            ("precision", args.precision),
+        )
+        if value is not None
+    }
     if args.method == "last-layers" and args.lr is None:
         overrides["lr"] = 2e-5  # pretrained layers want a smaller step than fresh adapters (workers.train)
 
@@ -240,15 +338,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{100 * fraction:5.1f}%] {message}", flush=True)
 
     try:
-        info = train_exported(args.folder, args.out, device=device, base_cache=args.base_cache, overrides=overrides,
-                              model_overrides=model_overrides, progress=progress)
+        info = train_exported(
+            args.folder,
+            args.out,
+            device=device,
+            base_cache=args.base_cache,
+            overrides=overrides,
+            model_overrides=model_overrides,
+            progress=progress,
+        )
     except (ValueError, OSError, RuntimeError, TypeError) as exc:  # no Gemma package, an unreadable tokenizer...
         print(f"error: {exc}", file=sys.stderr)
         return 2
     best = info["validation"]
-    print(f"trained on {info['trained_elsewhere']['device']}: {info['steps']} steps in {info['train_seconds']} s "
-          f"({info['stopped']}); best validation EM {best.get('em')} F1 {best.get('f1')} on {info['data']['val']} "
-          f"questions; version folder {args.out} (bring it back with `sqa models import {args.out}`)")
+    print(
+        f"trained on {info['trained_elsewhere']['device']}: {info['steps']} steps in {info['train_seconds']} s "
+        f"({info['stopped']}); best validation EM {best.get('em')} F1 {best.get('f1')} on {info['data']['val']} "
+        f"questions; version folder {args.out} (bring it back with `sqa models import {args.out}`)"
+    )
     return 0
 
 

@@ -4,6 +4,7 @@
 made (version, parent, cut-off date, data counts, validation scores); the model's own config file
 beside the weights decides its architecture on reload.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,9 +57,16 @@ def load_trained_model(path: Path | str, *, device: str = "cpu"):
     return SpanModel.load(path, device=device)
 
 
-def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: int | None = None,
-                        answer_beams: int = 1, vocabulary: str = "full", precision: str = "float32",
-                        echo_beams: int = 0) -> Reader:
+def load_trained_reader(
+    path: Path | str,
+    *,
+    device: str = "cpu",
+    max_passages: int | None = None,
+    answer_beams: int = 1,
+    vocabulary: str = "full",
+    precision: str = "float32",
+    echo_beams: int = 0,
+) -> Reader:
     """A `Reader` over a trained folder, named "<kind>:<version>" so answers say what read them
     (`answer_beams`, `vocabulary`, `precision`: a Gemma version's grounded beam search, answer
     vocabulary and number format, models.gemma.GemmaReader)."""
@@ -66,9 +74,14 @@ def load_trained_reader(path: Path | str, *, device: str = "cpu", max_passages: 
     model = load_trained_model(path, device=device)
     name = f"{info['kind']}:{info.get('version') or Path(path).name}"
     if info["kind"] == "gemma":
-        return model.into_reader(name=name, n_passages=max_passages,  # LoRA merged: serves at the base's cost
-                                 answer_beams=answer_beams, vocabulary=vocabulary, precision=precision,
-                                 echo_beams=echo_beams)
+        return model.into_reader(
+            name=name,
+            n_passages=max_passages,  # LoRA merged: serves at the base's cost
+            answer_beams=answer_beams,
+            vocabulary=vocabulary,
+            precision=precision,
+            echo_beams=echo_beams,
+        )
     if info["kind"] == "fid":
         from models.fid import FiDReader
 

@@ -4,6 +4,7 @@ Plain PyTorch: AdamW with linear warm-up and decay, gradient clipping, validatio
 `eval_every` steps, early stopping on validation F1, a wall-clock budget, and checkpoints that
 resume exactly (model, optimiser, scheduler, step, data order, best score).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -13,9 +14,9 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -37,16 +38,27 @@ class TrainExample:
     source: str = "gold"  # "gold" | "self" (self-labeled)
 
     def to_json(self) -> dict:
-        return {"qid": self.qid, "question": self.question, "as_of": self.as_of.isoformat(),
-                "answers": list(self.answers), "source": self.source,
-                "passages": [{"title": p.title, "text": p.text, "published": p.published.isoformat()}
-                             for p in self.passages]}
+        return {
+            "qid": self.qid,
+            "question": self.question,
+            "as_of": self.as_of.isoformat(),
+            "answers": list(self.answers),
+            "source": self.source,
+            "passages": [
+                {"title": p.title, "text": p.text, "published": p.published.isoformat()} for p in self.passages
+            ],
+        }
 
     @classmethod
-    def from_json(cls, d: dict) -> "TrainExample":
-        return cls(d["qid"], d["question"], dt.date.fromisoformat(d["as_of"]), tuple(d["answers"]),
-                   tuple(ReaderPassage(p["title"], p["text"], dt.date.fromisoformat(p["published"]))
-                         for p in d["passages"]), d.get("source", "gold"))
+    def from_json(cls, d: dict) -> TrainExample:
+        return cls(
+            d["qid"],
+            d["question"],
+            dt.date.fromisoformat(d["as_of"]),
+            tuple(d["answers"]),
+            tuple(ReaderPassage(p["title"], p["text"], dt.date.fromisoformat(p["published"])) for p in d["passages"]),
+            d.get("source", "gold"),
+        )
 
 
 def save_examples(path: Path, examples: Sequence[TrainExample]) -> None:
@@ -150,7 +162,7 @@ class ReaderTrainer:
             return self.model.generate(self._items(examples))
         out: list[str] = []
         for i in range(0, len(examples), batch_size):
-            items = self._items(examples[i:i + batch_size])
+            items = self._items(examples[i : i + batch_size])
             if self.kind == "fid":
                 out.extend(self.model.generate(items, self.n))
             else:
@@ -184,14 +196,24 @@ class ReaderTrainer:
         _write_folder(self.best_dir, self.model.save)
 
     # ---- the loop -----------------------------------------------------------------------
-    def _validate(self, val: Sequence[TrainExample], state: dict, loss: torch.Tensor | None, t0: float,
-                  total: int, progress: Progress | None) -> None:
+    def _validate(
+        self,
+        val: Sequence[TrainExample],
+        state: dict,
+        loss: torch.Tensor | None,
+        t0: float,
+        total: int,
+        progress: Progress | None,
+    ) -> None:
         """Score the validation set at the current step, record it, keep the model in best/ if better."""
         step = state["step"]
         metrics = self.evaluate(val) if val else {"n": 0, "em": 0.0, "f1": 0.0}
-        metrics.update(step=step, loss=round(float(loss.item()) if loss is not None else 0.0, 4),
-                       minutes=round((self.clock() - t0) / 60, 2),
-                       s_per_step=round(state.get("step_seconds", 0.0) / step, 2) if step else 0.0)
+        metrics.update(
+            step=step,
+            loss=round(float(loss.item()) if loss is not None else 0.0, 4),
+            minutes=round((self.clock() - t0) / 60, 2),
+            s_per_step=round(state.get("step_seconds", 0.0) / step, 2) if step else 0.0,
+        )
         state["history"].append(metrics)
         log.info("eval %s", metrics)
         if progress:
@@ -211,17 +233,28 @@ class ReaderTrainer:
         earlier ones were validated without being kept: a run resumed from a checkpoint of another rule)."""
         if self.cfg.keep_within <= 0 or not state["best"]:
             return state["best"]
-        kept = next(h for h in state["history"] if h["f1"] >= state["best_f1"] - self.cfg.keep_within
-                    and (h["step"] == state["best_step"] or (self.validated_dir / f"step-{h['step']}").is_dir()))
+        kept = next(
+            h
+            for h in state["history"]
+            if h["f1"] >= state["best_f1"] - self.cfg.keep_within
+            and (h["step"] == state["best_step"] or (self.validated_dir / f"step-{h['step']}").is_dir())
+        )
         if kept["step"] != state["best_step"]:
             src = self.validated_dir / f"step-{kept['step']}"
             _write_folder(self.best_dir, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
-            log.info("keeping step %d (validation F1 %s), within %s F1 points of step %d's %s", kept["step"],
-                     kept["f1"], self.cfg.keep_within, state["best_step"], state["best_f1"])
+            log.info(
+                "keeping step %d (validation F1 %s), within %s F1 points of step %d's %s",
+                kept["step"],
+                kept["f1"],
+                self.cfg.keep_within,
+                state["best_step"],
+                state["best_f1"],
+            )
         return kept
 
-    def train(self, train: Sequence[TrainExample], val: Sequence[TrainExample],
-              progress: Progress | None = None) -> TrainResult:
+    def train(
+        self, train: Sequence[TrainExample], val: Sequence[TrainExample], progress: Progress | None = None
+    ) -> TrainResult:
         """Train to the end (epochs, early stopping, budget or max_steps); resumes from `checkpoint/` when
         one exists. The best model by validation F1 is left in `best/`."""
         cfg = self.cfg
@@ -230,12 +263,20 @@ class ReaderTrainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
         total = steps_per_epoch * cfg.max_epochs
-        opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
-                                weight_decay=0.01)
+        opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - s / max(1, total)))
-        state = {"step": 0, "best_f1": -1.0, "best_step": 0, "best": {}, "bad_evals": 0, "history": [],
-                 "seconds": 0.0, "step_seconds": 0.0}
+            opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - s / max(1, total))
+        )
+        state = {
+            "step": 0,
+            "best_f1": -1.0,
+            "best_step": 0,
+            "best": {},
+            "bad_evals": 0,
+            "history": [],
+            "seconds": 0.0,
+            "step_seconds": 0.0,
+        }
         if (self.ckpt_dir / "state.pt").exists():
             saved = torch.load(self.ckpt_dir / "state.pt", map_location="cpu", weights_only=False)
             reloaded = type(self.model).load(self.ckpt_dir / "model", device=str(self.model.device))
@@ -257,7 +298,7 @@ class ReaderTrainer:
             random.Random(cfg.seed + epoch).shuffle(order)
             self.model.train()
             for s in range(offset, steps_per_epoch):
-                batch = [train[i] for i in order[s * cfg.batch_size:(s + 1) * cfg.batch_size]]
+                batch = [train[i] for i in order[s * cfg.batch_size : (s + 1) * cfg.batch_size]]
                 t_step = self.clock()
                 loss = self.batch_loss(batch)
                 if loss is not None:
@@ -272,8 +313,12 @@ class ReaderTrainer:
                 if progress and step % 10 == 0:
                     progress(step / last, f"step {step}/{last} loss {loss.item() if loss is not None else 0:.3f}")
                 over_budget = cfg.max_minutes and self.clock() - t0 > cfg.max_minutes * 60
-                if (over_budget and state["history"] and step < last
-                        and step - state["history"][-1]["step"] < max(1, cfg.eval_every // 5)):
+                if (
+                    over_budget
+                    and state["history"]
+                    and step < last
+                    and step - state["history"][-1]["step"] < max(1, cfg.eval_every // 5)
+                ):
                     # The budget ran out a few steps after a validation: another would cost as long as
                     # many steps (minutes for Gemma on a CPU) to score a model barely moved; the best
                     # scored so far stands. The checkpoint keeps these steps for a resumed run.
@@ -296,8 +341,13 @@ class ReaderTrainer:
             if stopped != "epochs":
                 break
         kept = self._keep_earliest_within(state)
-        return TrainResult(steps=state["step"], epochs_done=round(state["step"] / steps_per_epoch, 2),
-                           best_step=kept.get("step", state["best_step"]), best=kept, history=state["history"],
-                           stopped=stopped, seconds=round(self.clock() - t0, 1),
-                           top=state["best"] if kept.get("step") != state["best_step"] else {})
-
+        return TrainResult(
+            steps=state["step"],
+            epochs_done=round(state["step"] / steps_per_epoch, 2),
+            best_step=kept.get("step", state["best_step"]),
+            best=kept,
+            history=state["history"],
+            stopped=stopped,
+            seconds=round(self.clock() - t0, 1),
+            top=state["best"] if kept.get("step") != state["best_step"] else {},
+        )

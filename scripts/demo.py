@@ -7,9 +7,11 @@ ingests May and June without training, then asks three questions of 2023-04..06 
 saw) whose answer the indexed news holds, and prints our answer beside the gold one. Without the data
 it uses the shipped sample (36 invented articles, January-March 2024) with the packaged models
 untrained. It ends by keeping the server up, printing the web page's address and the dashboard's
-admin token, until Ctrl-C (--no-serve: stop after the questions). State lives under SQA_HOME (default ./.sqa); re-running is cheap (imports are idempotent,
+admin token, until Ctrl-C (--no-serve: stop after the questions). State lives under SQA_HOME
+(default ./.sqa); re-running is cheap (imports are idempotent,
 months already ingested are skipped, and a trained model is not trained again).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +22,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlencode
 
 import httpx
-from urllib.parse import urlencode
 
 from app.server_process import ServerNotReady, free_port, port_is_free, served
 from evaluation.metrics import answer_in_evidence, exact_match
@@ -47,9 +49,9 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
     """
     from sqlalchemy import select
 
-    from app.core.config import get_settings
-    from app.db.tables import Article, Passage, Question
     from app.bootstrap import open_database
+    from settings import get_settings
+    from store.tables import Article, Passage, Question
 
     def cited_urls(q) -> list[str]:
         meta = q.meta or {}
@@ -58,13 +60,21 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
     db = open_database(settings or get_settings(), migrate=False)
     try:
         with db.sessions() as s:
-            first, last = dt.date.fromisoformat(since), dt.date.fromisoformat(until)  # dates: PostgreSQL compares no strings
-            questions = s.scalars(select(Question).where(Question.asked.between(first, last))
-                                  .order_by(Question.asked, Question.qid)).all()
+            first, last = (
+                dt.date.fromisoformat(since),
+                dt.date.fromisoformat(until),
+            )  # dates: PostgreSQL compares no strings
+            questions = s.scalars(
+                select(Question).where(Question.asked.between(first, last)).order_by(Question.asked, Question.qid)
+            ).all()
             urls = {url for q in questions for url in cited_urls(q)}
             if urls:  # the cited articles alone
-                articles = {url: (published, text) for url, published, text in s.execute(
-                    select(Article.url, Article.published, Article.text).where(Article.url.in_(urls))).all()}
+                articles = {
+                    url: (published, text)
+                    for url, published, text in s.execute(
+                        select(Article.url, Article.published, Article.text).where(Article.url.in_(urls))
+                    ).all()
+                }
             else:  # no cited articles: every passage
                 passages = s.execute(select(Passage.published, Passage.text)).all()
     finally:
@@ -72,8 +82,10 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
 
     def answerable(q, gold: str) -> bool:
         if urls:
-            return any(url in articles and articles[url][0] <= q.asked
-                       and answer_in_evidence(gold, q.text, articles[url][1]) for url in cited_urls(q))
+            return any(
+                url in articles and articles[url][0] <= q.asked and answer_in_evidence(gold, q.text, articles[url][1])
+                for url in cited_urls(q)
+            )
         return any(p.published <= q.asked and answer_in_evidence(gold, q.text, p.text) for p in passages)
 
     chosen, months = [], set()
@@ -92,8 +104,11 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "realtimeqa"),
-                    help="RealTimeQA repository clone or slice (default ../shared/data/realtimeqa)")
+    ap.add_argument(
+        "--data",
+        default=str(ROOT.parent / "shared" / "data" / "realtimeqa"),
+        help="RealTimeQA repository clone or slice (default ../shared/data/realtimeqa)",
+    )
     # The whole slice (2022-06 on): older articles answer recent questions too (recall@5 of 2023-04..06
     # 47.0 with news since 2022-06 against 41.6 since 2022-11-20; README, "Training elsewhere").
     ap.add_argument("--train-from", default="2022-06-01", help="the first day of news and questions imported")
@@ -116,15 +131,20 @@ def main() -> int:
         run("ingest", "--through", since[:7], "--from", args.train_from[:7], "--train-minutes", str(args.train_minutes))
         run("ingest", "--through", until[:7], "--no-train")
     else:
-        print(f"No RealTimeQA data at {data}: using the shipped sample ({SAMPLE}, invented news of 2024-01..03); "
-              "36 articles are too few to train on, so the packaged models answer untrained.")
+        print(
+            f"No RealTimeQA data at {data}: using the shipped sample ({SAMPLE}, invented news of 2024-01..03); "
+            "36 articles are too few to train on, so the packaged models answer untrained."
+        )
         since, until = "2024-01-01", "2024-03-31"
         run("import", "realtimeqa", str(SAMPLE))
         run("ingest", "--through", until[:7], "--from", since[:7], "--no-train")
 
     questions = pick_questions(since, until)
-    print("\n$ sqa serve   (loading the encoder and the Gemma 3 270M reader; the first start converts the "
-          "packaged weights once, a few minutes)", flush=True)
+    print(
+        "\n$ sqa serve   (loading the encoder and the Gemma 3 270M reader; the first start converts the "
+        "packaged weights once, a few minutes)",
+        flush=True,
+    )
     log_path = Path(os.environ.get("SQA_HOME", ROOT / ".sqa")) / "demo-server.log"
     os.environ.setdefault("SQA_ADMIN_TOKEN", secrets.token_urlsafe(12))  # for the dashboard
     port = args.port if port_is_free(args.port) else free_port()
@@ -133,20 +153,26 @@ def main() -> int:
             print(f"ready in {server.startup_s:.0f} s: {server.ready}")
             right = 0
             for text, as_of, gold in questions:
-                r = httpx.post(f"{server.base}/v1/answers", json={"question": text, "as_of": as_of, "top_k": 5},
-                               timeout=120)
+                r = httpx.post(
+                    f"{server.base}/v1/answers", json={"question": text, "as_of": as_of, "top_k": 5}, timeout=120
+                )
                 r.raise_for_status()
                 body = r.json()
                 print(f"\nQ (as of {as_of}): {text}")
                 ok = exact_match(body["answer"], [gold]) == 1.0
                 right += ok
                 sure = f"confidence {body['confidence']:.2f}; " if body.get("confidence") is not None else ""
-                print(f"A: {body['answer'] or '(no answer)'}    [gold: {gold}]  {'right' if ok else 'wrong'}    "
-                      f"({sure}{body['timings_ms']['total']:.0f} ms; {body['versions']['reader']}, "
-                      f"{body['versions']['retriever']})")
+                print(
+                    f"A: {body['answer'] or '(no answer)'}    [gold: {gold}]  {'right' if ok else 'wrong'}    "
+                    f"({sure}{body['timings_ms']['total']:.0f} ms; {body['versions']['reader']}, "
+                    f"{body['versions']['retriever']})"
+                )
                 stated = [i for i, p in enumerate(body["passages"], 1) if p["passage_id"] in body["evidence"]]
-                print("   stated in passage " + ", ".join(f"[{i}]" for i in stated) if stated
-                      else "   not stated in any passage read: an inference or a guess")
+                print(
+                    "   stated in passage " + ", ".join(f"[{i}]" for i in stated)
+                    if stated
+                    else "   not stated in any passage read: an inference or a guess"
+                )
                 for i, p in enumerate(body["passages"][:3], 1):
                     print(f"   [{i}] {p['published']}  {p['title'][:90]}\n       {p['url']}")
             print(f"\n{right} of {len(questions)} right (exact match after normalisation).")

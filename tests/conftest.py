@@ -1,6 +1,7 @@
 """Shared fixtures: a fresh SQA_HOME per test, SQLite always and PostgreSQL when
 SQA_TEST_POSTGRES_URL is set, the shipped sample news, and settings with the fast fakes (no real
 model: tests that load one are marked `integration` and load it themselves)."""
+
 from __future__ import annotations
 
 import os
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import Settings
-from app.db.scratch import scratch_database
+from settings import Settings
+from store.scratch import scratch_database
+from tests.feed_server import feed_server  # noqa: F401  (the fixture of the feed tests: RSS and Atom served from 127.0.0.1)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
@@ -37,10 +39,14 @@ def _postgres_database():
         yield url
 
 
-DB_PARAMS = [pytest.param("sqlite", id="sqlite"),
-             pytest.param("postgres", id="postgres", marks=[
-                 pytest.mark.postgres,
-                 pytest.mark.skipif(not POSTGRES_URL, reason="SQA_TEST_POSTGRES_URL is not set")])]
+DB_PARAMS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param(
+        "postgres",
+        id="postgres",
+        marks=[pytest.mark.postgres, pytest.mark.skipif(not POSTGRES_URL, reason="SQA_TEST_POSTGRES_URL is not set")],
+    ),
+]
 
 
 @pytest.fixture(params=DB_PARAMS)
@@ -57,8 +63,15 @@ def make_settings(tmp_path):
     """Settings for a fresh SQA_HOME with the fast fakes (hash encoder, first-entity reader)."""
 
     def make(**overrides) -> Settings:
-        values = dict(home=tmp_path / "home", encoder="hash", reader="first-entity", env="test",
-                      snapshot_poll_s=0, admin_token="test-admin-token", auto_train=False)
+        values = dict(
+            home=tmp_path / "home",
+            encoder="hash",
+            reader="first-entity",
+            env="test",
+            snapshot_poll_s=0,
+            admin_token="test-admin-token",
+            auto_train=False,
+        )
         values.update(overrides)
         return Settings(**values)
 
@@ -135,7 +148,7 @@ def sqa(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
     from app.cli import cli
-    from app.core.config import get_settings
+    from settings import get_settings
 
     monkeypatch.setenv("SQA_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("SQA_ENCODER", "hash")

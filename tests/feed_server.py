@@ -1,6 +1,7 @@
 """A tiny HTTP server on 127.0.0.1 for the feed tests (tests/workers/test_feeds.py, the CLI and API
 tests): routes answer from the fixture files under tests/fixtures/feeds ("{base}" in them becomes the
 server's address), and every request is recorded with its headers and arrival time."""
+
 from __future__ import annotations
 
 import threading
@@ -34,8 +35,12 @@ class FeedServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
-                seen = Seen(path, {k.lower(): v for k, v in self.headers.items()}, time.monotonic(),
-                            self.headers.get("User-Agent", ""))
+                seen = Seen(
+                    path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    time.monotonic(),
+                    self.headers.get("User-Agent", ""),
+                )
                 owner.requests.append(seen)
                 route = owner.routes.get(path)
                 status, headers, body = route(seen) if route else (404, {"Content-Type": "text/plain"}, b"not here")
@@ -70,8 +75,16 @@ class FeedServer:
     def fixture(self, name: str) -> bytes:
         return (FEEDS / name).read_text(encoding="utf-8").replace("{base}", self.base).encode("utf-8")
 
-    def serve(self, path: str, body: bytes | str, content_type: str = "application/rss+xml; charset=utf-8", *,
-              etag: str | None = None, last_modified: str | None = None, status: int = 200) -> None:
+    def serve(
+        self,
+        path: str,
+        body: bytes | str,
+        content_type: str = "application/rss+xml; charset=utf-8",
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        status: int = 200,
+    ) -> None:
         """Answer `path` with `body` (a fixture name or bytes); with `etag`, a matching If-None-Match gets a 304."""
         data = self.fixture(body) if isinstance(body, str) else body
 
@@ -89,6 +102,7 @@ class FeedServer:
 
     def serve_slowly(self, path: str, wait_s: float = 5.0) -> None:
         """`path` answers only after `wait_s` (or when the server closes): a host that times out."""
+
         def answer(seen: Seen) -> Answer:
             self.release.wait(wait_s)
             return 200, {"Content-Type": "application/rss+xml"}, self.fixture("rss_content.xml")

@@ -1,5 +1,6 @@
 """End to end with the real packaged models (MiniLM encoder, Gemma 3 270M reader), a real uvicorn server
 and a real database: import -> ingest -> HTTP answers -> admin ingest swapping snapshots live."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -9,16 +10,21 @@ import time
 import httpx
 import pytest
 
-from app.core.config import Settings
 from app.server_process import served
+from settings import Settings
 from tests.conftest import POSTGRES_URL, _postgres_database, load_sample
 
 TOKEN = "integration-token"
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(
-    not POSTGRES_URL, reason="SQA_TEST_POSTGRES_URL is not set"))])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.skipif(not POSTGRES_URL, reason="SQA_TEST_POSTGRES_URL is not set")),
+    ],
+)
 def server(request, tmp_path_factory, gemma_cache):
     """A real `sqa serve` over the sample news ingested through 2024-02 with the real encoder, and
     zero-shot Gemma reading (the session's one conversion, linked in as the home's converted base)."""
@@ -29,14 +35,21 @@ def server(request, tmp_path_factory, gemma_cache):
         url = next(pg)
     else:
         url = f"sqlite:///{home / 'sqa.db'}"
-    settings = Settings(home=home, database_url=url, encoder="minilm", reader="gemma", admin_token=TOKEN,
-                        env="test")
+    settings = Settings(home=home, database_url=url, encoder="minilm", reader="gemma", admin_token=TOKEN, env="test")
     load_sample(settings, through="2024-02", until=None)
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     (settings.models_dir / "base").symlink_to(gemma_cache, target_is_directory=True)
-    env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": url, "SQA_ADMIN_TOKEN": TOKEN,
-           "SQA_ENCODER": "minilm", "SQA_READER": "gemma", "SQA_SNAPSHOT_POLL_S": "1", "HF_HUB_OFFLINE": "1",
-           "SQA_ANSWER_CONCURRENCY": "2"}  # two questions at once during the swap: not the answer gate's test
+    env = {
+        **os.environ,
+        "SQA_HOME": str(home),
+        "SQA_DATABASE_URL": url,
+        "SQA_ADMIN_TOKEN": TOKEN,
+        "SQA_ENCODER": "minilm",
+        "SQA_READER": "gemma",
+        "SQA_SNAPSHOT_POLL_S": "1",
+        "HF_HUB_OFFLINE": "1",
+        "SQA_ANSWER_CONCURRENCY": "2",
+    }  # two questions at once during the swap: not the answer gate's test
     try:
         with served(env, home / "server.log") as running:
             yield running.base, settings

@@ -1,5 +1,6 @@
 """The lock files pin every dependency pyproject.toml names, each with its sha256 hashes, and the
 Makefile installs from them in hash-checking mode (`make lock` refreshes them)."""
+
 from __future__ import annotations
 
 import re
@@ -21,8 +22,10 @@ def _locked(path: Path) -> dict[str, tuple[str, list[str]]]:
         line = line.split("#", 1)[0].strip() if not line.lstrip().startswith("--hash") else line.strip()
         m = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)\s*(.*)$", line)
         if m:
-            out[m.group(1).lower().replace("_", "-")] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})",
-                                                                                m.group(3)))
+            out[m.group(1).lower().replace("_", "-")] = (
+                m.group(2),
+                re.findall(r"--hash=sha256:([0-9a-f]{64})", m.group(3)),
+            )
     return out
 
 

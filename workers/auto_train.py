@@ -21,6 +21,7 @@ reader) end to end on the held-back month's gold questions, or, in a store of ne
 self-labeled from its articles; both readers answer the same questions. A training run is a job of
 its own ("auto-train", resumable: the same command resumes it), with progress.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -32,29 +33,15 @@ from typing import TYPE_CHECKING
 
 from evaluation.metrics import exact_match, token_f1
 from indexer.dates import month_key, month_start
+from workers.config import AutoTrainConfig
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
     from workers.runner import JobHandle
 
 log = logging.getLogger(__name__)
 
 AUTO_TRAIN = "auto-train"
-
-
-@dataclass(frozen=True)
-class AutoTrainConfig:
-    enabled: bool = True  # SQA_AUTO_TRAIN
-    max_minutes: float = 30.0  # SQA_AUTO_TRAIN_MINUTES: the reader's training budget
-    rerank: bool = True  # train a re-ranker first (SQA_AUTO_TRAIN_RERANKER, with SQA_RERANKER=auto)
-    reranker_minutes: float = 20.0  # its budget (one epoch is usually less)
-    reranker_kind: str = "features"  # SQA_AUTO_TRAIN_RERANKER_KIND: "features" or "cross-encoder"
-    reranker_depth: int = 30  # SQA_RERANK_DEPTH: it learns on the candidates it will re-rank when serving
-    check_questions: int = 40  # held-back questions both readers answer
-    seed: int = 0
-    # SQA_AUTO_TRAIN_SEEDS: a first training runs up to this many times (seed, seed + 1, ...) while
-    # the budget has room for another run as long as the runs so far took, and checks their soup
-    seeds: int = 2
 
 
 @dataclass(frozen=True)
@@ -67,8 +54,9 @@ class Check:
         return {"n": self.n, "em": round(100 * self.em, 1), "f1": round(100 * self.f1, 1)}
 
 
-def held_back_questions(ctx: JobContext, first: dt.date, before: dt.date, cfg: AutoTrainConfig
-                        ) -> tuple[list[tuple[str, dt.date, tuple[str, ...]]], str]:
+def held_back_questions(
+    ctx: JobContext, first: dt.date, before: dt.date, cfg: AutoTrainConfig
+) -> tuple[list[tuple[str, dt.date, tuple[str, ...]]], str]:
     """(text, asked, answers) of the held-back month [first, before): its gold questions, else
     questions self-labeled from its articles (dated a few days after the article, as asked)."""
     from workers.reader_data import DataConfig, asked_after, gold_questions, self_labeled
@@ -80,10 +68,17 @@ def held_back_questions(ctx: JobContext, first: dt.date, before: dt.date, cfg: A
             rows = [(q.text, q.asked, tuple(q.answers)) for q in golds]
             source = "gold"
         else:
-            gen = self_labeled(session, first, before, DataConfig(seed=cfg.seed + 7),
-                               max_articles=cfg.check_questions * 2, per_article=1)
-            rows = [(g.question, asked_after(g.published, rng, before - dt.timedelta(days=1)), (g.answer,))
-                    for g in gen]
+            gen = self_labeled(
+                session,
+                first,
+                before,
+                DataConfig(seed=cfg.seed + 7),
+                max_articles=cfg.check_questions * 2,
+                per_article=1,
+            )
+            rows = [
+                (g.question, asked_after(g.published, rng, before - dt.timedelta(days=1)), (g.answer,)) for g in gen
+            ]
             source = "self-labeled"
     rng.shuffle(rows)
     return rows[: cfg.check_questions], source
@@ -106,43 +101,55 @@ def check_reader(ctx: JobContext, reader, questions, progress=None) -> Check:
 
 def plan(ctx: JobContext, until: dt.date) -> dict:
     """What `after_ingest` would do for a cut at `until`: {"action": "train" | "finetune" | "skip", ...}."""
-    from app.services.reader_registry import active_version
+    from serving.reader_registry import active_version
 
     held_from = month_start(until - dt.timedelta(days=1))
     if ctx.reader != "auto":
-        return {"action": "skip", "reason": f"SQA_READER={ctx.reader} pins the reader: ingestion trains only "
-                                            "when the active version serves (SQA_READER=auto)"}
+        return {
+            "action": "skip",
+            "reason": f"SQA_READER={ctx.reader} pins the reader: ingestion trains only "
+            "when the active version serves (SQA_READER=auto)",
+        }
     with ctx.sessions() as session:
         active = active_version(session)
         if active is None:
             return {"action": "train", "held_back": month_key(held_from)}
         if active.kind != "gemma":
-            return {"action": "skip", "reason": f"the active reader {active.version} is a {active.kind} chosen by "
-                                                "hand; activate a gemma version or none to let ingestion train"}
+            return {
+                "action": "skip",
+                "reason": f"the active reader {active.version} is a {active.kind} chosen by "
+                "hand; activate a gemma version or none to let ingestion train",
+            }
         # trained_until: a training's cut, or a fine-tune's last day: either way it knows the news
         # before `until` once it reaches the day before it
         if active.trained_until is not None and active.trained_until >= until - dt.timedelta(days=1):
-            return {"action": "skip", "reason": f"the active reader {active.version} is trained through "
-                                                f"{active.trained_until}: nothing new before {until}"}
+            return {
+                "action": "skip",
+                "reason": f"the active reader {active.version} is trained through "
+                f"{active.trained_until}: nothing new before {until}",
+            }
         return {"action": "finetune", "parent": active.version, "held_back": month_key(held_from)}
 
 
 def reranker_plan(ctx: JobContext, until: dt.date) -> dict:
     """Train a re-ranker unless the serving one already learnt what is dated before `until`."""
-    from app.services.reranking import active_reranker, list_reranker_versions
+    from serving.reranking import active_reranker, list_reranker_versions
 
     active = active_reranker(ctx.rerankers_dir)
     if active is not None:
         info = next((i for i in list_reranker_versions(ctx.rerankers_dir) if i["version"] == active), {})
         if str(info.get("trained_until", "")) >= str(until):
-            return {"action": "skip", "reason": f"the serving re-ranker {active} is trained until {info['trained_until']}"}
+            return {
+                "action": "skip",
+                "reason": f"the serving re-ranker {active} is trained until {info['trained_until']}",
+            }
     return {"action": "train"}
 
 
 def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTrainConfig) -> dict:
     """The re-ranker first (the reader then learns from the passages it puts on top); a failure is
     reported, and the reader is still trained."""
-    from app.services.errors import ConflictError
+    from serving.errors import ConflictError
     from workers.train_reranker import RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job
 
     what = reranker_plan(ctx, until)
@@ -151,18 +158,32 @@ def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTr
     job.update(message=f"training a re-ranker on what is dated before {until}")
     try:  # under the lock `sqa train reranker` holds: one re-ranker training at a time, whoever runs it
         with ctx.runner.lock(RERANKER_TRAINING_LOCK).hold():
-            info = run_train_reranker_job(ctx, job, until=until, max_minutes=cfg.reranker_minutes, activate=True,
-                                          kind=cfg.reranker_kind, data=RerankerDataConfig(depth=cfg.reranker_depth))
+            info = run_train_reranker_job(
+                ctx,
+                job,
+                until=until,
+                max_minutes=cfg.reranker_minutes,
+                activate=True,
+                kind=cfg.reranker_kind,
+                data=RerankerDataConfig(depth=cfg.reranker_depth),
+            )
     except (ValueError, ConflictError) as exc:  # no data to learn from, or one runs already: say so, go on
         log.warning("no re-ranker trained: %s", exc)
         return {"action": "skip", "reason": str(exc)}
-    return {"action": "train", "version": info["version"], "kind": info["kind"], "activated": info["activated"],
-            "validation": info["validation"], "first_stage": info["first_stage"],
-            "recency_weight": info["recency_weight"]}
+    return {
+        "action": "train",
+        "version": info["version"],
+        "kind": info["kind"],
+        "activated": info["activated"],
+        "validation": info["validation"],
+        "first_stage": info["first_stage"],
+        "recency_weight": info["recency_weight"],
+    }
 
 
-def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds: int,
-                clock=time.monotonic) -> tuple[str, list[str]]:
+def train_seeds(
+    ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds: int, clock=time.monotonic
+) -> tuple[str, list[str]]:
     """A first training: `spec` run with seed, seed + 1, ... (up to `seeds` runs, each a version of
     its own, not activated), and their soup registered as one more version
     (docs/reader-experiments.md, "Two seeds and their soup are the default": on two stores, four
@@ -177,7 +198,7 @@ def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds:
     Resumable run by run: a run a stopped job already saved over the passages served now
     (`workers.train.saved_run`) is taken as it is, its training minutes counted against the budget,
     and an existing soup of the same runs is not registered again."""
-    from app.services.reader_registry import find_soup, soup_versions
+    from serving.reader_registry import find_soup, soup_versions
     from workers.train import current_retrieval_key, run_train_job, saved_run
 
     key = current_retrieval_key(ctx)
@@ -193,8 +214,12 @@ def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds:
             continue
         spent = (clock() - t0) / 60 + earlier
         if members and spec.max_minutes and spec.max_minutes - spent < spent / len(members):
-            log.info("auto-train: %d run(s) in %.1f of %.0f minutes: no room for another", len(members), spent,
-                     spec.max_minutes)
+            log.info(
+                "auto-train: %d run(s) in %.1f of %.0f minutes: no room for another",
+                len(members),
+                spent,
+                spec.max_minutes,
+            )
             break
         if k:
             job.update(message=f"training run {k + 1} of up to {seeds} (seed {run.seed}) for a soup of seeds")
@@ -205,15 +230,14 @@ def train_seeds(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, seeds:
     with ctx.sessions() as session, session.begin():
         soup = find_soup(session, members, models_dir=ctx.models_dir)  # made by a stopped job
         if soup is None:
-            soup = soup_versions(session, members, models_dir=ctx.models_dir,
-                                 check=ctx.load_reader_folder).version
+            soup = soup_versions(session, members, models_dir=ctx.models_dir, check=ctx.load_reader_folder).version
     return soup, members
 
 
 def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTrainConfig) -> dict:
     """Train on what is dated before `until` (the first ingested month's start, or the last one's),
     check on the month before it, activate if better. Returns what happened (the job's counts)."""
-    from app.services.reader_registry import activate_version, get_version, version_dir
+    from serving.reader_registry import activate_version, get_version, version_dir
     from workers.train import ReaderJobSpec, run_finetune_job
 
     reranker = _train_reranker(ctx, job, until, cfg) if cfg.rerank else None
@@ -226,8 +250,11 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     held_from = month_start(until - dt.timedelta(days=1))
     questions, source = held_back_questions(ctx, held_from, until, cfg)
     if not questions:
-        what = {"action": "skip", "reason": f"nothing to check a new reader on: no question and no article in "
-                                            f"the held-back month {month_key(held_from)}"}
+        what = {
+            "action": "skip",
+            "reason": f"nothing to check a new reader on: no question and no article in "
+            f"the held-back month {month_key(held_from)}",
+        }
         job.update(message=what["reason"])
         return what
 
@@ -240,10 +267,13 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
             what = {**what, "soup_of": members}
     else:
         parent_spec = spec.for_finetune()
-        version = run_finetune_job(ctx, job, month=month_key(held_from), spec=parent_spec, activate=False,
-                                   max_minutes=cfg.max_minutes)
-    job.update(message=f"checking {version} against the serving reader on {len(questions)} {source} "
-                       f"questions of {month_key(held_from)}")
+        version = run_finetune_job(
+            ctx, job, month=month_key(held_from), spec=parent_spec, activate=False, max_minutes=cfg.max_minutes
+        )
+    job.update(
+        message=f"checking {version} against the serving reader on {len(questions)} {source} "
+        f"questions of {month_key(held_from)}"
+    )
     with ctx.sessions() as session:
         folder = version_dir(get_version(session, version), ctx.models_dir)
     job.stage("check", 2 * len(questions))
@@ -254,11 +284,26 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
         with ctx.sessions() as session, session.begin():
             activate_version(session, version, models_dir=ctx.models_dir)
     verdict = "activated" if better else "kept the serving reader"
-    log.info("auto-train %s: %s (held-back %s, %s questions: new F1 %.1f vs %.1f)", version, verdict,
-             month_key(held_from), source, 100 * candidate.f1, 100 * incumbent.f1)
-    return {**what, "version": version, "activated": better, "check": {
-        "month": month_key(held_from), "questions": source, "new": candidate.to_json(),
-        "serving": incumbent.to_json()}}
+    log.info(
+        "auto-train %s: %s (held-back %s, %s questions: new F1 %.1f vs %.1f)",
+        version,
+        verdict,
+        month_key(held_from),
+        source,
+        100 * candidate.f1,
+        100 * incumbent.f1,
+    )
+    return {
+        **what,
+        "version": version,
+        "activated": better,
+        "check": {
+            "month": month_key(held_from),
+            "questions": source,
+            "new": candidate.to_json(),
+            "serving": incumbent.to_json(),
+        },
+    }
 
 
 def describe(done: dict) -> str:
@@ -270,15 +315,19 @@ def describe(done: dict) -> str:
         head = f"re-ranker skipped ({r['reason']}); "
     else:
         v, f = r["validation"], r["first_stage"]  # better recall@5 wins; at equal recall@5, the better MRR
-        head = (f"re-ranker {r['version']} {'activated' if r['activated'] else 'not activated'} (held-back recall@5 "
-                f"{v['recall@5']}, MRR {v['mrr']} vs first stage {f['recall@5']}, MRR {f['mrr']}); ")
+        head = (
+            f"re-ranker {r['version']} {'activated' if r['activated'] else 'not activated'} (held-back recall@5 "
+            f"{v['recall@5']}, MRR {v['mrr']} vs first stage {f['recall@5']}, MRR {f['mrr']}); "
+        )
     if done.get("action") == "skip":
         return f"{head}reader skipped: {done['reason']}"
     c = done["check"]
     soup = f" (the soup of {len(done['soup_of'])} runs: {', '.join(done['soup_of'])})" if done.get("soup_of") else ""
-    return (f"{head}reader {done['version']}{soup} {'activated' if done['activated'] else 'not activated'}: on "
-            f"{c['new']['n']} {c['questions']} questions of {c['month']} it scores EM {c['new']['em']} F1 "
-            f"{c['new']['f1']}, the serving reader EM {c['serving']['em']} F1 {c['serving']['f1']}")
+    return (
+        f"{head}reader {done['version']}{soup} {'activated' if done['activated'] else 'not activated'}: on "
+        f"{c['new']['n']} {c['questions']} questions of {c['month']} it scores EM {c['new']['em']} F1 "
+        f"{c['new']['f1']}, the serving reader EM {c['serving']['em']} F1 {c['serving']['f1']}"
+    )
 
 
 def nothing_to_do(ctx: JobContext, until: dt.date, cfg: AutoTrainConfig) -> str | None:
@@ -296,15 +345,20 @@ def run_after_ingest(ctx: JobContext, until: dt.date, cfg: AutoTrainConfig, *, k
     """`after_ingest` as an "auto-train" job under the reader-training lock, or a skip (no job row)
     when there is nothing to learn. Returns the job's result with its "job_id". A failure is on the
     job's row; it is raised again, or with `keep_going` returned as {"job_id", "error"}."""
-    from app.services.reader_registry import READER_TRAINING_LOCK
+    from serving.reader_registry import READER_TRAINING_LOCK
 
     reason = nothing_to_do(ctx, until, cfg)
     if reason is not None:
         return {"action": "skip", "reason": reason}
     job_id = ctx.runner.create(AUTO_TRAIN, {"until": str(until)})
     try:
-        done = ctx.runner.run(job_id, lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
-                              lock=ctx.runner.lock(READER_TRAINING_LOCK), result_key="auto_train", message=describe)
+        done = ctx.runner.run(
+            job_id,
+            lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
+            lock=ctx.runner.lock(READER_TRAINING_LOCK),
+            result_key="auto_train",
+            message=describe,
+        )
     except Exception as exc:
         if not keep_going:
             raise

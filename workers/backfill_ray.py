@@ -19,19 +19,28 @@ Ray core actors (`ray.util.ActorPool`), not Ray Data: a block of checkpointed pa
 of work and of resumption, and Ray Data would add pyarrow and pandas to the install for a map over
 a list.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.encoders import TextEncoder
-from workers.ingest import (IngestConfig, IngestParams, checkpoint_blocks, checkpoint_dir, load_checkpoint,
-                            plans_for, save_checkpoint, shard_rows)
+from workers.config import IngestConfig
+from workers.ingest import (
+    IngestParams,
+    checkpoint_blocks,
+    checkpoint_dir,
+    load_checkpoint,
+    plans_for,
+    save_checkpoint,
+    shard_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +51,9 @@ class Block:
     texts: list[str]
 
 
-def pending_blocks(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: IngestParams
-                   ) -> tuple[list[Block], int]:
+def pending_blocks(
+    sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: IngestParams
+) -> tuple[list[Block], int]:
     """The blocks of the planned months that have no valid checkpoint yet, and the passages planned."""
     with sf() as session:
         plans, _, _ = plans_for(session, params, cfg, encoder)
@@ -81,9 +91,16 @@ def _actor_class():
     return EncoderActor
 
 
-def fill_checkpoints(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: IngestParams, *,
-                     address: str | None = None, actors: int = 0,
-                     advance: Callable[[int], None] | None = None) -> dict:
+def fill_checkpoints(
+    sf: sessionmaker[Session],
+    encoder: TextEncoder,
+    cfg: IngestConfig,
+    params: IngestParams,
+    *,
+    address: str | None = None,
+    actors: int = 0,
+    advance: Callable[[int], None] | None = None,
+) -> dict:
     """Encode every missing block of the planned months on Ray and save it as the ingest's checkpoint.
 
     Args:
@@ -111,15 +128,17 @@ def fill_checkpoints(sf: sessionmaker[Session], encoder: TextEncoder, cfg: Inges
     pool = ActorPool([actor_cls.options(**options).remote(shared, 1) for _ in range(n)])
     log.info("encoding %d blocks (%d passages) on %d Ray actor(s)", len(pending), sum(len(b.texts) for b in pending), n)
     encoded = 0
-    results = pool.map_unordered(lambda actor, i: actor.encode.remote(i, pending[i].texts, cfg.batch_size),
-                                 range(len(pending)))
+    results = pool.map_unordered(
+        lambda actor, i: actor.encode.remote(i, pending[i].texts, cfg.batch_size), range(len(pending))
+    )
     for i, arr in results:
         block = pending[i]
         if arr.shape != (len(block.texts), encoder.dim):
-            raise RuntimeError(f"an actor returned {arr.shape} for {len(block.texts)} passages of {block.path.parent.name}")
+            raise RuntimeError(
+                f"an actor returned {arr.shape} for {len(block.texts)} passages of {block.path.parent.name}"
+            )
         save_checkpoint(block.path, arr)
         encoded += len(block.texts)
         if advance is not None:
             advance(len(block.texts))
     return {"passages": total, "encoded": encoded, "blocks": len(pending), "actors": n}
-

@@ -5,6 +5,7 @@ rows as they are (same ids, same scores), so closing a month encodes only what n
 pieces already hold (`live_articles`), and in its commit, under `commit_lock`, to gather the pieces
 as they are then (`gather_live`): a publish that landed meanwhile is folded in, not lost.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -15,9 +16,9 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Passage
 from indexer.manifest import Manifest, ShardEntry
 from indexer.snapshot import ShardCache
+from store.tables import Passage
 from workers.locks import JobLock
 
 
@@ -48,8 +49,9 @@ class LivePart:
     articles: set[int]  # the articles they belong to
 
 
-def gather_live(session: Session, index_dir: Path, entries: list[ShardEntry], dim: int,
-                cache: ShardCache | None = None) -> LivePart:
+def gather_live(
+    session: Session, index_dir: Path, entries: list[ShardEntry], dim: int, cache: ShardCache | None = None
+) -> LivePart:
     """Every passage of the pieces `entries`: ids, vectors (copied from the shard files), texts and articles."""
     cache = cache or ShardCache()
     ids_parts, vec_parts = [np.zeros(0, np.int64)], [np.zeros((0, dim), np.float32)]
@@ -61,7 +63,10 @@ def gather_live(session: Session, index_dir: Path, entries: list[ShardEntry], di
     rows: dict[int, tuple[int, str]] = {}
     id_list = [int(i) for i in ids]
     for start in range(0, len(id_list), 500):
-        for fid, art, text in session.execute(select(Passage.faiss_id, Passage.article_id, Passage.text)
-                                              .where(Passage.faiss_id.in_(id_list[start:start + 500]))):
+        for fid, art, text in session.execute(
+            select(Passage.faiss_id, Passage.article_id, Passage.text).where(
+                Passage.faiss_id.in_(id_list[start : start + 500])
+            )
+        ):
             rows[int(fid)] = (int(art), text)
     return LivePart(ids, vectors, [rows[i][1] for i in id_list], {a for a, _ in rows.values()})

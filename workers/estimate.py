@@ -8,26 +8,36 @@ index, and the retrieved passages are annotated with spaCy once; both go to a ca
 SQA_HOME/work/estimate/ that is appended as it goes, so an interrupted run resumes where it stopped
 (workers/ranker_items.py, shared with `sqa train reader --kind ranker`).
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.db.tables import Question
-from evaluation.splits import (STRATEGIES, Split, adversarial_splits, length_split, random_splits, run_splits,
-                               summarise, temporal_split)
+from evaluation.splits import (
+    STRATEGIES,
+    Split,
+    adversarial_splits,
+    length_split,
+    random_splits,
+    run_splits,
+    summarise,
+    temporal_split,
+)
 from evaluation.temporal import quarter_bounds, quarter_index, quarter_range
 from models.candidates import CandidateRanker, MajorityAnswer, RankerItem, mean_f1
+from store.tables import Question
 from workers.progress import Progress
 from workers.ranker_items import prepare_items
 from workers.reader_data import gold_questions
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +69,7 @@ class EstimateConfig:
 
 
 def parse_pool(value: str) -> tuple[str, ...]:
-    """"2022Q3,2022Q4" or a range "2022Q3..2023Q1" -> quarters in order."""
+    """ "2022Q3,2022Q4" or a range "2022Q3..2023Q1" -> quarters in order."""
     value = value.strip()
     if ".." in value:
         first, last = value.split("..", 1)
@@ -79,8 +89,7 @@ def _questions(session, quarters: Sequence[str]) -> list[Question]:
     return out
 
 
-def make_splits(cfg: EstimateConfig, pool: list[RankerItem], embeddings: np.ndarray | None, n_new: int
-                ) -> list[Split]:
+def make_splits(cfg: EstimateConfig, pool: list[RankerItem], embeddings: np.ndarray | None, n_new: int) -> list[Split]:
     splits: list[Split] = []
     for strategy in cfg.strategies:
         if strategy == "random":
@@ -96,6 +105,7 @@ def make_splits(cfg: EstimateConfig, pool: list[RankerItem], embeddings: np.ndar
 
 def score_splits(splits: Sequence[Split], pool: list[RankerItem], new: list[RankerItem], seed: int = 0):
     """Train the ranker and the trivial baseline on each split's train part; F1 on its test part."""
+
     def evaluate(split: Split) -> tuple[float, float]:
         train = [pool[i] for i in split.train]
         test = [(new if split.strategy == "temporal" else pool)[i] for i in split.test]
@@ -113,23 +123,31 @@ def run_estimate(ctx: JobContext, cfg: EstimateConfig, progress: Progress) -> di
         new_q = _questions(session, [cfg.new]) if "temporal" in cfg.strategies else []
         session.expunge_all()
     if len(pool_q) < MIN_POOL:
-        raise ValueError(f"the pool {', '.join(cfg.pool)} has {len(pool_q)} usable questions; import more "
-                         "(`sqa import realtimeqa ...`) or widen --pool")
+        raise ValueError(
+            f"the pool {', '.join(cfg.pool)} has {len(pool_q)} usable questions; import more "
+            "(`sqa import realtimeqa ...`) or widen --pool"
+        )
     if "temporal" in cfg.strategies and not new_q:
         raise ValueError(f"the new sample {cfg.new} has no usable questions")
     adversarial = "adversarial" in cfg.strategies  # the only strategy that needs question embeddings
     items, vectors = prepare_items(ctx, pool_q + new_q, cfg.passages, progress, embed=adversarial)
     pool = [items[q.qid] for q in pool_q]
     new = [items[q.qid] for q in new_q]
-    splits = make_splits(cfg, pool, vectors[:len(pool)] if adversarial else None, len(new))
+    splits = make_splits(cfg, pool, vectors[: len(pool)] if adversarial else None, len(new))
     progress.stage("train+score", len(splits))
     scores = []
     for split in splits:
         scores += score_splits([split], pool, new, cfg.seed)
         progress.advance(1)
-    return {"config": {**asdict(cfg), "pool": list(cfg.pool), "strategies": list(cfg.strategies)},
-            "counts": {"pool": len(pool), "new": len(new),
-                       "pool_first": min(q.asked for q in pool_q).isoformat(),
-                       "new_last": max(q.asked for q in new_q).isoformat() if new_q else None},
-            "table": summarise(scores), "splits": [asdict(s) for s in scores],
-            "computed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "config": {**asdict(cfg), "pool": list(cfg.pool), "strategies": list(cfg.strategies)},
+        "counts": {
+            "pool": len(pool),
+            "new": len(new),
+            "pool_first": min(q.asked for q in pool_q).isoformat(),
+            "new_last": max(q.asked for q in new_q).isoformat() if new_q else None,
+        },
+        "table": summarise(scores),
+        "splits": [asdict(s) for s in scores],
+        "computed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }

@@ -5,6 +5,7 @@ Per-question rows (EvalResult) hold the answer, EM/F1, retrieval recall, the cit
 their dates, so any later analysis (the temporal grid, drift regressions) is recomputed from the
 database without answering again.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -12,38 +13,30 @@ import logging
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.base import utcnow
-from app.db.tables import Article, EvalResult, EvalRun, Question
-from app.services.answering import AnswerService
-from app.services.index_state import LoadedSnapshot
 from evaluation.metrics import answer_in_text, days_between, exact_match, token_f1
 from evaluation.subsets import needs_choices
 from evaluation.temporal import TemporalGrid, jsonable, quarter_bounds, quarter_index, quarter_of
 from evaluation.trust import trust_by_quarter
-from workers.transport import TransportConfig, version_transport
+from serving.answering import AnswerService
+from serving.index_state import LoadedSnapshot
+from store.base import utcnow
+from store.tables import Article, EvalResult, EvalRun, Question
+from workers.config import EvalConfig, TransportConfig
+from workers.version_transport import version_transport
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 log = logging.getLogger(__name__)
 
 RECENT_DAYS = 31  # evidence published within the month before the question: "recent"
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    top_k: int = 20  # retrieval depth for recall
-    reader_passages: int = 0  # 0: the reader's own number
-    max_questions: int = 0  # questions per test quarter that the reader answers (0: all)
-    seed: int = 0
-    transport: TransportConfig | None = None  # adds drift and transportability to the report
 
 
 def classify_subset(question: Question, published: dict[str, tuple[dt.date, str]]) -> str:
@@ -53,11 +46,17 @@ def classify_subset(question: Question, published: dict[str, tuple[dt.date, str]
     if label in ("recent", "past"):
         return label
     meta = question.meta or {}
-    evidence = [published[u][0] for u in meta.get("gold_urls", []) if u in published
-                and published[u][0] <= question.asked]
+    evidence = [
+        published[u][0] for u in meta.get("gold_urls", []) if u in published and published[u][0] <= question.asked
+    ]
     if not evidence:
-        evidence = [published[u][0] for u in meta.get("search_result_urls", []) if u in published
-                    and published[u][0] <= question.asked and answer_in_text(question.answers, published[u][1])]
+        evidence = [
+            published[u][0]
+            for u in meta.get("search_result_urls", [])
+            if u in published
+            and published[u][0] <= question.asked
+            and answer_in_text(question.answers, published[u][1])
+        ]
     if not evidence:
         return "unknown"
     return "recent" if (question.asked - max(evidence)).days <= RECENT_DAYS else "past"
@@ -65,8 +64,9 @@ def classify_subset(question: Question, published: dict[str, tuple[dt.date, str]
 
 def quarter_questions(session: Session, quarter: str) -> list[Question]:
     first, last = quarter_bounds(quarter)
-    rows = session.scalars(select(Question).where(Question.asked.between(first, last))
-                           .order_by(Question.asked, Question.qid)).all()
+    rows = session.scalars(
+        select(Question).where(Question.asked.between(first, last)).order_by(Question.asked, Question.qid)
+    ).all()
     return [q for q in rows if not needs_choices(q.text)]
 
 
@@ -75,8 +75,9 @@ def subsets_for(session: Session, questions: Sequence[Question]) -> dict[int, st
     published: dict[str, tuple[dt.date, str]] = {}
     url_list = sorted(urls)
     for i in range(0, len(url_list), 500):
-        for url, day, text in session.execute(select(Article.url, Article.published, Article.text)
-                                              .where(Article.url.in_(url_list[i:i + 500]))):
+        for url, day, text in session.execute(
+            select(Article.url, Article.published, Article.text).where(Article.url.in_(url_list[i : i + 500]))
+        ):
             published[url] = (day, text)
     return {q.id: classify_subset(q, published) for q in questions}
 
@@ -88,8 +89,7 @@ def reader_sample(questions: Sequence[Question], cfg: EvalConfig) -> set[int]:
     return {q.id for q in random.Random(cfg.seed).sample(list(questions), cfg.max_questions)}
 
 
-def answer_question(service: AnswerService, snapshot: LoadedSnapshot, q: Question, cfg: EvalConfig,
-                    read: bool) -> dict:
+def answer_question(service: AnswerService, snapshot: LoadedSnapshot, q: Question, cfg: EvalConfig, read: bool) -> dict:
     """One question under one state: the EvalResult columns (without run and state)."""
     t0 = time.perf_counter()
     result = service.answer(q.text, q.asked, cfg.top_k, snapshot=snapshot, read=read)
@@ -115,8 +115,16 @@ def visible_files(snapshot: LoadedSnapshot, as_of: dt.date) -> tuple[str, ...]:
     return tuple(e.file for e in snapshot.manifest.shards if e.span[0] <= as_of)
 
 
-def evaluate_states(sf: sessionmaker[Session], service: AnswerService, run_id: int, test_quarter: str,
-                    states: dict[str, LoadedSnapshot], cfg: EvalConfig, *, progress=None) -> int:
+def evaluate_states(
+    sf: sessionmaker[Session],
+    service: AnswerService,
+    run_id: int,
+    test_quarter: str,
+    states: dict[str, LoadedSnapshot],
+    cfg: EvalConfig,
+    *,
+    progress=None,
+) -> int:
     """Answer the test quarter's questions under each state; skips rows already stored (resume).
 
     Returns how many rows were written.
@@ -124,8 +132,13 @@ def evaluate_states(sf: sessionmaker[Session], service: AnswerService, run_id: i
     with sf() as session:
         questions = quarter_questions(session, test_quarter)
         subsets = subsets_for(session, questions)
-        done = set(session.execute(select(EvalResult.question_id, EvalResult.state_quarter)
-                                   .where(EvalResult.run_id == run_id, EvalResult.test_quarter == test_quarter)).all())
+        done = set(
+            session.execute(
+                select(EvalResult.question_id, EvalResult.state_quarter).where(
+                    EvalResult.run_id == run_id, EvalResult.test_quarter == test_quarter
+                )
+            ).all()
+        )
     readable = reader_sample(questions, cfg)
     written = 0
     memo: dict[tuple[int, tuple[str, ...]], dict] = {}
@@ -143,8 +156,16 @@ def evaluate_states(sf: sessionmaker[Session], service: AnswerService, run_id: i
             if row is None:
                 row = answer_question(service, snap, q, cfg, q.id in readable)
                 memo[key] = row
-            batch.append(EvalResult(run_id=run_id, question_id=q.id, test_quarter=test_quarter,
-                                    state_quarter=state_q, subset=subsets[q.id], **row))
+            batch.append(
+                EvalResult(
+                    run_id=run_id,
+                    question_id=q.id,
+                    test_quarter=test_quarter,
+                    state_quarter=state_q,
+                    subset=subsets[q.id],
+                    **row,
+                )
+            )
             if len(batch) >= 25:  # commit as we go: an interrupted run resumes from here
                 written += _commit(sf, batch)
                 batch = []
@@ -161,8 +182,11 @@ def _commit(sf: sessionmaker[Session], rows: list[EvalResult]) -> int:
 
 def run_rows(session: Session, run_id: int) -> list[dict]:
     """Per-question results in the shape evaluation.temporal.TemporalGrid takes."""
-    rows = session.execute(select(EvalResult, Question.qid).join(Question, Question.id == EvalResult.question_id)
-                           .where(EvalResult.run_id == run_id)).all()
+    rows = session.execute(
+        select(EvalResult, Question.qid)
+        .join(Question, Question.id == EvalResult.question_id)
+        .where(EvalResult.run_id == run_id)
+    ).all()
     out = []
     for r, qid in rows:
         metrics = {"recall": r.recall}
@@ -170,13 +194,23 @@ def run_rows(session: Session, run_id: int) -> list[dict]:
             metrics.update(f1=r.f1, em=r.em)
         if r.days is not None:
             metrics["days"] = r.days
-        out.append({"question_id": qid, "test_quarter": r.test_quarter, "state_quarter": r.state_quarter,
-                    "subset": r.subset, "metrics": metrics, "grounded": r.grounded, "confidence": r.confidence})
+        out.append(
+            {
+                "question_id": qid,
+                "test_quarter": r.test_quarter,
+                "state_quarter": r.state_quarter,
+                "subset": r.subset,
+                "metrics": metrics,
+                "grounded": r.grounded,
+                "confidence": r.confidence,
+            }
+        )
     return out
 
 
-def render_report(sf: sessionmaker[Session], run_id: int, out: Path, title: str, cfg: EvalConfig | None = None
-                  ) -> tuple[dict, dict[str, Path]]:
+def render_report(
+    sf: sessionmaker[Session], run_id: int, out: Path, title: str, cfg: EvalConfig | None = None
+) -> tuple[dict, dict[str, Path]]:
     """Grid scores, lag tables, DS/AS from the stored results, and the report files in `out`."""
     with sf() as session:
         rows = run_rows(session, run_id)
@@ -203,8 +237,9 @@ def run_transport(sf: sessionmaker[Session], run_id: int, cfg: TransportConfig) 
         return None
 
 
-def summarise_run(sf: sessionmaker[Session], run_id: int, reports_dir: Path, title: str,
-                  cfg: EvalConfig | None = None) -> dict:
+def summarise_run(
+    sf: sessionmaker[Session], run_id: int, reports_dir: Path, title: str, cfg: EvalConfig | None = None
+) -> dict:
     """Render the run's report under reports_dir and store its summary on the run."""
     out = reports_dir / f"run-{run_id}"
     summary, files = render_report(sf, run_id, out, title, cfg)
@@ -235,28 +270,58 @@ def finish_run(sf: sessionmaker[Session], run_id: int, error: str | None = None)
         run.error, run.finished_at = error, utcnow()
 
 
-def evaluate_current(sf: sessionmaker[Session], service: AnswerService, quarter: str, cfg: EvalConfig,
-                     reports_dir: Path, *, job_id: int | None = None, progress=None) -> int:
+def evaluate_current(
+    sf: sessionmaker[Session],
+    service: AnswerService,
+    quarter: str,
+    cfg: EvalConfig,
+    reports_dir: Path,
+    *,
+    job_id: int | None = None,
+    progress=None,
+) -> int:
     """The quarterly evaluation: the quarter's questions against the serving snapshot."""
     quarter_bounds(quarter)  # a bad quarter fails here, before any run row exists
     service.index_state.refresh()
     snap = service.index_state.current()
     if snap is None:
-        from app.services.errors import IndexNotReadyError
+        from serving.errors import IndexNotReadyError
 
         raise IndexNotReadyError("no index to evaluate: run `sqa ingest` first")
     state_q = quarter_of(snap.newest_day) if snap.newest_day else quarter
-    params = {"quarter": quarter, "snapshot": snap.snapshot_id, "reader": service.reader.name,
-              "encoder": snap.manifest.encoder, "top_k": cfg.top_k, "reader_passages": cfg.reader_passages,
-              "max_questions": cfg.max_questions}
+    params = {
+        "quarter": quarter,
+        "snapshot": snap.snapshot_id,
+        "reader": service.reader.name,
+        "encoder": snap.manifest.encoder,
+        "top_k": cfg.top_k,
+        "reader_passages": cfg.reader_passages,
+        "max_questions": cfg.max_questions,
+    }
     run_id = find_or_create_run(sf, "quarterly", params, job_id)
-    return complete_run(sf, service, run_id, {quarter: {state_q: snap}}, cfg, reports_dir,
-                        f"Quarterly evaluation {quarter}", progress=progress)
+    return complete_run(
+        sf,
+        service,
+        run_id,
+        {quarter: {state_q: snap}},
+        cfg,
+        reports_dir,
+        f"Quarterly evaluation {quarter}",
+        progress=progress,
+    )
 
 
-def complete_run(sf: sessionmaker[Session], service: AnswerService, run_id: int,
-                 work: dict[str, dict[str, LoadedSnapshot]], cfg: EvalConfig, reports_dir: Path, title: str, *,
-                 progress=None) -> int:
+def complete_run(
+    sf: sessionmaker[Session],
+    service: AnswerService,
+    run_id: int,
+    work: dict[str, dict[str, LoadedSnapshot]],
+    cfg: EvalConfig,
+    reports_dir: Path,
+    title: str,
+    *,
+    progress=None,
+) -> int:
     """Answer every test quarter under its states ({test quarter: {state quarter: snapshot}}),
     summarise, render the report and close the run (failed, with the error, if anything raises)."""
     try:
@@ -272,5 +337,6 @@ def complete_run(sf: sessionmaker[Session], service: AnswerService, run_id: int,
 
 def run_quarterly_evaluation(ctx: JobContext, quarter: str, *, job_id: int | None = None) -> int:
     """The quarterly evaluation of the scheduler: the served pipeline on the quarter's questions."""
-    return evaluate_current(ctx.sessions, ctx.load_answer_service(), quarter, ctx.evaluation, ctx.reports_dir,
-                            job_id=job_id)
+    return evaluate_current(
+        ctx.sessions, ctx.load_answer_service(), quarter, ctx.evaluation, ctx.reports_dir, job_id=job_id
+    )

@@ -1,4 +1,4 @@
-"""Feed bytes -> entry drafts (workers/feeds.py makes them articles): feedparser for RSS and Atom,
+"""Feed bytes -> entry drafts (workers/feed_poller.py makes them articles): feedparser for RSS and Atom,
 HTML -> plain text for entry content, trafilatura for an article page's main text.
 
 feedparser only ever parses bytes we fetched (workers/feed_http.py enforces the politeness, the
@@ -6,6 +6,7 @@ timeouts and the size cap): it is handed a file object, never a URL or a string 
 a path. It also sanitises entry HTML, resolves relative links against the feed's URL and gives
 dates as UTC `struct_time`s, so an entry's day is its UTC day.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -21,9 +22,39 @@ import feedparser
 log = logging.getLogger(__name__)
 
 # Elements that end a line of text, and elements whose text is not the article's.
-_BLOCKS = {"address", "article", "aside", "blockquote", "br", "dd", "div", "dl", "dt", "figcaption", "figure",
-           "footer", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li", "main", "ol", "p", "pre", "section",
-           "table", "td", "th", "tr", "ul"}
+_BLOCKS = {
+    "address",
+    "article",
+    "aside",
+    "blockquote",
+    "br",
+    "dd",
+    "div",
+    "dl",
+    "dt",
+    "figcaption",
+    "figure",
+    "footer",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "header",
+    "hr",
+    "li",
+    "main",
+    "ol",
+    "p",
+    "pre",
+    "section",
+    "table",
+    "td",
+    "th",
+    "tr",
+    "ul",
+}
 _SKIPPED = {"script", "style", "noscript", "template", "iframe", "object", "svg"}
 _BREAK = "\x00"  # where a block element began or ended: a paragraph break
 
@@ -92,19 +123,24 @@ def parse_feed(body: bytes, url: str, content_type: str | None = None) -> feedpa
     parsed = feedparser.parse(io.BytesIO(body), response_headers=headers)
     if parsed.entries:
         if parsed.bozo:
-            log.info("feed %s has a fault (%s); its %d entries are read all the same", url,
-                     parsed.get("bozo_exception"), len(parsed.entries))
+            log.info(
+                "feed %s has a fault (%s); its %d entries are read all the same",
+                url,
+                parsed.get("bozo_exception"),
+                len(parsed.entries),
+            )
         return parsed
     if parsed.bozo or not parsed.version:
         why = parsed.get("bozo_exception") or "no RSS or Atom root element"
-        raise FeedFormatError(f"{url} is not a readable RSS or Atom feed ({why}): check the URL points at the "
-                              "feed itself, not a page")
+        raise FeedFormatError(
+            f"{url} is not a readable RSS or Atom feed ({why}): check the URL points at the feed itself, not a page"
+        )
     return parsed  # a well-formed feed with no entries yet
 
 
 @dataclass(frozen=True)
 class EntryDraft:
-    """One feed entry before it is checked as an article (`workers.feeds`)."""
+    """One feed entry before it is checked as an article (`workers.feed_poller`)."""
 
     url: str
     title: str
@@ -138,8 +174,9 @@ def _authors(entry) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n.strip()[:200] for n in names if n and n.strip()))[:50]
 
 
-def entry_drafts(parsed: feedparser.FeedParserDict, feed_url: str,
-                 fetch_day: dt.date) -> tuple[list[EntryDraft], list[str]]:
+def entry_drafts(
+    parsed: feedparser.FeedParserDict, feed_url: str, fetch_day: dt.date
+) -> tuple[list[EntryDraft], list[str]]:
     """The feed's entries as drafts, first of each URL kept; and why the others were skipped."""
     drafts: list[EntryDraft] = []
     skipped: list[str] = []
@@ -157,8 +194,16 @@ def entry_drafts(parsed: feedparser.FeedParserDict, feed_url: str,
         text = max(content, key=len) if content else ""
         summary = _fragment_text(entry.get("summary_detail") or entry.get("summary", ""))
         title = _fragment_text(entry.get("title_detail") or entry.get("title", "")).replace("\n\n", " ")
-        drafts.append(EntryDraft(url=url, title=title, published=_day(entry, fetch_day), text=text, summary=summary,
-                                 authors=_authors(entry)))
+        drafts.append(
+            EntryDraft(
+                url=url,
+                title=title,
+                published=_day(entry, fetch_day),
+                text=text,
+                summary=summary,
+                authors=_authors(entry),
+            )
+        )
     return drafts, skipped
 
 

@@ -1,4 +1,4 @@
-"""HTTP for the feed poller (workers/feeds.py): polite, bounded GETs.
+"""HTTP for the feed poller (workers/feed_poller.py): polite, bounded GETs.
 
 A feed host is somebody else's server, polled forever: it must never see more than one request per
 `host_delay_s` from us (article pages included), a slow or failing host must not stall the poller
@@ -11,6 +11,7 @@ for long, and a huge body must not fill our memory. So every GET here
   or once the whole response has taken `TOTAL_TIMEOUTS` times `timeout_s` (a host trickling bytes).
 Failures come back as one `FetchError` saying what went wrong, with the last HTTP status if any.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,12 +50,23 @@ class PoliteFetcher:
     `sleep` and `clock` are time.sleep and time.monotonic; not thread-safe (one poller, one fetcher).
     """
 
-    def __init__(self, client: httpx.Client, *, host_delay_s: float, timeout_s: float, retries: int,
-                 max_bytes: int, backoff_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        client: httpx.Client,
+        *,
+        host_delay_s: float,
+        timeout_s: float,
+        retries: int,
+        max_bytes: int,
+        backoff_s: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if retries < 0 or max_bytes < 1 or timeout_s <= 0 or host_delay_s < 0:
-            raise ValueError(f"bad fetch limits: retries={retries}, max_bytes={max_bytes}, timeout_s={timeout_s}, "
-                             f"host_delay_s={host_delay_s}")
+            raise ValueError(
+                f"bad fetch limits: retries={retries}, max_bytes={max_bytes}, timeout_s={timeout_s}, "
+                f"host_delay_s={host_delay_s}"
+            )
         self._client, self._delay, self._timeout = client, host_delay_s, timeout_s
         self._retries, self._max_bytes, self._backoff = retries, max_bytes, backoff_s
         self._sleep, self._clock = sleep, clock
@@ -95,8 +107,11 @@ class PoliteFetcher:
             try:
                 got = self._once(url, headers or {})
             except _TooLarge:
-                raise FetchError(f"GET {url}: the body is larger than {self._max_bytes:,} bytes, the most a feed or "
-                                 "page may hold (SQA_FEED_MAX_BYTES); raise it or drop the feed", 200) from None
+                raise FetchError(
+                    f"GET {url}: the body is larger than {self._max_bytes:,} bytes, the most a feed or "
+                    "page may hold (SQA_FEED_MAX_BYTES); raise it or drop the feed",
+                    200,
+                ) from None
             except httpx.TimeoutException as exc:
                 problem, status = f"timed out after {self._timeout:g} s ({type(exc).__name__})", None
                 continue
@@ -111,7 +126,11 @@ class PoliteFetcher:
             if got.status >= 500:
                 problem = f"answered HTTP {got.status}"
                 continue
-            raise FetchError(f"GET {url} answered HTTP {got.status}: check the URL (the feed may have moved or "
-                             "be private)", got.status)
-        raise FetchError(f"GET {url} {problem} ({tries} attempt(s)); it is tried again later, less often while it "
-                         "keeps failing", status)
+            raise FetchError(
+                f"GET {url} answered HTTP {got.status}: check the URL (the feed may have moved or be private)",
+                got.status,
+            )
+        raise FetchError(
+            f"GET {url} {problem} ({tries} attempt(s)); it is tried again later, less often while it keeps failing",
+            status,
+        )

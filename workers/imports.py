@@ -1,14 +1,15 @@
 """The import job: records from an importer -> the database, in one transaction, idempotently."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.queries import UpsertCounts, upsert_articles, upsert_questions
-from app.services.index_state import latest_snapshot_row
 from indexer.records import ArticleRecord, QuestionRecord
+from serving.index_state import latest_snapshot_row
+from store.queries import UpsertCounts, upsert_articles, upsert_questions
 
 
 @dataclass(frozen=True)
@@ -18,8 +19,9 @@ class StoreResult:
     stale_months: list[str]  # indexed months whose articles changed: re-ingest them
 
 
-def store_records(sf: sessionmaker[Session], articles: Sequence[ArticleRecord],
-                  questions: Sequence[QuestionRecord]) -> StoreResult:
+def store_records(
+    sf: sessionmaker[Session], articles: Sequence[ArticleRecord], questions: Sequence[QuestionRecord]
+) -> StoreResult:
     """Upsert everything or nothing (one transaction)."""
     with sf() as session, session.begin():
         a = upsert_articles(session, articles)

@@ -6,32 +6,26 @@ written after the articles' transaction commits: a crash between the two reads t
 which stores nothing twice (intake is idempotent by URL and text). The monthly ingest still reads
 the whole folder for its month, as before.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.intake import IntakeCounts, intake_articles
 from indexer.importers import read_articles_jsonl
 from indexer.jsonl import keep_longest
 from indexer.records import ImportReport
+from store.intake import IntakeCounts, intake_articles
+from workers.config import InboxConfig
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".jsonl", ".jsonl.gz")
-
-
-@dataclass(frozen=True)
-class InboxConfig:
-    folder: Path
-    state_file: Path  # what was read already: {file name: [size, mtime_ns]}
-    poll_s: float = 10.0
 
 
 def _load_seen(path: Path) -> dict[str, list[int]]:

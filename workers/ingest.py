@@ -6,6 +6,7 @@ re-run resumes where the last one stopped; shard and manifest files are written 
 transaction that records them commits, so a crash leaves the previous snapshot serving and, at
 worst, unreferenced files that a later ingest deletes.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -22,24 +23,24 @@ import numpy as np
 from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.queries import article_months, earliest_question_day
-from app.db.tables import Article, IndexSnapshot, Job, LiveQueueItem, Passage
-from app.services.errors import ConflictError, InvalidInputError, NoArticlesError
-from app.services.index_state import latest_snapshot_row
 from indexer.chunking import chunk_texts
 from indexer.dates import EPOCH, day_number, month_end, month_key, month_start, next_month, parse_month
-from indexer.errors import IndexIntegrityError
 from indexer.ids import make_ids
-from indexer.ivf import ShardPolicy
+from indexer.index_errors import IndexIntegrityError
 from indexer.lexical import Bm25Shard
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard, is_live_key, live_key_parts
 from indexer.snapshot import garbage_files, write_shard
 from indexer.storage import as_store
 from models.encoders import TextEncoder
+from serving.errors import ConflictError, InvalidInputError, NoArticlesError
+from serving.index_state import latest_snapshot_row
+from store.queries import article_months, earliest_question_day
+from store.tables import Article, IndexSnapshot, Job, LiveQueueItem, Passage
 from workers.compaction import commit_lock, gather_live, live_articles, live_entries
-from workers.drift import DriftConfig, drift_after_ingest
+from workers.config import IngestConfig
 from workers.locks import JobLock
+from workers.month_drift import drift_after_ingest
 from workers.progress import Progress
 from workers.runner import JobHandle, JobRunner
 
@@ -50,34 +51,23 @@ STAGE_WEIGHTS = {"chunk": 0.05, "encode": 0.9, "commit": 0.05}
 
 
 @dataclass(frozen=True)
-class IngestConfig:
-    index_dir: Path
-    work_dir: Path
-    batch_size: int = 0  # passages per encoder batch; 0: the encoder's own choice
-    checkpoint_every: int = 256  # passages per embedding checkpoint file
-    keep_snapshots: int = 3  # older snapshots lose their files and passage rows
-    drift: DriftConfig | None = None  # compute each new month's drift after its commit (None: never)
-    shard_policy: ShardPolicy = ShardPolicy()  # flat or IVF by the shard's size (SQA_IVF_*)
-
-
-@dataclass(frozen=True)
 class ShardPlan:
     key: str  # "2023-04" or "history-2023-01" (everything published before January 2023)
     first: dt.date  # inclusive
     last: dt.date  # inclusive
 
     @classmethod
-    def month(cls, month: str) -> "ShardPlan":
+    def month(cls, month: str) -> ShardPlan:
         first = parse_month(month)
         return cls(month_key(first), first, month_end(first))
 
     @classmethod
-    def history(cls, before_month: str) -> "ShardPlan":
+    def history(cls, before_month: str) -> ShardPlan:
         start = parse_month(before_month)
         return cls(f"history-{month_key(start)}", EPOCH, start - dt.timedelta(days=1))
 
     @classmethod
-    def from_key(cls, key: str) -> "ShardPlan":
+    def from_key(cls, key: str) -> ShardPlan:
         return cls.history(key.removeprefix("history-")) if key.startswith("history-") else cls.month(key)
 
 
@@ -106,14 +96,20 @@ class IngestParams:
                 raise InvalidInputError(f"{day} is not the first day of a month")
 
     @classmethod
-    def parse(cls, params: dict) -> "IngestParams":
+    def parse(cls, params: dict) -> IngestParams:
         """{"month": "2023-06"} | {"through": "2023-06", "from": "2023-01"} | {"history_before": ...}
         | {"rebuild": true} (the job row's form) -> IngestParams; InvalidDateError names a bad month."""
+
         def month(key: str) -> dt.date | None:
             return parse_month(params[key]) if params.get(key) else None
 
-        return cls(month=month("month"), through=month("through"), start=month("from"),
-                   history_before=month("history_before"), rebuild=bool(params.get("rebuild")))
+        return cls(
+            month=month("month"),
+            through=month("through"),
+            start=month("from"),
+            history_before=month("history_before"),
+            rebuild=bool(params.get("rebuild")),
+        )
 
     def to_json(self) -> dict:
         """The job row's params."""
@@ -127,6 +123,7 @@ class IngestParams:
 
 
 # ---- the ingest lock and the base snapshot ---------------------------------------------------------
+
 
 def ingest_lock(index_dir: Path) -> JobLock:
     """One ingest (or re-encode, or BM25 build) at a time per index directory."""
@@ -142,7 +139,8 @@ def base_manifest(session: Session, index_dir: Path, encoder: TextEncoder, *, fr
     if manifest.encoder != encoder.name or manifest.dim != encoder.dim:
         raise IndexIntegrityError(
             f"the index was built with encoder {manifest.encoder} ({manifest.dim} dims) but the configured "
-            f"encoder is {encoder.name} ({encoder.dim} dims); re-encode it with `sqa index rebuild`")
+            f"encoder is {encoder.name} ({encoder.dim} dims); re-encode it with `sqa index rebuild`"
+        )
     return manifest
 
 
@@ -159,8 +157,9 @@ def rebuild_plans(keys: list[str]) -> list[ShardPlan]:
 
 def overlapping_keys(manifest: Manifest, plan: ShardPlan) -> list[str]:
     """Keys of shards whose days overlap the plan's (besides the plan's own key)."""
-    return [e.key for e in manifest.shards
-            if e.key != plan.key and not (e.span[1] < plan.first or e.span[0] > plan.last)]
+    return [
+        e.key for e in manifest.shards if e.key != plan.key and not (e.span[1] < plan.first or e.span[0] > plan.last)
+    ]
 
 
 def check_month_request(session: Session, index_dir: Path, encoder: TextEncoder, month: str) -> ShardPlan:
@@ -173,12 +172,14 @@ def check_month_request(session: Session, index_dir: Path, encoder: TextEncoder,
     if clash:
         raise InvalidInputError(
             f"month {plan.key} lies inside shard(s) {', '.join(clash)}; rebuild that backfill with "
-            f"`sqa ingest --history-before YYYY-MM` instead")
+            f"`sqa ingest --history-before YYYY-MM` instead"
+        )
     return plan
 
 
-def plan_through(session: Session, manifest: Manifest, through: str, start: str | None = None
-                 ) -> tuple[list[ShardPlan], list[str]]:
+def plan_through(
+    session: Session, manifest: Manifest, through: str, start: str | None = None
+) -> tuple[list[ShardPlan], list[str]]:
     """Every month up to `through` not yet indexed, in order, plus a history backfill of
     everything before the first month when the index is empty. Returns (plans, empty months)."""
     last = parse_month(through)
@@ -209,6 +210,7 @@ def plan_through(session: Session, manifest: Manifest, through: str, start: str 
 
 # ---- one shard -------------------------------------------------------------------------------------
 
+
 def save_checkpoint(path: Path, arr: np.ndarray) -> None:
     """Write a block of embeddings atomically (a crash leaves the old file or none, never half of one)."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -221,8 +223,10 @@ def save_checkpoint(path: Path, arr: np.ndarray) -> None:
 
 def checkpoint_blocks(texts: list[str], work: Path, cfg: IngestConfig) -> list[tuple[Path, list[str]]]:
     """(checkpoint file, texts) of each block of `cfg.checkpoint_every` passages, in order."""
-    return [(work / f"emb-{b:06d}.npy", texts[start:start + cfg.checkpoint_every])
-            for b, start in enumerate(range(0, len(texts), cfg.checkpoint_every))]
+    return [
+        (work / f"emb-{b:06d}.npy", texts[start : start + cfg.checkpoint_every])
+        for b, start in enumerate(range(0, len(texts), cfg.checkpoint_every))
+    ]
 
 
 def load_checkpoint(path: Path, n: int, dim: int) -> np.ndarray | None:
@@ -233,8 +237,9 @@ def load_checkpoint(path: Path, n: int, dim: int) -> np.ndarray | None:
     return arr if arr.shape == (n, dim) else None
 
 
-def encode_with_checkpoints(encoder: TextEncoder, texts: list[str], work: Path, cfg: IngestConfig,
-                            progress: Progress) -> np.ndarray:
+def encode_with_checkpoints(
+    encoder: TextEncoder, texts: list[str], work: Path, cfg: IngestConfig, progress: Progress
+) -> np.ndarray:
     """(n, dim) float32 embeddings; finished blocks are saved so an interrupted run resumes."""
     work.mkdir(parents=True, exist_ok=True)
     progress.stage("encode", len(texts))
@@ -255,15 +260,17 @@ def encode_with_checkpoints(encoder: TextEncoder, texts: list[str], work: Path, 
     return np.ascontiguousarray(np.concatenate(blocks))
 
 
-def shard_rows(sf: sessionmaker[Session], plan: ShardPlan, progress: Progress | None = None
-               ) -> tuple[list, list[tuple[int, int, str, dt.date]]]:
+def shard_rows(
+    sf: sessionmaker[Session], plan: ShardPlan, progress: Progress | None = None
+) -> tuple[list, list[tuple[int, int, str, dt.date]]]:
     """The plan's articles and their passages as (article id, ordinal, text, published) rows, in the
     order the shard indexes them; NoArticlesError when it has none."""
     with sf() as session:
         arts = session.execute(
             select(Article.id, Article.text, Article.published, Article.version)
             .where(Article.published.between(plan.first, plan.last))
-            .order_by(Article.published, Article.id)).all()
+            .order_by(Article.published, Article.id)
+        ).all()
     if not arts:
         raise NoArticlesError(f"no articles published in {plan.key}: import them first (`sqa import ...`)")
     if progress is not None:
@@ -283,9 +290,17 @@ def checkpoint_dir(cfg: IngestConfig, encoder: TextEncoder, plan: ShardPlan, row
     return cfg.work_dir / f"ingest-{plan.key}-{digest.hexdigest()[:16]}"
 
 
-def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPlan, cfg: IngestConfig,
-                 progress: Progress, *, job: JobHandle | None = None, finish_job: bool = False,
-                 fresh: bool = False) -> dict:
+def ingest_shard(
+    sf: sessionmaker[Session],
+    encoder: TextEncoder,
+    plan: ShardPlan,
+    cfg: IngestConfig,
+    progress: Progress,
+    *,
+    job: JobHandle | None = None,
+    finish_job: bool = False,
+    fresh: bool = False,
+) -> dict:
     """Build the plan's shard from the articles in the database and commit a new snapshot.
 
     With `job`, the shard's counts and timings go on its row; `finish_job` marks it succeeded in
@@ -311,15 +326,31 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
     with commit_lock(cfg.index_dir).hold(wait_s=600), sf() as session, session.begin():
         base = base_manifest(session, cfg.index_dir, encoder, fresh=fresh)
         # The live pieces as they are now (a publish may have landed since): their passages go in as they are.
-        live = gather_live(session, cfg.index_dir, [] if fresh else live_entries(base, plan.first, plan.last),
-                           encoder.dim)
+        live = gather_live(
+            session, cfg.index_dir, [] if fresh else live_entries(base, plan.first, plan.last), encoder.dim
+        )
         own = [i for i, r in enumerate(rows) if r[0] not in live.articles]
         rows, vectors = [rows[i] for i in own], vectors[own] if own else vectors[:0]
         tmp_build = f"tmp-{secrets.token_hex(8)}"
-        pks = session.scalars(
-            insert(Passage).returning(Passage.id, sort_by_parameter_order=True),
-            [dict(article_id=a, ordinal=o, text=t, published=p, faiss_id=-(i + 1), shard_key=plan.key,
-                  build_id=tmp_build) for i, (a, o, t, p) in enumerate(rows)]).all() if rows else []
+        pks = (
+            session.scalars(
+                insert(Passage).returning(Passage.id, sort_by_parameter_order=True),
+                [
+                    dict(
+                        article_id=a,
+                        ordinal=o,
+                        text=t,
+                        published=p,
+                        faiss_id=-(i + 1),
+                        shard_key=plan.key,
+                        build_id=tmp_build,
+                    )
+                    for i, (a, o, t, p) in enumerate(rows)
+                ],
+            ).all()
+            if rows
+            else []
+        )
         days = np.array([day_number(r[3]) for r in rows], dtype=np.int64)
         ids = make_ids(days, np.asarray(pks, dtype=np.int64))  # (n,) day << 40 | primary key
         if rows:
@@ -328,30 +359,62 @@ def ingest_shard(sf: sessionmaker[Session], encoder: TextEncoder, plan: ShardPla
         vectors = np.ascontiguousarray(np.concatenate([vectors, live.vectors]), dtype=np.float32)
         texts = [r[2] for r in rows] + live.texts
         shard = MonthShard.build(plan.key, vectors, ids, spec=cfg.shard_policy.spec_for(len(ids), encoder.dim))
-        entry = write_shard(cfg.index_dir, shard, Bm25Shard.build(plan.key, texts, ids),  # + its BM25 file
-                            encoder=encoder.name)
+        entry = write_shard(
+            cfg.index_dir,
+            shard,
+            Bm25Shard.build(plan.key, texts, ids),  # + its BM25 file
+            encoder=encoder.name,
+        )
         build = entry.build
         session.execute(update(Passage).where(Passage.build_id == tmp_build).values(build_id=build))
         reused = [int(i) for i in live.ids]
         for start in range(0, len(reused), 500):
-            session.execute(update(Passage).where(Passage.faiss_id.in_(reused[start:start + 500]))
-                            .values(build_id=build, shard_key=plan.key))
+            session.execute(
+                update(Passage)
+                .where(Passage.faiss_id.in_(reused[start : start + 500]))
+                .values(build_id=build, shard_key=plan.key)
+            )
         # The queued articles indexed here, in the version read, leave the live queue in this commit.
         done = [(a.id, a.version) for a in arts if a.id not in live.articles]
         for start in range(0, len(done), 500):
-            session.execute(delete(LiveQueueItem).where(or_(*(and_(LiveQueueItem.article_id == i,
-                                                                   LiveQueueItem.version == v)
-                                                              for i, v in done[start:start + 500]))))
+            session.execute(
+                delete(LiveQueueItem).where(
+                    or_(
+                        *(
+                            and_(LiveQueueItem.article_id == i, LiveQueueItem.version == v)
+                            for i, v in done[start : start + 500]
+                        )
+                    )
+                )
+            )
         manifest = base.with_shard(entry, drop=overlapping_keys(base, plan))
         name, sha = write_manifest(cfg.index_dir, manifest)
-        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=name,
-                                  manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
-                                  total=manifest.total, shard_keys=[e.key for e in manifest.shards], job_id=job_id))
+        session.add(
+            IndexSnapshot(
+                snapshot_id=manifest.snapshot_id,
+                manifest_file=name,
+                manifest_sha256=sha,
+                encoder=manifest.encoder,
+                dim=manifest.dim,
+                total=manifest.total,
+                shard_keys=[e.key for e in manifest.shards],
+                job_id=job_id,
+            )
+        )
         t3 = time.perf_counter()
-        counts = {"articles": len(arts), "passages": len(ids), "from_live": len(reused), "snapshot": manifest.snapshot_id,
-                  "vectors_total": manifest.total}
-        timings = {"chunk_s": round(t1 - t0, 3), "encode_s": round(t2 - t1, 3), "commit_s": round(t3 - t2, 3),
-                   "passages_per_s": round(len(ids) / max(t3 - t0, 1e-9), 2)}
+        counts = {
+            "articles": len(arts),
+            "passages": len(ids),
+            "from_live": len(reused),
+            "snapshot": manifest.snapshot_id,
+            "vectors_total": manifest.total,
+        }
+        timings = {
+            "chunk_s": round(t1 - t0, 3),
+            "encode_s": round(t2 - t1, 3),
+            "commit_s": round(t3 - t2, 3),
+            "passages_per_s": round(len(ids) / max(t3 - t0, 1e-9), 2),
+        }
         if job is not None:
             if finish_job:
                 job.succeed_in(session, counts={plan.key: counts}, timings={plan.key: timings})
@@ -384,8 +447,14 @@ def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
     """Drop passage rows and files that no kept snapshot refers to (the newest serving ones and
     every quarter-end snapshot a replay recorded)."""
     with sf() as session, session.begin():
-        rows = list(session.scalars(select(IndexSnapshot).where(IndexSnapshot.kind == "serving")
-                                    .order_by(IndexSnapshot.id.desc()).limit(cfg.keep_snapshots)))
+        rows = list(
+            session.scalars(
+                select(IndexSnapshot)
+                .where(IndexSnapshot.kind == "serving")
+                .order_by(IndexSnapshot.id.desc())
+                .limit(cfg.keep_snapshots)
+            )
+        )
         rows += session.scalars(select(IndexSnapshot).where(IndexSnapshot.kind != "serving")).all()
         manifests = []
         for row in rows:
@@ -404,8 +473,10 @@ def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
 
 # ---- the job ---------------------------------------------------------------------------------------
 
-def plans_for(session: Session, params: IngestParams, cfg: IngestConfig, encoder: TextEncoder
-              ) -> tuple[list[ShardPlan], list[str], bool]:
+
+def plans_for(
+    session: Session, params: IngestParams, cfg: IngestConfig, encoder: TextEncoder
+) -> tuple[list[ShardPlan], list[str], bool]:
     """(plans, empty months, fresh) for what the ingest was asked to do."""
     if params.month is not None:
         return [check_month_request(session, cfg.index_dir, encoder, month_key(params.month))], [], False
@@ -418,8 +489,9 @@ def plans_for(session: Session, params: IngestParams, cfg: IngestConfig, encoder
             raise InvalidInputError("nothing to rebuild: no index snapshot exists yet")
         return rebuild_plans(keys), [], True
     manifest = base_manifest(session, cfg.index_dir, encoder)
-    plans, empty = plan_through(session, manifest, month_key(params.through),
-                                month_key(params.start) if params.start else None)
+    plans, empty = plan_through(
+        session, manifest, month_key(params.through), month_key(params.start) if params.start else None
+    )
     return plans, empty, False
 
 
@@ -433,8 +505,7 @@ def ingest_work(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConf
         job.update(counts={"planned": [p.key for p in plans], "empty_months": empty})
         job.progress.rounds(len(plans))  # chunk, encode and commit once per shard
         for i, plan in enumerate(plans):
-            ingest_shard(sf, encoder, plan, cfg, job, job=job, finish_job=i == len(plans) - 1,
-                         fresh=fresh and i == 0)
+            ingest_shard(sf, encoder, plan, cfg, job, job=job, finish_job=i == len(plans) - 1, fresh=fresh and i == 0)
         if not plans:
             with sf() as session, session.begin():
                 job.succeed_in(session, "nothing to ingest: every month with articles is already indexed")
@@ -442,8 +513,15 @@ def ingest_work(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConf
     return work
 
 
-def ingest(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, params: IngestParams | dict, *,
-           runner: JobRunner | None = None, bar: bool = False) -> Job:
+def ingest(
+    sf: sessionmaker[Session],
+    encoder: TextEncoder,
+    cfg: IngestConfig,
+    params: IngestParams | dict,
+    *,
+    runner: JobRunner | None = None,
+    bar: bool = False,
+) -> Job:
     """Validate, record a job, run it here and now (the CLI's and the tests' way in). A dict is
     parsed first (`IngestParams.parse`); bad input fails before a job row exists."""
     if isinstance(params, dict):

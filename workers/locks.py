@@ -7,20 +7,21 @@ Two kinds, one interface (`hold(wait_s)`, `held()`, `busy`):
   the holder's connection ends, a killed process's included.
 `JobRunner.lock(name)` picks the advisory lock when the database is PostgreSQL.
 """
+
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import hashlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from app.services.errors import ConflictError
+from serving.errors import ConflictError
 
 POLL_S = 0.5  # how often a waiting holder tries again
 

@@ -1,4 +1,5 @@
 """Progress of long jobs: a tqdm bar for people, and the job row for the API."""
+
 from __future__ import annotations
 
 import os
@@ -8,8 +9,8 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.base import utcnow
-from app.db.tables import Job
+from store.base import utcnow
+from store.tables import Job
 
 
 class Progress(Protocol):
@@ -22,8 +23,15 @@ class JobProgress:
     """Writes stage, fraction done and a heartbeat to the job row (at most every `every_s`),
     and drives a tqdm bar on stderr when `bar` is true."""
 
-    def __init__(self, session_factory: sessionmaker[Session], job_id: int, *, bar: bool = False,
-                 every_s: float = 1.0, weights: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        job_id: int,
+        *,
+        bar: bool = False,
+        every_s: float = 1.0,
+        weights: dict[str, float] | None = None,
+    ) -> None:
         self._sf = session_factory
         self.job_id = job_id
         self._bar_enabled = bar

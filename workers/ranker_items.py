@@ -6,6 +6,7 @@ Both go to a cache file under SQA_HOME/work/estimate/, keyed by the index snapsh
 of passages and the retriever, appended as it goes, so an interrupted run resumes where it stopped and a training
 run reuses what an estimate retrieved (and the other way round).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,7 +25,7 @@ from models.candidates import RankerItem, annotate_passages, annotated
 from workers.progress import Progress
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 
 class ItemQuestion(Protocol):
@@ -69,7 +70,7 @@ class ItemCache:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         for rec in records:
@@ -84,9 +85,15 @@ def cache_path(work_dir: Path, retriever: str, snapshot_id: str, passages: int) 
     return work_dir / "estimate" / f"items-{key}.jsonl"
 
 
-def prepare_items(ctx: JobContext, questions: Sequence[ItemQuestion], passages: int,
-                  progress: Progress, *, batch: int = 32, embed: bool = True
-                  ) -> tuple[dict[str, RankerItem], np.ndarray | None]:
+def prepare_items(
+    ctx: JobContext,
+    questions: Sequence[ItemQuestion],
+    passages: int,
+    progress: Progress,
+    *,
+    batch: int = 32,
+    embed: bool = True,
+) -> tuple[dict[str, RankerItem], np.ndarray | None]:
     """Retrieve and annotate each question once (cached).
 
     Args:
@@ -111,20 +118,33 @@ def prepare_items(ctx: JobContext, questions: Sequence[ItemQuestion], passages: 
     progress.advance(len(questions) - len(todo))
     nlp = load_nlp() if todo else None
     for i in range(0, len(todo), batch):
-        chunk = todo[i:i + batch]
+        chunk = todo[i : i + batch]
         found = [service.answer(q.text, q.asked, passages, snapshot=snap, read=False).passages for q in chunk]
         bodies = [passage_body(p.text, p.published) for ps in found for p in ps]
         notes = iter(annotate_passages(nlp, bodies))
-        records = [{"qid": q.qid, "question": q.text, "asked": q.asked.isoformat(), "answers": list(q.answers),
-                    "passages": [{"score": p.score, "days_old": (q.asked - p.published).days, **next(notes)}
-                                 for p in ps]} for q, ps in zip(chunk, found)]
+        records = [
+            {
+                "qid": q.qid,
+                "question": q.text,
+                "asked": q.asked.isoformat(),
+                "answers": list(q.answers),
+                "passages": [{"score": p.score, "days_old": (q.asked - p.published).days, **next(notes)} for p in ps],
+            }
+            for q, ps in zip(chunk, found)
+        ]
         cache.add(records)
         progress.advance(len(chunk))
     items = {}
     for q in questions:
         rec = cache.records[q.qid]
-        items[q.qid] = RankerItem(q.qid, rec["question"], tuple(rec["answers"]), tuple(
-            annotated(p, rank=r, score=p["score"], days_old=p["days_old"]) for r, p in enumerate(rec["passages"])))
+        items[q.qid] = RankerItem(
+            q.qid,
+            rec["question"],
+            tuple(rec["answers"]),
+            tuple(
+                annotated(p, rank=r, score=p["score"], days_old=p["days_old"]) for r, p in enumerate(rec["passages"])
+            ),
+        )
     if not embed:
         return items, None
     vectors = encoder.encode_queries([q.text for q in questions]) if questions else np.zeros((0, encoder.dim))

@@ -3,6 +3,7 @@ the articles before it, each with the passages the index retrieves as of the que
 passage holding the answer is put in when retrieval missed it). Shared by the reader training jobs
 (workers/train.py, workers/train_ranker.py), the retriever job and `sqa estimate`.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -15,16 +16,16 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Article, Passage, Question
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
 from indexer.chunking import passage_body
 from models.readers import ReaderPassage
 from models.training import TrainExample
-from workers.bakeoff import gold_passage
+from store.tables import Article, Passage, Question
+from workers.bakeoff_gold import gold_passage
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ class _Builder:
         self.session, self.retriever, self.snapshot, self.cfg, self.counts = session, retriever, snapshot, cfg, counts
         self.rng = random.Random(cfg.seed)
 
-    def example(self, qid: str, question: str, as_of: dt.date, answers: tuple[str, ...], source: str,
-                gold_row) -> TrainExample | None:
+    def example(
+        self, qid: str, question: str, as_of: dt.date, answers: tuple[str, ...], source: str, gold_row
+    ) -> TrainExample | None:
         n = self.cfg.n_passages
         found = self.retriever.retrieve(self.session, self.snapshot, question, as_of, self.cfg.retrieve_k)
         ps = [ReaderPassage(p.title, p.text, p.published) for p in found]
@@ -75,8 +77,9 @@ class _Builder:
 
 def _self_gold_row(session: Session, url: str, answer: str, sentence: str):
     """The source article's passage that holds the self-labeled answer (and its sentence, if it can)."""
-    rows = session.scalars(select(Passage).join(Article).where(Article.url == url)
-                           .order_by(Passage.ordinal, Passage.id)).all()
+    rows = session.scalars(
+        select(Passage).join(Article).where(Article.url == url).order_by(Passage.ordinal, Passage.id)
+    ).all()
     holding = [r for r in rows if answer_in_text([answer], passage_body(r.text, r.published))]
     for r in holding:
         if sentence[:60] in r.text:
@@ -85,20 +88,32 @@ def _self_gold_row(session: Session, url: str, answer: str, sentence: str):
 
 
 def gold_questions(session: Session, first: dt.date, before: dt.date) -> tuple[list[Question], dict]:
-    rows = session.scalars(select(Question).where(Question.asked >= first, Question.asked < before)
-                           .order_by(Question.asked, Question.qid)).all()
+    rows = session.scalars(
+        select(Question).where(Question.asked >= first, Question.asked < before).order_by(Question.asked, Question.qid)
+    ).all()
     kept, left_out = generation_subset(rows)
     return kept, dict(left_out)
 
 
-def self_labeled(session: Session, first: dt.date, before: dt.date, cfg: DataConfig, *, per_article: int | None = None,
-                 max_articles: int | None = None, progress=None):
+def self_labeled(
+    session: Session,
+    first: dt.date,
+    before: dt.date,
+    cfg: DataConfig,
+    *,
+    per_article: int | None = None,
+    max_articles: int | None = None,
+    progress=None,
+):
     """Self-labeled questions from a seeded sample of the articles published in [first, before);
     `progress` gets a "self-label" stage advanced article by article (spaCy reads ~8 a second)."""
     from models.selflabel import generate_questions
 
-    ids = list(session.scalars(select(Article.id).where(Article.published >= first, Article.published < before)
-                               .order_by(Article.id)))
+    ids = list(
+        session.scalars(
+            select(Article.id).where(Article.published >= first, Article.published < before).order_by(Article.id)
+        )
+    )
     rng = random.Random(cfg.seed)
     rng.shuffle(ids)
     ids = sorted(ids[: max_articles if max_articles is not None else cfg.max_self_articles])
@@ -111,8 +126,13 @@ def self_labeled(session: Session, first: dt.date, before: dt.date, cfg: DataCon
 
     if progress:
         progress.stage("self-label", len(articles))
-    return list(generate_questions(counted(articles) if progress else articles,
-                                   max_per_article=per_article or cfg.self_per_article, seed=cfg.seed))
+    return list(
+        generate_questions(
+            counted(articles) if progress else articles,
+            max_per_article=per_article or cfg.self_per_article,
+            seed=cfg.seed,
+        )
+    )
 
 
 def asked_after(published: dt.date, rng: random.Random, last_day: dt.date, lag_days: int = 6) -> dt.date:
@@ -129,9 +149,19 @@ def indexed_start(snapshot) -> dt.date:
     return min(s[0] for s in spans)
 
 
-def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date, until: dt.date,
-                   val_from: dt.date, cfg: DataConfig, progress=None, self_from: dt.date | None = None,
-                   replay: list[TrainExample] | None = None) -> tuple[list[TrainExample], list[TrainExample], DataCounts]:
+def build_datasets(
+    session: Session,
+    retriever,
+    snapshot,
+    *,
+    train_from: dt.date,
+    until: dt.date,
+    val_from: dt.date,
+    cfg: DataConfig,
+    progress=None,
+    self_from: dt.date | None = None,
+    replay: list[TrainExample] | None = None,
+) -> tuple[list[TrainExample], list[TrainExample], DataCounts]:
     """(train, val, counts). Gold questions in [train_from, val_from) train; those in [val_from,
     until) validate; self-labeled questions from articles in [self_from or train_from, until) train.
     Without a gold question in [val_from, until), the self-labeled ones of its articles validate;
@@ -157,8 +187,14 @@ def build_datasets(session: Session, retriever, snapshot, *, train_from: dt.date
         if progress:
             progress.advance()
     for i, g in enumerate(selfq):
-        ex = b.example(f"self-{g.published}-{i}", g.question, g.published, (g.answer,), "self",
-                       lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence))
+        ex = b.example(
+            f"self-{g.published}-{i}",
+            g.question,
+            g.published,
+            (g.answer,),
+            "self",
+            lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence),
+        )
         if ex is not None:
             train.append(ex)
         if progress:

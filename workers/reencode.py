@@ -9,6 +9,7 @@ rows of the shard it replaces (`ShardEntry.rows`), and its BM25 file is the old 
 depend on the encoder). Embeddings are checkpointed per shard under the work directory, so a
 crashed or interrupted job resumes when run again; the ingest lock keeps ingests out meanwhile.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,16 +20,17 @@ from dataclasses import replace
 
 import numpy as np
 from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker, Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.tables import IndexSnapshot, Job, Passage
-from app.services.errors import InvalidInputError
-from app.services.index_state import latest_snapshot_row
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard
 from indexer.snapshot import write_shard
 from models.encoders import TextEncoder
-from workers.ingest import IngestConfig, collect_garbage, encode_with_checkpoints, ingest_lock
+from serving.errors import InvalidInputError
+from serving.index_state import latest_snapshot_row
+from store.tables import IndexSnapshot, Job, Passage
+from workers.config import IngestConfig
+from workers.ingest import collect_garbage, encode_with_checkpoints, ingest_lock
 from workers.runner import JobHandle, JobRunner
 
 log = logging.getLogger(__name__)
@@ -45,11 +47,14 @@ def serving_manifest(session: Session, cfg: IngestConfig) -> Manifest:
 
 def shard_rows(session: Session, entry) -> tuple[np.ndarray, list[str]]:
     """(faiss ids (n,) int64, passage texts) of a shard, in id order."""
-    rows = session.execute(select(Passage.faiss_id, Passage.text).where(Passage.build_id == entry.build)
-                           .order_by(Passage.faiss_id)).all()
+    rows = session.execute(
+        select(Passage.faiss_id, Passage.text).where(Passage.build_id == entry.build).order_by(Passage.faiss_id)
+    ).all()
     if len(rows) != entry.count:
-        raise InvalidInputError(f"shard {entry.key} has {entry.count} vectors but {len(rows)} passage rows; "
-                                "rebuild it with `sqa index rebuild`")
+        raise InvalidInputError(
+            f"shard {entry.key} has {entry.count} vectors but {len(rows)} passage rows; "
+            "rebuild it with `sqa index rebuild`"
+        )
     return np.array([r.faiss_id for r in rows], dtype=np.int64), [r.text for r in rows]
 
 
@@ -64,8 +69,11 @@ def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job: JobHandle) -> No
     with sf() as session, session.begin():
         old = serving_manifest(session, cfg)
         if old.encoder == encoder.name:
-            job.succeed_in(session, f"the index is already encoded with {encoder.name}",
-                           counts={"snapshot": None, "encoder": encoder.name})
+            job.succeed_in(
+                session,
+                f"the index is already encoded with {encoder.name}",
+                counts={"snapshot": None, "encoder": encoder.name},
+            )
             return
         sources = [(e, *shard_rows(session, e)) for e in old.shards]
     # encode_with_checkpoints opens an "encode" stage per shard: each shard is one round of the
@@ -87,22 +95,43 @@ def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job: JobHandle) -> No
             raise InvalidInputError("the index changed while it was being re-encoded; run the job again")
         manifest = Manifest.new(encoder.name, encoder.dim, entries)
         name, sha = write_manifest(cfg.index_dir, manifest)
-        session.add(IndexSnapshot(snapshot_id=manifest.snapshot_id, manifest_file=name,
-                                  manifest_sha256=sha, encoder=manifest.encoder, dim=manifest.dim,
-                                  total=manifest.total, shard_keys=[e.key for e in manifest.shards],
-                                  job_id=job.job_id))
-        job.succeed_in(session, counts={"snapshot": manifest.snapshot_id, "previous_snapshot": old.snapshot_id,
-                                        "encoder": encoder.name, "previous_encoder": old.encoder,
-                                        "shards": len(entries), "passages": manifest.total},
-                       timings={"encode_s": round(t1 - t0, 1),
-                                "passages_per_s": round(manifest.total / max(t1 - t0, 1e-9), 1)})
+        session.add(
+            IndexSnapshot(
+                snapshot_id=manifest.snapshot_id,
+                manifest_file=name,
+                manifest_sha256=sha,
+                encoder=manifest.encoder,
+                dim=manifest.dim,
+                total=manifest.total,
+                shard_keys=[e.key for e in manifest.shards],
+                job_id=job.job_id,
+            )
+        )
+        job.succeed_in(
+            session,
+            counts={
+                "snapshot": manifest.snapshot_id,
+                "previous_snapshot": old.snapshot_id,
+                "encoder": encoder.name,
+                "previous_encoder": old.encoder,
+                "shards": len(entries),
+                "passages": manifest.total,
+            },
+            timings={"encode_s": round(t1 - t0, 1), "passages_per_s": round(manifest.total / max(t1 - t0, 1e-9), 1)},
+        )
     for work in works:
         shutil.rmtree(work, ignore_errors=True)
     collect_garbage(sf, cfg)
 
 
-def reencode(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig, *,
-             runner: JobRunner | None = None, bar: bool = False) -> Job:
+def reencode(
+    sf: sessionmaker[Session],
+    encoder: TextEncoder,
+    cfg: IngestConfig,
+    *,
+    runner: JobRunner | None = None,
+    bar: bool = False,
+) -> Job:
     """Validate, record a job, run it here and now (the CLI's and the tests' way in)."""
     with sf() as session:
         serving_manifest(session, cfg)  # bad input fails before a job row exists

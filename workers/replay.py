@@ -11,6 +11,7 @@ With index-only updates (one reader for every state), a state newer than the que
 sees exactly what the question-quarter state sees (nothing published after the question's date
 reaches the reader), so +1Q equals 0Q by construction; those cells are copied, not recomputed.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -20,14 +21,15 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.tables import IndexSnapshot
-from app.services.answering import AnswerService
-from app.services.index_state import LoadedSnapshot, latest_snapshot_row
 from evaluation.temporal import quarter_bounds, quarter_of, quarter_range
 from indexer.dates import parse_month
 from indexer.manifest import Manifest, read_manifest, write_manifest
-from workers.evaluate import EvalConfig, complete_run, find_or_create_run
-from workers.ingest import IngestConfig, IngestParams, ingest, plans_for
+from serving.answering import AnswerService
+from serving.index_state import LoadedSnapshot, latest_snapshot_row
+from store.tables import IndexSnapshot
+from workers.config import EvalConfig, IngestConfig
+from workers.evaluate import complete_run, find_or_create_run
+from workers.ingest import IngestParams, ingest, plans_for
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +66,9 @@ def record_quarter_states(sf: sessionmaker[Session], index_dir, quarters: list[s
                 log.warning("no indexed passages end by %s: the %s state is empty and is skipped", end, q)
                 continue
             files = sorted(e.file for e in shards)
-            for row in session.scalars(select(IndexSnapshot).where(IndexSnapshot.kind == "quarter",
-                                                                   IndexSnapshot.label == q)):
+            for row in session.scalars(
+                select(IndexSnapshot).where(IndexSnapshot.kind == "quarter", IndexSnapshot.label == q)
+            ):
                 old = read_manifest(index_dir, row.manifest_file, expected_sha256=row.manifest_sha256)
                 if sorted(e.file for e in old.shards) == files:
                     out[q] = row.id
@@ -73,17 +76,35 @@ def record_quarter_states(sf: sessionmaker[Session], index_dir, quarters: list[s
             else:
                 state = Manifest.new(encoder=manifest.encoder, dim=manifest.dim, shards=shards)
                 name, sha = write_manifest(index_dir, state)
-                row = IndexSnapshot(snapshot_id=state.snapshot_id, manifest_file=name,
-                                    manifest_sha256=sha, encoder=state.encoder, dim=state.dim, total=state.total,
-                                    shard_keys=[e.key for e in state.shards], kind="quarter", label=q)
+                row = IndexSnapshot(
+                    snapshot_id=state.snapshot_id,
+                    manifest_file=name,
+                    manifest_sha256=sha,
+                    encoder=state.encoder,
+                    dim=state.dim,
+                    total=state.total,
+                    shard_keys=[e.key for e in state.shards],
+                    kind="quarter",
+                    label=q,
+                )
                 session.add(row)
                 session.flush()
                 out[q] = row.id
     return out
 
 
-def run_replay(sf: sessionmaker[Session], service: AnswerService, ingest_cfg: IngestConfig, plan: ReplayPlan,
-               cfg: EvalConfig, reports_dir, *, job_id: int | None = None, progress=None, bar: bool = False) -> int:
+def run_replay(
+    sf: sessionmaker[Session],
+    service: AnswerService,
+    ingest_cfg: IngestConfig,
+    plan: ReplayPlan,
+    cfg: EvalConfig,
+    reports_dir,
+    *,
+    job_id: int | None = None,
+    progress=None,
+    bar: bool = False,
+) -> int:
     """Ingest through the last month, record quarter-end states, evaluate the grid. Returns the run id."""
     encoder = service.retriever.encoder
     stream = IngestParams(through=parse_month(plan.last_month), start=parse_month(plan.first_month))
@@ -97,10 +118,25 @@ def run_replay(sf: sessionmaker[Session], service: AnswerService, ingest_cfg: In
     with sf() as session:
         for q, row_id in state_rows.items():
             states[q] = service.index_state.open(session.get(IndexSnapshot, row_id))
-    params = {"from": plan.first_month, "to": plan.last_month, "reader": service.reader.name,
-              "encoder": encoder.name, "top_k": cfg.top_k, "reader_passages": cfg.reader_passages,
-              "max_questions": cfg.max_questions, "seed": cfg.seed,
-              "states": {q: s.snapshot_id for q, s in states.items()}}
+    params = {
+        "from": plan.first_month,
+        "to": plan.last_month,
+        "reader": service.reader.name,
+        "encoder": encoder.name,
+        "top_k": cfg.top_k,
+        "reader_passages": cfg.reader_passages,
+        "max_questions": cfg.max_questions,
+        "seed": cfg.seed,
+        "states": {q: s.snapshot_id for q, s in states.items()},
+    }
     run_id = find_or_create_run(sf, "replay", params, job_id)
-    return complete_run(sf, service, run_id, {t: states for t in plan.test_quarters}, cfg, reports_dir,
-                        f"Replay {plan.first_month}..{plan.last_month}", progress=progress)
+    return complete_run(
+        sf,
+        service,
+        run_id,
+        {t: states for t in plan.test_quarters},
+        cfg,
+        reports_dir,
+        f"Replay {plan.first_month}..{plan.last_month}",
+        progress=progress,
+    )

@@ -12,23 +12,25 @@ A job that holds a lock also marks interrupted the "running" rows of its kind le
 died (holding the lock proves nobody else runs them); `recover` does the same at start-up for every
 kind whose lock is free.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.base import utcnow
-from app.db.tables import Job
-from app.services.errors import ConflictError
+from serving.errors import ConflictError
+from store.base import utcnow
+from store.tables import Job
 from workers.locks import AdvisoryLock, JobLock
 from workers.progress import JobProgress
 
@@ -51,9 +53,17 @@ STALE_ERROR = "the process running this job stopped before it finished; run it a
 
 def job_dict(job: Job, *, skipped: bool = False) -> dict:
     """A scheduled job's outcome: job_id, kind, period, state, skipped, message, counts, timings, error."""
-    return {"job_id": job.id, "kind": job.kind, "period": (job.params or {}).get("period"), "state": job.state,
-            "skipped": skipped, "message": job.message, "counts": dict(job.counts or {}),
-            "timings": dict(job.timings or {}), "error": job.error}
+    return {
+        "job_id": job.id,
+        "kind": job.kind,
+        "period": (job.params or {}).get("period"),
+        "state": job.state,
+        "skipped": skipped,
+        "message": job.message,
+        "counts": dict(job.counts or {}),
+        "timings": dict(job.timings or {}),
+        "error": job.error,
+    }
 
 
 def _merge(old: dict | None, new: Mapping | None) -> dict:
@@ -75,14 +85,27 @@ class JobHandle:
     def advance(self, n: int = 1) -> None:
         self.progress.advance(n)
 
-    def update(self, *, progress: float | None = None, message: str | None = None,
-               counts: Mapping | None = None, timings: Mapping | None = None) -> None:
+    def update(
+        self,
+        *,
+        progress: float | None = None,
+        message: str | None = None,
+        counts: Mapping | None = None,
+        timings: Mapping | None = None,
+    ) -> None:
         """Merge counts and timings into the row, set progress and message, beat the heartbeat."""
         with self._sessions() as session, session.begin():
             self.update_in(session, progress=progress, message=message, counts=counts, timings=timings)
 
-    def update_in(self, session: Session, *, progress: float | None = None, message: str | None = None,
-                  counts: Mapping | None = None, timings: Mapping | None = None) -> Job:
+    def update_in(
+        self,
+        session: Session,
+        *,
+        progress: float | None = None,
+        message: str | None = None,
+        counts: Mapping | None = None,
+        timings: Mapping | None = None,
+    ) -> Job:
         """`update` inside the caller's transaction."""
         job = session.get(Job, self.job_id)
         if progress is not None:
@@ -96,8 +119,9 @@ class JobHandle:
         job.heartbeat_at = utcnow()
         return job
 
-    def succeed_in(self, session: Session, message: str = "done", *, counts: Mapping | None = None,
-                   timings: Mapping | None = None) -> None:
+    def succeed_in(
+        self, session: Session, message: str = "done", *, counts: Mapping | None = None, timings: Mapping | None = None
+    ) -> None:
         """Mark the job succeeded inside the caller's transaction, with what it committed there."""
         job = self.update_in(session, progress=1.0, message=message, counts=counts, timings=timings)
         job.state, job.error, job.finished_at = JobState.SUCCEEDED, None, utcnow()
@@ -144,8 +168,15 @@ class JobRunner:
     def create(self, kind: str, params: Mapping[str, Any]) -> int:
         """A queued job row; returns its id."""
         with self.sessions() as session, session.begin():
-            job = Job(kind=kind, params=dict(params), state=JobState.QUEUED, progress=0.0, message="queued",
-                      counts={}, timings={})
+            job = Job(
+                kind=kind,
+                params=dict(params),
+                state=JobState.QUEUED,
+                progress=0.0,
+                message="queued",
+                counts={},
+                timings={},
+            )
             session.add(job)
             session.flush()
             return job.id
@@ -158,8 +189,18 @@ class JobRunner:
         """Record that a period was already done (a row in state skipped) and return it as a dict."""
         with self.sessions() as session, session.begin():
             now = utcnow()
-            job = Job(kind=kind, params=dict(params), state=JobState.SKIPPED, progress=1.0, message=message,
-                      counts=dict(counts or {}), timings={}, pid=os.getpid(), started_at=now, finished_at=now)
+            job = Job(
+                kind=kind,
+                params=dict(params),
+                state=JobState.SKIPPED,
+                progress=1.0,
+                message=message,
+                counts=dict(counts or {}),
+                timings={},
+                pid=os.getpid(),
+                started_at=now,
+                finished_at=now,
+            )
             session.add(job)
             session.flush()
             log.info("%s %s skipped: %s", kind, dict(params), message)
@@ -212,9 +253,17 @@ class JobRunner:
 
     # ---- running -----------------------------------------------------------------------------------
 
-    def run(self, job_id: int, work: Work[T], *, lock: JobLock | None = None, weights: Mapping[str, float] | None = None,
-            bar: bool | None = None, result_key: str | None = None,
-            message: Callable[[T], str] | str = "done") -> T:
+    def run(
+        self,
+        job_id: int,
+        work: Work[T],
+        *,
+        lock: JobLock | None = None,
+        weights: Mapping[str, float] | None = None,
+        bar: bool | None = None,
+        result_key: str | None = None,
+        message: Callable[[T], str] | str = "done",
+    ) -> T:
         """Run `work(handle)` for a queued job to the end and return what it returns.
 
         With `lock`, the job holds it while it runs (ConflictError, and a failed row, when another
@@ -240,16 +289,25 @@ class JobRunner:
             raise
         finally:
             progress.close()
-        self._succeed(job_id, message(result) if callable(message) else message, result_key, result,
-                      time.perf_counter() - t0)
+        self._succeed(
+            job_id, message(result) if callable(message) else message, result_key, result, time.perf_counter() - t0
+        )
         return result
 
     def run_new(self, kind: str, params: Mapping[str, Any], work: Work[T], **options: Any) -> T:
         """Create the row and run it here and now (the CLI's way, and the tests')."""
         return self.run(self.create(kind, params), work, **options)
 
-    def run_period(self, kind: str, period: str, work: Work[str], *, lock: JobLock | AdvisoryLock,
-                   done: Callable[[Session], tuple[str, dict] | None] | None = None, wait_s: float = 0.0) -> dict:
+    def run_period(
+        self,
+        kind: str,
+        period: str,
+        work: Work[str],
+        *,
+        lock: JobLock | AdvisoryLock,
+        done: Callable[[Session], tuple[str, dict] | None] | None = None,
+        wait_s: float = 0.0,
+    ) -> dict:
         """A scheduled job's run for one period, once: a period a succeeded job (or `done`) already
         covers is recorded as skipped. Returns the job as a dict (`job_dict`).
 
@@ -259,11 +317,25 @@ class JobRunner:
         with lock.hold(wait_s):
             self.interrupt_stale([kind])
             with self.sessions() as session:
-                done_by = next((job_id for job_id, params in session.execute(
-                    select(Job.id, Job.params).where(Job.kind == kind, Job.state == JobState.SUCCEEDED)
-                    .order_by(Job.id.desc())) if (params or {}).get("period") == period), None)
-                outcome = ((f"{period} already done by job {done_by}; nothing to do", {"done_by_job": done_by})
-                           if done_by is not None else done(session) if done else None)
+                done_by = next(
+                    (
+                        job_id
+                        for job_id, params in session.execute(
+                            select(Job.id, Job.params)
+                            .where(Job.kind == kind, Job.state == JobState.SUCCEEDED)
+                            .order_by(Job.id.desc())
+                        )
+                        if (params or {}).get("period") == period
+                    ),
+                    None,
+                )
+                outcome = (
+                    (f"{period} already done by job {done_by}; nothing to do", {"done_by_job": done_by})
+                    if done_by is not None
+                    else done(session)
+                    if done
+                    else None
+                )
             if outcome is not None:
                 return self.skip(kind, {"period": period}, *outcome)
             job_id = self.create(kind, {"period": period})
@@ -282,9 +354,15 @@ class JobRunner:
         with self._slots_guard:
             return self._slots.setdefault(name, _Slot(threading.Lock()))
 
-    def spawn(self, slot: str, fn: Callable[[], Any], *, busy: Callable[[], bool] = lambda: False,
-              conflict: str = "a job of this kind is already running; poll GET /admin/jobs and try again when it ends",
-              create: Callable[[], int] | None = None) -> int | None:
+    def spawn(
+        self,
+        slot: str,
+        fn: Callable[[], Any],
+        *,
+        busy: Callable[[], bool] = lambda: False,
+        conflict: str = "a job of this kind is already running; poll GET /admin/jobs and try again when it ends",
+        create: Callable[[], int] | None = None,
+    ) -> int | None:
         """Run `fn()` on a daemon thread, one at a time per slot in this process; ConflictError (409)
         while the slot's thread lives or `busy()` says another process holds the work's lock.
         `create` makes the job row under the slot's guard (its id is returned and passed to nobody)."""
@@ -304,8 +382,18 @@ class JobRunner:
             s.thread.start()
         return job_id
 
-    def submit(self, kind: str, params: Mapping[str, Any], work: Work[Any], *, slot: str, lock: JobLock | None = None,
-               conflict: str | None = None, after: Callable[[], None] | None = None, **options: Any) -> int:
+    def submit(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        work: Work[Any],
+        *,
+        slot: str,
+        lock: JobLock | None = None,
+        conflict: str | None = None,
+        after: Callable[[], None] | None = None,
+        **options: Any,
+    ) -> int:
         """Create a queued job and run it on a background thread (see `spawn`); `after()` runs once
         it succeeded (the server serves the new snapshot or reader). Returns the job id."""
         ids: list[int] = []
@@ -322,10 +410,14 @@ class JobRunner:
             ids.append(self.create(kind, params))
             return ids[0]
 
-        return self.spawn(slot, fn, busy=lock.held if lock is not None else (lambda: False),
-                          conflict=conflict or (lock.busy if lock is not None else
-                                                f"a {kind} job is already running; poll GET /admin/jobs"),
-                          create=create)
+        return self.spawn(
+            slot,
+            fn,
+            busy=lock.held if lock is not None else (lambda: False),
+            conflict=conflict
+            or (lock.busy if lock is not None else f"a {kind} job is already running; poll GET /admin/jobs"),
+            create=create,
+        )
 
     def wait_all(self, timeout: float | None = None) -> list[str]:
         """Wait for every slot's background thread, `timeout` seconds in all (tests, shutdown);

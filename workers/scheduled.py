@@ -7,46 +7,53 @@ job already succeeded is skipped, and the skip is recorded as a job row in state
 or interrupted period runs again. One job of a kind runs at a time per SQA_HOME (the runner's
 named lock, released if the process dies).
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Article, EvalRun
-from app.services.errors import InvalidInputError, NoArticlesError
+from evaluation.temporal import quarter_index
 from indexer.dates import month_end, month_key, month_start, parse_month
 from indexer.importers import read_articles_jsonl, read_realtimeqa
 from indexer.jsonl import keep_longest
 from indexer.records import ArticleRecord, ImportReport, QuestionRecord
+from serving.errors import InvalidInputError, NoArticlesError
+from store.tables import Article, EvalRun
 from workers.imports import store_records
-from evaluation.temporal import quarter_index
 from workers.ingest import IngestParams, ingest
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 log = logging.getLogger(__name__)
 
 MONTHLY_INGEST = "monthly-ingest"
 QUARTERLY_EVALUATION = "quarterly-evaluation"
 NO_ACTIVE_READER = "no trained reader is active: run `sqa train reader --until YYYY-MM-DD` first"
-RANKER_REFIT = ("the active reader is a ranker, which is refitted rather than fine-tuned: run "
-                "`sqa train reader --kind ranker --until YYYY-MM-DD --activate`")
-NO_EVALUATION = ("the on-drift policy predicts from evaluated quarters, and {name} has none yet: run `sqa evaluate "
-                 "--quarter YYYYQn` with it serving")
+RANKER_REFIT = (
+    "the active reader is a ranker, which is refitted rather than fine-tuned: run "
+    "`sqa train reader --kind ranker --until YYYY-MM-DD --activate`"
+)
+NO_EVALUATION = (
+    "the on-drift policy predicts from evaluated quarters, and {name} has none yet: run `sqa evaluate "
+    "--quarter YYYYQn` with it serving"
+)
 
 
 # ---- periods ---------------------------------------------------------------------------------------
 
+
 def today_utc() -> dt.date:
-    return dt.datetime.now(dt.timezone.utc).date()
+    return dt.datetime.now(dt.UTC).date()
 
 
 def previous_month(today: dt.date) -> str:
@@ -81,8 +88,10 @@ def normalize_period(kind: str, period: str) -> str:
 
 # ---- the monthly ingest ----------------------------------------------------------------------------
 
-def read_news_source(source: str, first: dt.date, last: dt.date
-                     ) -> tuple[list[ArticleRecord], list[QuestionRecord], ImportReport]:
+
+def read_news_source(
+    source: str, first: dt.date, last: dt.date
+) -> tuple[list[ArticleRecord], list[QuestionRecord], ImportReport]:
     """Articles (and questions) published in [first, last] from SQA_NEWS_SOURCE; '' reads nothing."""
     if not source.strip():
         return [], [], ImportReport()
@@ -95,21 +104,24 @@ def read_news_source(source: str, first: dt.date, last: dt.date
             raise FileNotFoundError(f"the news inbox {path} is not a directory (SQA_NEWS_SOURCE={source})")
         report = ImportReport()
         merged: dict[str, ArticleRecord] = {}
-        files = sorted(p for p in path.iterdir()
-                       if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz")))
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz"))
+        )
         for file in files:
             records, _ = read_articles_jsonl(file, since=first, until=last, report=report, source="inbox")
             for record in records:  # the same url in two files: the longest text wins
                 keep_longest(merged, record, report)
         return sorted(merged.values(), key=lambda a: (a.published, a.url)), [], report
-    raise InvalidInputError(f"SQA_NEWS_SOURCE={source!r} is not understood (use realtimeqa:PATH, inbox:PATH, "
-                            "or leave it empty to index what is already imported)")
+    raise InvalidInputError(
+        f"SQA_NEWS_SOURCE={source!r} is not understood (use realtimeqa:PATH, inbox:PATH, "
+        "or leave it empty to index what is already imported)"
+    )
 
 
 def _finetune(ctx: JobContext, month: str, ingested: dict | None) -> dict:
     """Apply SQA_FINETUNE_POLICY after a month was ingested: `always` fine-tunes the active reader
     on the month (as its own job, which activates the new version)."""
-    from app.services.reader_registry import READER_TRAINING_LOCK, active_version
+    from serving.reader_registry import READER_TRAINING_LOCK, active_version
 
     policy = ctx.finetune_policy
     if policy == "never":
@@ -132,8 +144,12 @@ def _finetune(ctx: JobContext, month: str, ingested: dict | None) -> dict:
 
     job_id = ctx.runner.create("finetune", {"month": month})
     try:
-        version = ctx.runner.run(job_id, lambda handle: run_finetune_job(ctx, handle, month=month),
-                                 lock=ctx.runner.lock(READER_TRAINING_LOCK), message=lambda v: f"version {v}")
+        version = ctx.runner.run(
+            job_id,
+            lambda handle: run_finetune_job(ctx, handle, month=month),
+            lock=ctx.runner.lock(READER_TRAINING_LOCK),
+            message=lambda v: f"version {v}",
+        )
     except Exception as exc:  # the month stays ingested; the failure is on the finetune job's row
         log.error("fine-tuning on %s failed (job %d): %s", month, job_id, exc)
         return {"policy": policy, "ran": True, "job_id": job_id, "error": str(exc)}
@@ -153,10 +169,10 @@ def _auto_train(ctx: JobContext, first: dt.date, ingested: dict | None) -> dict:
 def drift_decision(ctx: JobContext, session: Session, active, month: str) -> dict:
     """on-drift: fine-tune when the predicted F1 drop of the new month exceeds SQA_DRIFT_DROP_THRESHOLD.
 
-    The regression is fitted on the active version's own evaluated months (workers/transport.py);
+    The regression is fitted on the active version's own evaluated months (workers/version_transport.py);
     a version never evaluated has nothing to predict from, so it is not fine-tuned (say so).
     """
-    from workers.transport import month_scores, predicted_drop, profile_loader
+    from workers.version_transport import month_scores, predicted_drop, profile_loader
 
     name = f"{active.kind}:{active.version}"
     scores = {v: sc for v, sc in month_scores(session).items() if v.split(" @ ")[0] == name}
@@ -164,15 +180,17 @@ def drift_decision(ctx: JobContext, session: Session, active, month: str) -> dic
         return {"finetune": False, "reason": NO_EVALUATION.format(name=name)}
     version = max(scores, key=lambda v: sum(m.n for m in scores[v].values()))  # the most evaluated encoder
     try:
-        p = predicted_drop(scores[version], profile_loader(session, ctx.transport), month,
-                           measure=ctx.drift_measure)
+        p = predicted_drop(scores[version], profile_loader(session, ctx.transport), month, measure=ctx.drift_measure)
     except ValueError as exc:
         return {"finetune": False, "reason": f"no drift prediction: {exc}"}
     threshold = ctx.drift_drop_threshold
     verdict = "exceeds" if p["predicted_drop"] > threshold else "is within"
-    return {"finetune": p["predicted_drop"] > threshold, "prediction": p,
-            "reason": f"predicted F1 drop {p['predicted_drop']:.2f} {verdict} the threshold {threshold:.2f} "
-                      f"({ctx.drift_measure} drift {p['drift']:.4f} from {p['source']})"}
+    return {
+        "finetune": p["predicted_drop"] > threshold,
+        "prediction": p,
+        "reason": f"predicted F1 drop {p['predicted_drop']:.2f} {verdict} the threshold {threshold:.2f} "
+        f"({ctx.drift_measure} drift {p['drift']:.4f} from {p['source']})",
+    }
 
 
 def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
@@ -183,15 +201,25 @@ def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
     run.update(progress=0.02, message=f"importing {month} from {source}")
     articles, questions, report = read_news_source(ctx.news_source, first, last)
     stored = store_records(ctx.sessions, articles, questions)
-    imported = {"source": ctx.news_source,
-                "articles": {"inserted": stored.articles.inserted, "updated": stored.articles.updated,
-                             "unchanged": stored.articles.unchanged},
-                "questions": {"inserted": stored.questions.inserted, "updated": stored.questions.updated,
-                              "unchanged": stored.questions.unchanged},
-                "skipped": report.skipped_total, "out_of_range": report.out_of_range}
+    imported = {
+        "source": ctx.news_source,
+        "articles": {
+            "inserted": stored.articles.inserted,
+            "updated": stored.articles.updated,
+            "unchanged": stored.articles.unchanged,
+        },
+        "questions": {
+            "inserted": stored.questions.inserted,
+            "updated": stored.questions.updated,
+            "unchanged": stored.questions.unchanged,
+        },
+        "skipped": report.skipped_total,
+        "out_of_range": report.out_of_range,
+    }
     t1 = time.perf_counter()
-    run.update(progress=0.1, message=f"ingesting {month}", counts={"import": imported},
-               timings={"import_s": round(t1 - t0, 3)})
+    run.update(
+        progress=0.1, message=f"ingesting {month}", counts={"import": imported}, timings={"import_s": round(t1 - t0, 3)}
+    )
 
     with ctx.sessions() as session:
         any_article = session.scalar(select(Article.id).where(Article.published.between(first, last)).limit(1))
@@ -211,8 +239,10 @@ def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
         counts["note"] = "no articles"
         message = f"no articles published in {month}: nothing to index"
     else:
-        message = (f"ingested {month}: {ingested.get('articles', 0)} articles, "
-                   f"{ingested.get('passages', 0)} passages (ingest job {ingested['job_id']})")
+        message = (
+            f"ingested {month}: {ingested.get('articles', 0)} articles, "
+            f"{ingested.get('passages', 0)} passages (ingest job {ingested['job_id']})"
+        )
     run.update(counts=counts, timings={"ingest_s": round(t2 - t1, 3)})
     return message
 
@@ -228,17 +258,25 @@ def monthly_ingest(ctx: JobContext, month: str | None = None, *, wait_s: float =
         The job as a dict; `skipped` is true when the month had already succeeded.
     """
     period = normalize_period(MONTHLY_INGEST, month) if month else previous_month(today_utc())
-    return ctx.runner.run_period(MONTHLY_INGEST, period, lambda run: _ingest_month(ctx, run, period),
-                                 lock=ctx.runner.lock(MONTHLY_INGEST), wait_s=wait_s)
+    return ctx.runner.run_period(
+        MONTHLY_INGEST,
+        period,
+        lambda run: _ingest_month(ctx, run, period),
+        lock=ctx.runner.lock(MONTHLY_INGEST),
+        wait_s=wait_s,
+    )
 
 
 # ---- the quarterly evaluation ----------------------------------------------------------------------
 
+
 def _quarter_evaluated(session: Session, quarter: str) -> tuple[str, dict] | None:
     """A succeeded quarterly EvalRun of this quarter (from this job or from the CLI) counts as done."""
-    rows = session.execute(select(EvalRun.id, EvalRun.params)
-                           .where(EvalRun.kind == "quarterly", EvalRun.state == "succeeded")
-                           .order_by(EvalRun.id.desc()))
+    rows = session.execute(
+        select(EvalRun.id, EvalRun.params)
+        .where(EvalRun.kind == "quarterly", EvalRun.state == "succeeded")
+        .order_by(EvalRun.id.desc())
+    )
     run_id = next((i for i, params in rows if (params or {}).get("quarter") == quarter), None)
     if run_id is None:
         return None
@@ -271,9 +309,14 @@ def quarterly_evaluation(ctx: JobContext, quarter: str | None = None, *, wait_s:
         The job as a dict; `skipped` is true when the quarter was already evaluated.
     """
     period = normalize_period(QUARTERLY_EVALUATION, quarter) if quarter else previous_quarter(today_utc())
-    return ctx.runner.run_period(QUARTERLY_EVALUATION, period, lambda run: _evaluate_quarter(ctx, run, period),
-                                 lock=ctx.runner.lock(QUARTERLY_EVALUATION),
-                                 done=lambda session: _quarter_evaluated(session, period), wait_s=wait_s)
+    return ctx.runner.run_period(
+        QUARTERLY_EVALUATION,
+        period,
+        lambda run: _evaluate_quarter(ctx, run, period),
+        lock=ctx.runner.lock(QUARTERLY_EVALUATION),
+        done=lambda session: _quarter_evaluated(session, period),
+        wait_s=wait_s,
+    )
 
 
 JOBS: dict[str, Callable[..., dict]] = {MONTHLY_INGEST: monthly_ingest, QUARTERLY_EVALUATION: quarterly_evaluation}

@@ -2,22 +2,23 @@
 
 Jobs are stored by textual reference ("app.bootstrap:scheduled_monthly_ingest": the entry-point
 function that builds the job's context from the settings, then runs workers.scheduled's job) so
-the job store can persist them, with stable ids. Defaults: coalesce (several missed runs run once), one instance at a time,
-and a misfire grace of SQA_MISFIRE_GRACE_S (APScheduler's default of 1 s would silently drop a run
+the job store can persist them, with stable ids. Defaults: coalesce (several missed runs run once), one instance
+at a time, and a misfire grace of SQA_MISFIRE_GRACE_S (APScheduler's default of 1 s would silently drop a run
 missed while the worker restarted).
 
 Never started inside the web server: several web workers would each start one. The API only reads
 the job store (`scheduled_jobs`) and runs job functions directly (`trigger_now`).
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.job import Job as ScheduledJob
@@ -29,22 +30,12 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
-from app.services.errors import InvalidInputError, NotFoundError
+from serving.errors import InvalidInputError, NotFoundError
 from workers import scheduled as jobs
+from workers.config import SchedulerConfig
 
 log = logging.getLogger(__name__)
-utc = dt.timezone.utc
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """The scheduler's settings: its job store's database, the crons (SQA_INGEST_CRON,
-    SQA_EVAL_CRON) and SQA_MISFIRE_GRACE_S."""
-
-    db_url: str
-    ingest_cron: str = "0 2 1 * *"
-    eval_cron: str = "0 4 2 1,4,7,10 *"
-    misfire_grace_s: int = 21600
+utc = dt.UTC
 
 
 @dataclass(frozen=True)
@@ -58,10 +49,20 @@ class JobSpec:
 
 def job_specs(cfg: SchedulerConfig) -> list[JobSpec]:
     return [
-        JobSpec(jobs.MONTHLY_INGEST, "app.bootstrap:scheduled_monthly_ingest", "monthly ingest of the month just ended",
-                cfg.ingest_cron, "SQA_INGEST_CRON"),
-        JobSpec(jobs.QUARTERLY_EVALUATION, "app.bootstrap:scheduled_quarterly_evaluation",
-                "quarterly evaluation of the quarter just ended", cfg.eval_cron, "SQA_EVAL_CRON"),
+        JobSpec(
+            jobs.MONTHLY_INGEST,
+            "app.bootstrap:scheduled_monthly_ingest",
+            "monthly ingest of the month just ended",
+            cfg.ingest_cron,
+            "SQA_INGEST_CRON",
+        ),
+        JobSpec(
+            jobs.QUARTERLY_EVALUATION,
+            "app.bootstrap:scheduled_quarterly_evaluation",
+            "quarterly evaluation of the quarter just ended",
+            cfg.eval_cron,
+            "SQA_EVAL_CRON",
+        ),
     ]
 
 
@@ -69,8 +70,10 @@ def _trigger(spec: JobSpec) -> CronTrigger:
     try:
         return CronTrigger.from_crontab(spec.cron, timezone=utc)
     except ValueError as exc:
-        raise InvalidInputError(f"{spec.setting}={spec.cron!r} is not a cron expression "
-                                f"(minute hour day month weekday, e.g. '0 2 1 * *'): {exc}") from None
+        raise InvalidInputError(
+            f"{spec.setting}={spec.cron!r} is not a cron expression "
+            f"(minute hour day month weekday, e.g. '0 2 1 * *'): {exc}"
+        ) from None
 
 
 def _job_store(cfg: SchedulerConfig) -> SQLAlchemyJobStore:
@@ -98,8 +101,11 @@ class WorkerScheduler(BackgroundScheduler):
 def _read_store(cfg: SchedulerConfig, read: Callable[[SQLAlchemyJobStore], object], default: object) -> object:
     """Read the job store without a running scheduler (nothing can run); `default` if it has no table."""
     url = make_url(cfg.db_url)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-            and not Path(url.database).exists():
+    if (
+        url.get_backend_name() == "sqlite"
+        and url.database not in (None, "", ":memory:")
+        and not Path(url.database).exists()
+    ):
         return default  # no worker and no server has run yet; don't create the file
     store = _job_store(cfg)
     try:
@@ -129,8 +135,13 @@ def _stored(cfg: SchedulerConfig, ids: list[str]) -> dict[str, ScheduledJob]:
 
 def _log_event(event: JobExecutionEvent) -> None:
     if event.code == EVENT_JOB_MISSED:
-        log.warning("job %s: the run due at %s was missed by more than SQA_MISFIRE_GRACE_S; run it by hand with "
-                    "POST /admin/schedule/%s/run", event.job_id, event.scheduled_run_time, event.job_id)
+        log.warning(
+            "job %s: the run due at %s was missed by more than SQA_MISFIRE_GRACE_S; run it by hand with "
+            "POST /admin/schedule/%s/run",
+            event.job_id,
+            event.scheduled_run_time,
+            event.job_id,
+        )
     elif event.code == EVENT_JOB_ERROR:
         log.error("job %s (due %s) failed: %s", event.job_id, event.scheduled_run_time, event.exception)
 
@@ -145,8 +156,10 @@ def build_scheduler(cfg: SchedulerConfig, *, scheduler_cls: type[BaseScheduler] 
     paused in the store stays paused.
     """
     scheduler = scheduler_cls(
-        jobstores={"default": _job_store(cfg)}, timezone=utc,
-        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": cfg.misfire_grace_s})
+        jobstores={"default": _job_store(cfg)},
+        timezone=utc,
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": cfg.misfire_grace_s},
+    )
     specs = job_specs(cfg)
     triggers = {spec.id: _trigger(spec) for spec in specs}  # bad crons fail before anything is stored
     stored = _stored(cfg, [spec.id for spec in specs])
@@ -170,9 +183,12 @@ def scheduled_jobs(cfg: SchedulerConfig) -> list[dict]:
     Reads the job store alone; no scheduler is started, so nothing runs. Empty until a worker has
     started once.
     """
+
     def read(store: SQLAlchemyJobStore) -> list[dict]:
-        return [{"id": j.id, "name": j.name, "trigger": str(j.trigger), "next_run_time": _iso(j.next_run_time)}
-                for j in store.get_all_jobs()]
+        return [
+            {"id": j.id, "name": j.name, "trigger": str(j.trigger), "next_run_time": _iso(j.next_run_time)}
+            for j in store.get_all_jobs()
+        ]
 
     return _read_store(cfg, read, [])  # type: ignore[return-value]
 
@@ -204,8 +220,10 @@ def run_worker(cfg: SchedulerConfig, services: list | None = None) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("%s received: stopping once the running job (if any) ends; send it again to stop at once",
-                 signal.Signals(signum).name)
+        log.info(
+            "%s received: stopping once the running job (if any) ends; send it again to stop at once",
+            signal.Signals(signum).name,
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         stop.set()

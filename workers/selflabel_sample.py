@@ -3,6 +3,7 @@
 The generator itself (`models.selflabel`) takes any articles; this job picks them from the
 database.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -11,13 +12,20 @@ import random
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.tables import Article
 from indexer.dates import next_month, parse_month
 from models.selflabel import ArticleText, GeneratedQuestion, GenerationStats, generate_questions
+from store.tables import Article
 
 
-def sample_from_database(session: Session, *, until: dt.date | None = None, month: str | None = None, n: int = 30,
-                         seed: int = 0, max_articles: int = 200) -> tuple[list[GeneratedQuestion], GenerationStats]:
+def sample_from_database(
+    session: Session,
+    *,
+    until: dt.date | None = None,
+    month: str | None = None,
+    n: int = 30,
+    seed: int = 0,
+    max_articles: int = 200,
+) -> tuple[list[GeneratedQuestion], GenerationStats]:
     """n random questions from max_articles random articles published before `until` or in `month`
     ("YYYY-MM"), for inspection; the same seed gives the same sample. Returns (questions by date, stats)."""
     if until is not None and month is not None:
@@ -35,7 +43,7 @@ def sample_from_database(session: Session, *, until: dt.date | None = None, mont
     picked = sorted(rng.sample(ids, min(max_articles, len(ids))))
     articles = []
     for k in range(0, len(picked), 500):  # SQLite allows at most 999 bound parameters
-        rows = session.scalars(select(Article).where(Article.id.in_(picked[k:k + 500])).order_by(Article.id))
+        rows = session.scalars(select(Article).where(Article.id.in_(picked[k : k + 500])).order_by(Article.id))
         articles.extend(ArticleText(a.url, a.title or "", a.text or "", a.published) for a in rows)
     stats = GenerationStats()
     questions = list(generate_questions(articles, seed=seed, stats=stats))

@@ -7,6 +7,7 @@ on the gold questions of the last month before the cut, never on anything after 
 folder (data, checkpoints) is keyed by its parameters, so running the same command again resumes;
 the finished model becomes a registered version folder under `models_dir`.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -22,14 +23,22 @@ from typing import TYPE_CHECKING
 from indexer.atomic import write_atomic
 from indexer.dates import month_key, month_start, next_month, parse_month
 from models.training import ReaderTrainer, TrainConfig, load_examples, save_examples
-from workers.bakeoff import gold_passage
+from workers.bakeoff_gold import gold_passage
 from workers.progress import fraction_reporter
-from workers.reader_data import (DataConfig, _Builder, build_datasets, digest, gold_questions, indexed_start,
-                                 retrieval_key, serving_snapshot)
+from workers.reader_data import (
+    DataConfig,
+    _Builder,
+    build_datasets,
+    digest,
+    gold_questions,
+    indexed_start,
+    retrieval_key,
+    serving_snapshot,
+)
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +70,7 @@ class ReaderJobSpec:
     backbone: str = "minilm"  # fid only: minilm | seq2seq
     base: str = ""  # fid seq2seq: a local T5/BART folder
     method: str = "lora"  # gemma only: lora | last-layers (models.gemma_train)
-    titles: bool = False  # gemma only: passages carry their article's headline (models.context.add_titles)
+    titles: bool = False  # gemma only: passages carry their article's headline (models.reader_context.add_titles)
     max_length: int = 320  # gemma only: training tokens per example, passages cut to fit (0: the served prompt whole)
     lr: float = 0.0  # 0: the kind's default
     batch_size: int = 2
@@ -92,19 +101,28 @@ class ReaderJobSpec:
         return 2e-4 if self.kind == "fid" else 5e-5
 
     @classmethod
-    def for_gemma(cls, **overrides) -> "ReaderJobSpec":
+    def for_gemma(cls, **overrides) -> ReaderJobSpec:
         """The defaults that suit Gemma 3 270M on CPU: 5 passages in training and serving (on 2023-04..06,
         EM 29.5 against 26.9 for 3 on one store, reading 1.7x slower; zero-shot Gemma keeps 3), 4
         questions a step, frequent validation and a short warm-up (a step takes seconds, and a
         30-minute budget is a hundred or two of them), fewer self-labeled articles, a stop at the first
         validation (GEMMA_MAX_STEPS) and, where a run goes on past it (`max_steps=0`), the earliest
         validated model within GEMMA_KEEP_WITHIN F1 points of the best kept."""
-        values = dict(kind="gemma", n_passages=5, infer_passages=5, batch_size=4, eval_every=50, warmup_steps=10,
-                      max_self_articles=300, titles=True, keep_within=GEMMA_KEEP_WITHIN,
-                      max_steps=GEMMA_MAX_STEPS)
+        values = dict(
+            kind="gemma",
+            n_passages=5,
+            infer_passages=5,
+            batch_size=4,
+            eval_every=50,
+            warmup_steps=10,
+            max_self_articles=300,
+            titles=True,
+            keep_within=GEMMA_KEEP_WITHIN,
+            max_steps=GEMMA_MAX_STEPS,
+        )
         return cls(**{**values, **overrides})
 
-    def for_finetune(self, **overrides) -> "ReaderJobSpec":
+    def for_finetune(self, **overrides) -> ReaderJobSpec:
         """This spec as a fine-tune of a trained version: half its learning rate, one epoch, an earlier
         stop (patience 2) and no step cap (GEMMA_MAX_STEPS caps a first training; a fine-tune's budget
         decides). `overrides` win."""
@@ -116,21 +134,37 @@ class ReaderJobSpec:
         headlines and training length."""
         from models.gemma_train import GemmaConfig
 
-        return GemmaConfig(n_passages=self.infer_passages, method=self.method, titles=self.titles,
-                           max_length=self.max_length)
+        return GemmaConfig(
+            n_passages=self.infer_passages, method=self.method, titles=self.titles, max_length=self.max_length
+        )
 
     def data_config(self, data: DataConfig | None = None) -> DataConfig:
         """The data settings this spec implies (its passages, articles and seed win)."""
-        return replace(data or DataConfig(), n_passages=self.n_passages, max_self_articles=self.max_self_articles,
-                       self_per_article=self.self_per_article, seed=self.seed, gold=self.gold)
+        return replace(
+            data or DataConfig(),
+            n_passages=self.n_passages,
+            max_self_articles=self.max_self_articles,
+            self_per_article=self.self_per_article,
+            seed=self.seed,
+            gold=self.gold,
+        )
 
     def train_config(self) -> TrainConfig:
         """The training loop's settings this spec implies."""
-        return TrainConfig(lr=self.learning_rate, batch_size=self.batch_size, max_epochs=self.max_epochs,
-                           warmup_steps=self.warmup_steps, eval_every=self.eval_every, patience=self.patience,
-                           keep_within=self.keep_within, max_steps=self.max_steps,
-                           max_minutes=self.max_minutes, seed=self.seed, n_passages=self.n_passages,
-                           eval_at_start=self.kind == "gemma" and self.validate_first)
+        return TrainConfig(
+            lr=self.learning_rate,
+            batch_size=self.batch_size,
+            max_epochs=self.max_epochs,
+            warmup_steps=self.warmup_steps,
+            eval_every=self.eval_every,
+            patience=self.patience,
+            keep_within=self.keep_within,
+            max_steps=self.max_steps,
+            max_minutes=self.max_minutes,
+            seed=self.seed,
+            n_passages=self.n_passages,
+            eval_at_start=self.kind == "gemma" and self.validate_first,
+        )
 
 
 def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
@@ -139,17 +173,26 @@ def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
     if spec.kind == "gemma":
         from models.gemma_train import GemmaModel
 
-        return GemmaModel.from_base(spec.gemma_config(), cache_dir=models_dir / "base" if models_dir is not None else None)
+        return GemmaModel.from_base(
+            spec.gemma_config(), cache_dir=models_dir / "base" if models_dir is not None else None
+        )
     if spec.kind == "fid":
         from models.fid import FiDConfig, FiDModel
 
-        return FiDModel.warm_start(FiDConfig(backbone=spec.backbone, base=spec.base, n_passages=spec.infer_passages,
-                                             max_passage_tokens=spec.max_passage_tokens))
+        return FiDModel.warm_start(
+            FiDConfig(
+                backbone=spec.backbone,
+                base=spec.base,
+                n_passages=spec.infer_passages,
+                max_passage_tokens=spec.max_passage_tokens,
+            )
+        )
     if spec.kind == "extractive":
         from models.extractive import SpanConfig, SpanModel
 
-        return SpanModel.warm_start(SpanConfig(n_passages=spec.infer_passages,
-                                               max_passage_tokens=spec.max_passage_tokens))
+        return SpanModel.warm_start(
+            SpanConfig(n_passages=spec.infer_passages, max_passage_tokens=spec.max_passage_tokens)
+        )
     raise ValueError(f"reader kind {spec.kind!r} is unknown (use fid, extractive, gemma or ranker)")
 
 
@@ -169,8 +212,10 @@ def _training_data(ctx: JobContext, job: JobHandle, work: Path, make_data) -> tu
     stamp = work / RETRIEVAL_STAMP
     previous = None
     if work.exists() and any(work.iterdir()) and (not stamp.exists() or stamp.read_text().strip() != key):
-        previous = ("discarded: its examples were retrieved over another index, retriever, re-ranker or encoder; "
-                    "the training starts over")
+        previous = (
+            "discarded: its examples were retrieved over another index, retriever, re-ranker or encoder; "
+            "the training starts over"
+        )
         log.warning("%s: the interrupted run's work is %s", work.name, previous)
         job.update(message=f"an interrupted run's work was {previous}")
         shutil.rmtree(work)
@@ -202,18 +247,31 @@ def slow_bfloat16(device: str) -> str | None:
 
     if device.startswith("cuda") or onednn_bfloat16(device):
         return None
-    return ("training in bfloat16 on a CPU without AVX-512: oneDNN has no bfloat16 kernel for it, so each step "
-            "falls back to loops, many times slower than float32 (SQA_TRAIN_PRECISION=auto or float32 trains in "
-            "float32 here)")
+    return (
+        "training in bfloat16 on a CPU without AVX-512: oneDNN has no bfloat16 kernel for it, so each step "
+        "falls back to loops, many times slower than float32 (SQA_TRAIN_PRECISION=auto or float32 trains in "
+        "float32 here)"
+    )
 
 
-def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec, label: str, work: Path, make_data,
-                        model_factory, until: dt.date, month: str | None = None, parent: str | None = None,
-                        activate: bool | None = None) -> str:
+def _train_and_register(
+    ctx: JobContext,
+    job: JobHandle,
+    *,
+    spec: ReaderJobSpec,
+    label: str,
+    work: Path,
+    make_data,
+    model_factory,
+    until: dt.date,
+    month: str | None = None,
+    parent: str | None = None,
+    activate: bool | None = None,
+) -> str:
     """Shared by training and fine-tuning: data (cached in `work`), the loop, the version folder.
     Run it under the reader-training lock (`READER_TRAINING_LOCK`): one reader training per SQA_HOME."""
-    from app.services.reader_registry import new_version_name, register_version
     from models.trained import write_reader_info
+    from serving.reader_registry import new_version_name, register_version
 
     db, progress = ctx.db, job
     t0 = time.perf_counter()
@@ -234,21 +292,49 @@ def _train_and_register(ctx: JobContext, job: JobHandle, *, spec: ReaderJobSpec,
     version = new_version_name(spec.kind, label)
     dest = ctx.models_dir / version
     shutil.copytree(trainer.best_dir, dest)
-    info = {"kind": spec.kind, "version": version, "parent_version": parent, "trained_until": until.isoformat(),
-            "month": month, "spec": asdict(spec), "data": counts, "validation": result.best,
-            **({"validation_top": result.top} if result.top else {}),
-            "history": result.history, "stopped": result.stopped, "steps": result.steps,
-            "train_seconds": result.seconds, **({"precision": precision} if precision else {})}
+    info = {
+        "kind": spec.kind,
+        "version": version,
+        "parent_version": parent,
+        "trained_until": until.isoformat(),
+        "month": month,
+        "spec": asdict(spec),
+        "data": counts,
+        "validation": result.best,
+        **({"validation_top": result.top} if result.top else {}),
+        "history": result.history,
+        "stopped": result.stopped,
+        "steps": result.steps,
+        "train_seconds": result.seconds,
+        **({"precision": precision} if precision else {}),
+    }
     write_reader_info(dest, info)
     with db.sessions() as session, session.begin():
         make_active = bool(activate)  # a new version serves only once someone activates it
-        register_version(session, version=version, kind=spec.kind, path=version, parent_version=parent,
-                         trained_until=until, month=month, job_id=job.job_id, activate=make_active,
-                         models_dir=ctx.models_dir,
-                         metrics={"validation": result.best, "steps": result.steps, "stopped": result.stopped,
-                                  "train": counts.get("train"), "val": counts.get("val")})
-        job.update_in(session, counts={"version": version, "activated": make_active, "validation": result.best},
-                      timings={"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)})
+        register_version(
+            session,
+            version=version,
+            kind=spec.kind,
+            path=version,
+            parent_version=parent,
+            trained_until=until,
+            month=month,
+            job_id=job.job_id,
+            activate=make_active,
+            models_dir=ctx.models_dir,
+            metrics={
+                "validation": result.best,
+                "steps": result.steps,
+                "stopped": result.stopped,
+                "train": counts.get("train"),
+                "val": counts.get("val"),
+            },
+        )
+        job.update_in(
+            session,
+            counts={"version": version, "activated": make_active, "validation": result.best},
+            timings={"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)},
+        )
     shutil.rmtree(work, ignore_errors=True)
     return version
 
@@ -271,14 +357,20 @@ def saved_run(ctx: JobContext, *, until: dt.date, spec: ReaderJobSpec, key: str)
     import or a soup) with this very spec (seed and budget included) and examples retrieved under
     `key`. The newest such (version, reader.json), or None. A job that trains several runs (`sqa
     train auto`'s seeds) resumes with it rather than training it again."""
-    from app.services.reader_registry import ready_infos
+    from serving.reader_registry import ready_infos
 
     want = asdict(spec)  # plain str, int, float and bool fields: equal to what reader.json reads back
     with ctx.sessions() as session:
         for row, info in ready_infos(session, ctx.models_dir, spec.kind):
-            if (not row.active and row.parent_version is None and row.trained_until == until
-                    and info.get("spec") == want and (info.get("data") or {}).get("retrieval") == key
-                    and not info.get("soup_of") and not info.get("imported_from")):
+            if (
+                not row.active
+                and row.parent_version is None
+                and row.trained_until == until
+                and info.get("spec") == want
+                and (info.get("data") or {}).get("retrieval") == key
+                and not info.get("soup_of")
+                and not info.get("imported_from")
+            ):
                 return row.version, info
     return None
 
@@ -291,16 +383,26 @@ def _first_training_data(until: dt.date, data: DataConfig):
     def make_data(session, retriever, snapshot, progress):
         first = indexed_start(snapshot)
         if first >= val_from:
-            raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
-                             f"(validation uses {month_key(val_from)})")
-        return build_datasets(session, retriever, snapshot, train_from=first, until=until, val_from=val_from,
-                              cfg=data, progress=progress)
+            raise ValueError(
+                f"the index starts {first}: ingest months before {month_key(val_from)} to train "
+                f"(validation uses {month_key(val_from)})"
+            )
+        return build_datasets(
+            session, retriever, snapshot, train_from=first, until=until, val_from=val_from, cfg=data, progress=progress
+        )
 
     return make_data
 
 
-def run_train_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec: ReaderJobSpec | None = None,
-                  data: DataConfig | None = None, activate: bool | None = None) -> str:
+def run_train_job(
+    ctx: JobContext,
+    job: JobHandle,
+    *,
+    until: dt.date,
+    spec: ReaderJobSpec | None = None,
+    data: DataConfig | None = None,
+    activate: bool | None = None,
+) -> str:
     """`sqa train reader --until D`: a new version trained on what is dated before `until`.
     Run it under the reader-training lock (the CLI and the API do, through the job runner)."""
     spec = spec or ReaderJobSpec()
@@ -310,13 +412,22 @@ def run_train_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec: Read
 
         return run_ranker_job(ctx, job, until=until, spec=spec, data=data, activate=activate)
     work = ctx.work_dir / "train" / f"{spec.kind}-{until}-{digest(spec, data)}"
-    return _train_and_register(ctx, job, spec=spec, label=str(until), work=work,
-                               make_data=_first_training_data(until, data),
-                               model_factory=lambda: _new_model(spec, ctx.models_dir), until=until, activate=activate)
+    return _train_and_register(
+        ctx,
+        job,
+        spec=spec,
+        label=str(until),
+        work=work,
+        make_data=_first_training_data(until, data),
+        model_factory=lambda: _new_model(spec, ctx.models_dir),
+        until=until,
+        activate=activate,
+    )
 
 
-def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Path,
-                   spec: ReaderJobSpec | None = None) -> dict:
+def run_export_job(
+    ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Path, spec: ReaderJobSpec | None = None
+) -> dict:
     """`sqa train reader --kind gemma --until D --export DIR`: the data `run_train_job` would train
     on (built the same way, resumable the same way), written to `dest` with the settings a training
     elsewhere needs (`models.train_exported`, e.g. on a GPU machine that has neither the store nor
@@ -326,8 +437,9 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
 
     spec = spec or ReaderJobSpec.for_gemma()
     if spec.kind != "gemma":
-        raise ValueError(f"--export trains elsewhere with models.train_exported, which trains gemma readers only "
-                         f"(got {spec.kind})")
+        raise ValueError(
+            f"--export trains elsewhere with models.train_exported, which trains gemma readers only (got {spec.kind})"
+        )
     data = spec.data_config()
     # Its own work folder: a training's of the same spec holds checkpoints that must outlive an export.
     work = ctx.work_dir / "export" / f"{spec.kind}-{until}-{digest(spec, data)}"
@@ -340,10 +452,21 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     model = replace(spec.gemma_config(), precision=ctx.train_precision)
     first = train[0]
     job.update(message="copying the tokenizer (converting the packaged Gemma on first use)")
-    check = save_tokenizer(gemma_folder(ctx.models_dir / "base"), dest,
-                           build_prompt(first.question, first.as_of, first.passages, model.max_passage_words))
-    info = {"kind": spec.kind, "label": str(until), "trained_until": str(until), "spec": asdict(spec), "data": counts,
-            "model": model.to_json(), "train": asdict(spec.train_config()), "tokenizer_check": check}
+    check = save_tokenizer(
+        gemma_folder(ctx.models_dir / "base"),
+        dest,
+        build_prompt(first.question, first.as_of, first.passages, model.max_passage_words),
+    )
+    info = {
+        "kind": spec.kind,
+        "label": str(until),
+        "trained_until": str(until),
+        "spec": asdict(spec),
+        "data": counts,
+        "model": model.to_json(),
+        "train": asdict(spec.train_config()),
+        "tokenizer_check": check,
+    }
     tmp = dest / (JOB_FILE + ".tmp")
     tmp.write_text(json.dumps(info, indent=2, default=str))
     tmp.replace(dest / JOB_FILE)
@@ -352,14 +475,22 @@ def run_export_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Pat
     return info
 
 
-def run_finetune_job(ctx: JobContext, job: JobHandle, *, month: str, spec: ReaderJobSpec | None = None,
-                     data: DataConfig | None = None, replay_ratio: float = 1.0, activate: bool = True,
-                     max_minutes: float = 0.0) -> str:
+def run_finetune_job(
+    ctx: JobContext,
+    job: JobHandle,
+    *,
+    month: str,
+    spec: ReaderJobSpec | None = None,
+    data: DataConfig | None = None,
+    replay_ratio: float = 1.0,
+    activate: bool = True,
+    max_minutes: float = 0.0,
+) -> str:
     """`sqa finetune --month M`: continue from the active version on M's self-labeled questions
     plus a replay sample of older self-labeled and gold questions (so it does not forget);
     validated on the gold questions of the month before M. The new version becomes active."""
-    from app.services.reader_registry import active_version, check_servable
     from models.trained import load_trained_model, read_reader_info
+    from serving.reader_registry import active_version, check_servable
 
     first = parse_month(month)
     until = next_month(first)
@@ -370,12 +501,15 @@ def run_finetune_job(ctx: JobContext, job: JobHandle, *, month: str, spec: Reade
         parent_dir = check_servable(row, ctx.models_dir)
         parent, kind = row.version, row.kind
     if kind == "ranker":
-        raise ValueError(f"the active version {parent} is a ranker, which is refitted rather than fine-tuned: "
-                         f"run `sqa train reader --kind ranker --until {next_month(first)}`")
+        raise ValueError(
+            f"the active version {parent} is a ranker, which is refitted rather than fine-tuned: "
+            f"run `sqa train reader --kind ranker --until {next_month(first)}`"
+        )
     info = read_reader_info(parent_dir)
-    base = ReaderJobSpec(**{k: v for k, v in (info.get("spec") or {}).items() if k in ReaderJobSpec.__dataclass_fields__})
-    spec = spec or replace(base, kind=kind).for_finetune(max_self_articles=400, eval_every=100,
-                                                         max_minutes=max_minutes)
+    base = ReaderJobSpec(
+        **{k: v for k, v in (info.get("spec") or {}).items() if k in ReaderJobSpec.__dataclass_fields__}
+    )
+    spec = spec or replace(base, kind=kind).for_finetune(max_self_articles=400, eval_every=100, max_minutes=max_minutes)
     data = spec.data_config(data)
     prev = month_start(first - dt.timedelta(days=1))
     work = ctx.work_dir / "finetune" / f"{parent}-{month}"
@@ -383,22 +517,45 @@ def run_finetune_job(ctx: JobContext, job: JobHandle, *, month: str, spec: Reade
     def make_data(session, retriever, snapshot, progress):
         start = indexed_start(snapshot)
         # Replay: older self-labeled questions and gold questions, as many as the new month's (ratio).
-        older, _, _ = build_datasets(session, retriever, snapshot, train_from=start, until=prev, val_from=prev,
-                                     cfg=replace(data, max_self_articles=int(data.max_self_articles * replay_ratio),
-                                                 seed=data.seed + 1), progress=None, self_from=start)
-        new, _, counts = build_datasets(session, retriever, snapshot, train_from=first, until=until, val_from=until,
-                                        cfg=data, progress=progress)
+        older, _, _ = build_datasets(
+            session,
+            retriever,
+            snapshot,
+            train_from=start,
+            until=prev,
+            val_from=prev,
+            cfg=replace(data, max_self_articles=int(data.max_self_articles * replay_ratio), seed=data.seed + 1),
+            progress=None,
+            self_from=start,
+        )
+        new, _, counts = build_datasets(
+            session, retriever, snapshot, train_from=first, until=until, val_from=until, cfg=data, progress=progress
+        )
         new = [ex for ex in new if ex.source == "self"]
         rng = random.Random(data.seed)
         replay = rng.sample(older, min(len(older), int(len(new) * replay_ratio)))
         val_q, _ = gold_questions(session, prev, first)
         b = _Builder(session, retriever, snapshot, data, counts)
-        val = [ex for q in val_q[: data.max_val] if (ex := b.example(
-            q.qid, q.text, q.asked, tuple(q.answers), "gold", lambda q=q: gold_passage(session, q))) is not None]
+        val = [
+            ex
+            for q in val_q[: data.max_val]
+            if (ex := b.example(q.qid, q.text, q.asked, tuple(q.answers), "gold", lambda q=q: gold_passage(session, q)))
+            is not None
+        ]
         counts.self_labeled, counts.gold, counts.val = len(new), sum(e.source == "gold" for e in replay), len(val)
         counts.left_out = {"replay": len(replay)}
         return new + replay, val, counts
 
-    return _train_and_register(ctx, job, spec=spec, label=month, work=work, make_data=make_data,
-                               model_factory=lambda: load_trained_model(parent_dir), until=until - dt.timedelta(days=1),
-                               month=month, parent=parent, activate=activate)
+    return _train_and_register(
+        ctx,
+        job,
+        spec=spec,
+        label=month,
+        work=work,
+        make_data=make_data,
+        model_factory=lambda: load_trained_model(parent_dir),
+        until=until - dt.timedelta(days=1),
+        month=month,
+        parent=parent,
+        activate=activate,
+    )

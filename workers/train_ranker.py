@@ -8,6 +8,7 @@ month before the cut, never anything after it; the regularisation strength is ch
 result is a version folder (`ranker.json` + `reader.json`) and a `reader_models` row of kind
 "ranker", like the other kinds.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,7 +25,7 @@ from workers.ranker_items import PlainQuestion, prepare_items
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,9 @@ def reachable(items: list[RankerItem]) -> float:
     return round(100.0 * hits / len(items), 2)
 
 
-def fit_ranker(train: list[RankerItem], val: list[RankerItem], *, seed: int = 0,
-               grid: tuple[float, ...] = C_GRID, progress=None) -> tuple[CandidateRanker, dict, list[dict]]:
+def fit_ranker(
+    train: list[RankerItem], val: list[RankerItem], *, seed: int = 0, grid: tuple[float, ...] = C_GRID, progress=None
+) -> tuple[CandidateRanker, dict, list[dict]]:
     """Fit one ranker per C (without retrieval scores: a reader gets none) and keep the best on val.
 
     Returns:
@@ -71,8 +73,7 @@ def fit_ranker(train: list[RankerItem], val: list[RankerItem], *, seed: int = 0,
     return best, best_val, history
 
 
-def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, data,
-                   activate: bool | None = None) -> str:
+def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, data, activate: bool | None = None) -> str:
     """Train, save and register a ranker version on what is dated before `until`; returns its name.
 
     Args:
@@ -80,9 +81,9 @@ def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, dat
             question, in training and serving; `max_self_articles`: 0 for gold questions only).
         data: its DataConfig (self-labeled questions per article, seed).
     """
-    from app.services.reader_registry import new_version_name, register_version
     from models.ranker import RankerConfig, RankerModel
     from models.trained import write_reader_info
+    from serving.reader_registry import new_version_name, register_version
     from workers.reader_data import gold_questions, indexed_start, self_labeled, serving_snapshot
 
     val_from = month_start(until - dt.timedelta(days=1))
@@ -91,24 +92,34 @@ def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, dat
     encoder, snapshot = serving_snapshot(ctx)
     first = indexed_start(snapshot)
     if first >= val_from:
-        raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
-                         f"(validation uses {month_key(val_from)})")
+        raise ValueError(
+            f"the index starts {first}: ingest months before {month_key(val_from)} to train "
+            f"(validation uses {month_key(val_from)})"
+        )
     with db.sessions() as session:
         golds, left_out = gold_questions(session, first, until)
-        selfq = [self_question(g) for g in self_labeled(session, first, until, data)] \
-            if spec.max_self_articles else []
+        selfq = [self_question(g) for g in self_labeled(session, first, until, data)] if spec.max_self_articles else []
         session.expunge_all()
     train_q = [q for q in golds if q.asked < val_from]
     val_q = [q for q in golds if q.asked >= val_from]
     items, _ = prepare_items(ctx, train_q + val_q + selfq, spec.infer_passages, progress, embed=False)
     train = [items[q.qid] for q in train_q + selfq]
     val = [items[q.qid] for q in val_q]
-    counts = {"train": len(train), "val": len(val), "gold": len(train_q), "self_labeled": len(selfq),
-              "left_out": dict(left_out), "reachable_train": reachable(train), "reachable_val": reachable(val)}
+    counts = {
+        "train": len(train),
+        "val": len(val),
+        "gold": len(train_q),
+        "self_labeled": len(selfq),
+        "left_out": dict(left_out),
+        "reachable_train": reachable(train),
+        "reachable_val": reachable(val),
+    }
     log.info("ranker training data: %s", counts)
     if not train_q and not selfq:
-        raise ValueError(f"no training questions dated {first}..{val_from}: import questions "
-                         "(`sqa import realtimeqa ...`) or move --until later")
+        raise ValueError(
+            f"no training questions dated {first}..{val_from}: import questions "
+            "(`sqa import realtimeqa ...`) or move --until later"
+        )
     t1 = time.perf_counter()
     ranker, validation, history = fit_ranker(train, val, seed=spec.seed, progress=progress)
     version = new_version_name("ranker", str(until))
@@ -117,18 +128,38 @@ def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, dat
     shutil.rmtree(tmp, ignore_errors=True)
     RankerModel(ranker, RankerConfig(n_passages=spec.infer_passages, c=ranker.c, seed=spec.seed)).save(tmp)
     fit_s = round(time.perf_counter() - t1, 1)
-    info = {"kind": "ranker", "version": version, "parent_version": None, "trained_until": until.isoformat(),
-            "month": None, "spec": asdict(spec), "data": counts, "validation": validation,
-            "history": history, "stopped": "fitted", "steps": 0, "train_seconds": fit_s}
+    info = {
+        "kind": "ranker",
+        "version": version,
+        "parent_version": None,
+        "trained_until": until.isoformat(),
+        "month": None,
+        "spec": asdict(spec),
+        "data": counts,
+        "validation": validation,
+        "history": history,
+        "stopped": "fitted",
+        "steps": 0,
+        "train_seconds": fit_s,
+    }
     write_reader_info(tmp, info)
     tmp.replace(dest)
     with db.sessions() as session, session.begin():
         make_active = bool(activate)  # a new version serves only once someone activates it
-        register_version(session, version=version, kind="ranker", path=version, trained_until=until,
-                         job_id=job.job_id, activate=make_active, models_dir=ctx.models_dir,
-                         metrics={"validation": validation, "train": len(train), "val": len(val),
-                                  "c": ranker.c})
-        job.update_in(session, counts={**counts, "version": version, "activated": make_active,
-                                       "validation": validation},
-                      timings={"data_s": round(t1 - t0, 1), "train_s": fit_s})
+        register_version(
+            session,
+            version=version,
+            kind="ranker",
+            path=version,
+            trained_until=until,
+            job_id=job.job_id,
+            activate=make_active,
+            models_dir=ctx.models_dir,
+            metrics={"validation": validation, "train": len(train), "val": len(val), "c": ranker.c},
+        )
+        job.update_in(
+            session,
+            counts={**counts, "version": version, "activated": make_active, "validation": validation},
+            timings={"data_s": round(t1 - t0, 1), "train_s": fit_s},
+        )
     return version

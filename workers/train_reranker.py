@@ -15,8 +15,10 @@ from a small grid (f = w = 0 is the cross-encoder alone, also reported). The ver
 the training that follows ingestion) only if its recall@5 beats the first stage's there and is above
 what its fitted weights reach without the model (`models.reranker.worth_serving`).
 Candidates are cached in the job's work folder, keyed by the data config, the index snapshot and the
-first stage (`workers.reader_data.retrieval_key`): running the same command again reuses them, after a new ingest it does not.
+first stage (`workers.reader_data.retrieval_key`): running the same command
+again reuses them, after a new ingest it does not.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -30,18 +32,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.services.reranking import candidate_of
 from evaluation.metrics import answer_in_text
 from indexer.atomic import write_atomic
 from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
-from models.reranker import (FIRST_STAGE_GRID, RECENCY_GRID, fit_weights, groups_of, prior_alone, ranking_figures,
-                             worth_serving)
+from models.reranker import (
+    FIRST_STAGE_GRID,
+    RECENCY_GRID,
+    fit_weights,
+    groups_of,
+    prior_alone,
+    ranking_figures,
+    worth_serving,
+)
+from serving.reranking import candidate_of
 from workers.progress import fraction_reporter
 from workers.reader_data import digest, retrieval_key, serving_snapshot
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
     from workers.runner import JobHandle
 
 log = logging.getLogger(__name__)
@@ -62,12 +71,13 @@ class RerankerDataConfig:
 
 def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers, depth: int) -> list[dict]:
     found = retriever.retrieve(session, snapshot, text, asked, depth)
-    return [{**candidate_of(p, asked), "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
-            for p in found]
+    return [
+        {**candidate_of(p, asked), "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
+        for p in found
+    ]
 
 
-def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig, encoder,
-                snapshot) -> dict:
+def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig, encoder, snapshot) -> dict:
     """{"train": [{query, cands}], "val": [...], "counts": {...}} from the first stage's candidates
     over the serving `snapshot` and its `encoder`."""
     from workers.reader_data import DataConfig, asked_after, gold_questions, indexed_start, self_labeled
@@ -76,8 +86,10 @@ def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: Reranke
     first_stage = ctx.make_retriever(encoder, rerank=False)
     start = indexed_start(snapshot)
     if start >= held_from:
-        raise ValueError(f"the index starts {start}: ingest months before {month_key(held_from)} to train a "
-                         f"re-ranker (validation uses {month_key(held_from)})")
+        raise ValueError(
+            f"the index starts {start}: ingest months before {month_key(held_from)} to train a "
+            f"re-ranker (validation uses {month_key(held_from)})"
+        )
     rng = random.Random(cfg.seed)
     with ctx.sessions() as session:
         golds, _ = gold_questions(session, start, until)
@@ -87,10 +99,19 @@ def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: Reranke
         val_q = val_q[: cfg.max_val]
         selfq = []
         if cfg.max_self_articles:
-            gen = self_labeled(session, start, held_from, DataConfig(seed=cfg.seed), max_articles=cfg.max_self_articles,
-                               per_article=cfg.self_per_article, progress=job)  # spaCy: ~8 articles a second
-            selfq = [(g.question, asked_after(g.published, rng, held_from - dt.timedelta(days=1)), (g.answer,), "self")
-                     for g in gen]
+            gen = self_labeled(
+                session,
+                start,
+                held_from,
+                DataConfig(seed=cfg.seed),
+                max_articles=cfg.max_self_articles,
+                per_article=cfg.self_per_article,
+                progress=job,
+            )  # spaCy: ~8 articles a second
+            selfq = [
+                (g.question, asked_after(g.published, rng, held_from - dt.timedelta(days=1)), (g.answer,), "self")
+                for g in gen
+            ]
         job.stage("candidates", len(train_q) + len(selfq) + len(val_q))
         out = {"train": [], "val": []}
         for dest, rows in (("train", train_q + selfq), ("val", val_q)):
@@ -98,9 +119,13 @@ def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: Reranke
                 cands = _candidates(session, first_stage, snapshot, text, asked, answers, cfg.depth)
                 out[dest].append({"query": text, "asked": str(asked), "source": source, "cands": cands})
                 job.advance()
-    out["counts"] = {"gold": len(train_q), "self": len(selfq), "val": len(val_q),
-                     "train_with_positive": sum(any(c["hit"] for c in i["cands"]) for i in out["train"]),
-                     "val_with_positive": sum(any(c["hit"] for c in i["cands"]) for i in out["val"])}
+    out["counts"] = {
+        "gold": len(train_q),
+        "self": len(selfq),
+        "val": len(val_q),
+        "train_with_positive": sum(any(c["hit"] for c in i["cands"]) for i in out["train"]),
+        "val_with_positive": sum(any(c["hit"] for c in i["cands"]) for i in out["val"]),
+    }
     return out
 
 
@@ -109,7 +134,11 @@ def gathered_items(ctx: JobContext, job: JobHandle, *, until: dt.date, data: Rer
     stage reuses the candidates; a new ingest or another retriever finds other ones. The caller
     deletes the folder once the candidates are used."""
     encoder, snapshot = serving_snapshot(ctx, lexical=ctx.retriever != "dense")
-    work = ctx.work_dir / "train-reranker" / f"data-{until}-{digest(data)}-{retrieval_key(ctx, encoder, snapshot, rerank=False)}"
+    work = (
+        ctx.work_dir
+        / "train-reranker"
+        / f"data-{until}-{digest(data)}-{retrieval_key(ctx, encoder, snapshot, rerank=False)}"
+    )
     swept = sweep_stale_candidates(work.parent, snapshot.snapshot_id)
     if swept:
         log.info("deleted %d re-ranker candidate folder(s) of an older index snapshot", swept)
@@ -123,8 +152,15 @@ def gathered_items(ctx: JobContext, job: JobHandle, *, until: dt.date, data: Rer
     return items, work
 
 
-def run_export_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, dest: Path,
-                            data: RerankerDataConfig | None = None, negatives: int = 15) -> dict:
+def run_export_reranker_job(
+    ctx: JobContext,
+    job: JobHandle,
+    *,
+    until: dt.date,
+    dest: Path,
+    data: RerankerDataConfig | None = None,
+    negatives: int = 15,
+) -> dict:
     """`sqa train reranker --until D --export DIR`: the candidates `run_train_reranker_job` would
     train and validate a cross-encoder on (gathered and cached the same way), written to `dest` for
     `python -m models.train_exported_reranker` on another machine (a GPU); `sqa rerankers import`
@@ -136,10 +172,16 @@ def run_export_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
     data = data or RerankerDataConfig()
     items, work = gathered_items(ctx, job, until=until, data=data)
     job.update(message=f"writing the export to {dest}")
-    info = {"kind": "cross-encoder", "trained_until": str(until),
-            "held_back": month_key(month_start(until - dt.timedelta(days=1))), "depth": data.depth,
-            "data_config": asdict(data), "export_negatives": negatives, "data": items["counts"],
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    info = {
+        "kind": "cross-encoder",
+        "trained_until": str(until),
+        "held_back": month_key(month_start(until - dt.timedelta(days=1))),
+        "depth": data.depth,
+        "data_config": asdict(data),
+        "export_negatives": negatives,
+        "data": items["counts"],
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
     info = write_export(dest, items, info, max_positives=data.max_positives, negatives=negatives, seed=data.seed)
     shutil.rmtree(work, ignore_errors=True)
     job.update(counts={**items["counts"], "passages": info["passages"], "exported_to": str(dest)})
@@ -150,15 +192,23 @@ def run_export_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
 KINDS = ("cross-encoder", "features")
 
 
-def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, max_minutes: float = 0.0,
-                           epochs: int = 1, data: RerankerDataConfig | None = None, activate: bool = False,
-                           kind: str = "cross-encoder") -> dict:
+def run_train_reranker_job(
+    ctx: JobContext,
+    job: JobHandle,
+    *,
+    until: dt.date,
+    max_minutes: float = 0.0,
+    epochs: int = 1,
+    data: RerankerDataConfig | None = None,
+    activate: bool = False,
+    kind: str = "cross-encoder",
+) -> dict:
     """Train, validate, fit the recency prior, save the version; activate it when asked and it beats
     the first stage on the held-back month. Returns the version's info.
 
     `kind`: "cross-encoder" (MiniLM reads each pair, models/reranker.py) or "features" (a logistic
     model over cheap question/passage features, models/ltr.py: seconds to train, microseconds to serve)."""
-    from app.services.reranking import activate_reranker
+    from serving.reranking import activate_reranker
 
     if kind not in KINDS:
         raise ValueError(f"re-ranker kind {kind!r} is unknown (use {' or '.join(KINDS)})")
@@ -184,13 +234,23 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     weight, first_weight, by_weight = fit_weights(val, scores, grid)
     figures = by_weight[(weight, first_weight)]
     version = f"reranker-{until}-{secrets.token_hex(3)}"
-    info = {"version": version, "kind": kind, **extra, "trained_until": str(until),
-            "held_back": month_key(month_start(until - dt.timedelta(days=1))),
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "recency_weight": weight, "first_stage_weight": first_weight, "validation": figures,
-            "first_stage": first_stage, "model_alone": by_weight[(0.0, 0.0)], "data": {**items["counts"], **counts},
-            "depth": data.depth, "train": result,
-            "seconds": {"data": round(t1 - t0, 1), "train_and_validate": round(t2 - t1, 1)}}
+    info = {
+        "version": version,
+        "kind": kind,
+        **extra,
+        "trained_until": str(until),
+        "held_back": month_key(month_start(until - dt.timedelta(days=1))),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "recency_weight": weight,
+        "first_stage_weight": first_weight,
+        "validation": figures,
+        "first_stage": first_stage,
+        "model_alone": by_weight[(0.0, 0.0)],
+        "data": {**items["counts"], **counts},
+        "depth": data.depth,
+        "train": result,
+        "seconds": {"data": round(t1 - t0, 1), "train_and_validate": round(t2 - t1, 1)},
+    }
     model.info = info
     dest = ctx.rerankers_dir / version
     tmp = ctx.rerankers_dir / f".{version}.tmp"
@@ -201,8 +261,17 @@ def run_train_reranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, m
     info["activated"] = bool(activate and worth_serving(figures, first_stage, info["prior_alone"]))
     if info["activated"]:
         activate_reranker(ctx.rerankers_dir, version)
-    job.update(counts={"version": version, "kind": kind, "activated": info["activated"], "validation": figures,
-                       "first_stage": first_stage, "recency_weight": weight, "first_stage_weight": first_weight})
+    job.update(
+        counts={
+            "version": version,
+            "kind": kind,
+            "activated": info["activated"],
+            "validation": figures,
+            "first_stage": first_stage,
+            "recency_weight": weight,
+            "first_stage_weight": first_weight,
+        }
+    )
     shutil.rmtree(work, ignore_errors=True)
     return info
 
@@ -237,25 +306,39 @@ def _train_features(job: JobHandle, items: dict, val: list[dict]):
     t0 = time.perf_counter()
     usable = learnable(items["train"])
     if not usable:
-        raise ValueError(f"no training questions: none of the {len(items['train'])} questions before the held-back "
-                         "month has both a candidate with its answer and one without")
+        raise ValueError(
+            f"no training questions: none of the {len(items['train'])} questions before the held-back "
+            "month has both a candidate with its answer and one without"
+        )
     model = FeatureReranker.fit(usable)
     job.advance()
     scores = _validation_scores(job, val, lambda i: model.score_candidates(i["query"], i["cands"]))
-    result = {"questions": len(usable), "candidates": sum(len(i["cands"]) for i in usable),
-              "seconds": round(time.perf_counter() - t0, 1)}
+    result = {
+        "questions": len(usable),
+        "candidates": sum(len(i["cands"]) for i in usable),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     return model, {"questions_used": len(usable)}, result, scores
 
 
-def _train_cross_encoder(ctx: JobContext, job: JobHandle, items: dict, val: list[dict], data: RerankerDataConfig,
-                         epochs: int, max_minutes: float):
+def _train_cross_encoder(
+    ctx: JobContext,
+    job: JobHandle,
+    items: dict,
+    val: list[dict],
+    data: RerankerDataConfig,
+    epochs: int,
+    max_minutes: float,
+):
     """(model, counts, result, validation scores) of a MiniLM cross-encoder trained on groups."""
     from models.reranker import CrossEncoderReranker, RerankerConfig
 
     groups = groups_of(items["train"], max_positives=data.max_positives, negatives=data.negatives, seed=data.seed)
     if not groups:
-        raise ValueError(f"no training groups: none of the {len(items['train'])} questions before the held-back "
-                         "month has an answer among its candidates")
+        raise ValueError(
+            f"no training groups: none of the {len(items['train'])} questions before the held-back "
+            "month has an answer among its candidates"
+        )
     job.update(counts={"data": {**items["counts"], "groups": len(groups)}})
     cfg = RerankerConfig(epochs=epochs, max_minutes=max_minutes, negatives=data.negatives, seed=data.seed)
     model = CrossEncoderReranker.from_packaged(cfg, device=ctx.torch_device())

@@ -15,6 +15,7 @@ against BM25's own ranking. The pairs and the pool are cached in the job's work 
 keyed by the parameters, so running the same command again resumes; a run with other towers or
 epochs on the same data reuses them.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -33,13 +34,13 @@ from indexer.chunking import passage_body
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.encoders import QUERY_FORMATS, question_in_format
-from workers.bakeoff import gold_passage
-from workers.reader_data import asked_after, digest
+from workers.bakeoff_gold import gold_passage
 from workers.progress import fraction_reporter
+from workers.reader_data import asked_after, digest
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,11 @@ def _holds(answers, passage) -> bool:
     return answer_in_text(list(answers), passage_body(passage.text, passage.published))
 
 
-def _pair(session, bm25, snapshot, question: str, as_of: dt.date, answers, positive_row, source: str,
-          cfg: RetrieverDataConfig) -> Pair | None:
+def _pair(
+    session, bm25, snapshot, question: str, as_of: dt.date, answers, positive_row, source: str, cfg: RetrieverDataConfig
+) -> Pair | None:
     """The pair for one question, or None without a positive."""
-    from app.services.retrieval import fetch_passages
+    from serving.retrieval import fetch_passages
 
     hits = fetch_passages(session, bm25.search(snapshot, question, as_of, cfg.retrieve_k), as_of)
     positive = None if source == "self" else next((p for p in hits if _holds(answers, p)), None)
@@ -108,11 +110,19 @@ def _keep(pairs: list, missing: dict, pair: Pair | None, source: str) -> None:
         pairs.append(pair)
 
 
-def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.date, until: dt.date,
-               cfg: RetrieverDataConfig, progress=None) -> tuple[list[Pair], dict, dict]:
+def build_data(
+    session,
+    encoder,
+    snapshot,
+    *,
+    train_from: dt.date,
+    val_from: dt.date,
+    until: dt.date,
+    cfg: RetrieverDataConfig,
+    progress=None,
+) -> tuple[list[Pair], dict, dict]:
     """(training pairs, validation {items, pool}, counts)."""
-    from app.services.retrieval import DenseRetriever, fetch_passages
-    from app.services.retrieval import Bm25Retriever
+    from serving.retrieval import Bm25Retriever, DenseRetriever, fetch_passages
     from workers.reader_data import DataConfig, _self_gold_row, gold_questions, self_labeled
 
     bm25, dense = Bm25Retriever(encoder), DenseRetriever(encoder)
@@ -121,15 +131,20 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
     val_q = [q for q in golds if q.asked >= val_from]
     random.Random(cfg.seed).shuffle(val_q)
     val_q = val_q[: cfg.max_val]
-    selfq = self_labeled(session, train_from, val_from,
-                         DataConfig(max_self_articles=cfg.max_self_articles, self_per_article=cfg.self_per_article,
-                                    seed=cfg.seed), progress=progress)  # minutes of spaCy: shown
+    selfq = self_labeled(
+        session,
+        train_from,
+        val_from,
+        DataConfig(max_self_articles=cfg.max_self_articles, self_per_article=cfg.self_per_article, seed=cfg.seed),
+        progress=progress,
+    )  # minutes of spaCy: shown
     if progress:
         progress.stage("data", len(train_q) + len(selfq) + len(val_q))
     pairs, missing = [], {"gold": 0, "self": 0}
     for q in train_q:
-        p = _pair(session, bm25, snapshot, q.text, q.asked, q.answers, lambda q=q: gold_passage(session, q),
-                  "gold", cfg)
+        p = _pair(
+            session, bm25, snapshot, q.text, q.asked, q.answers, lambda q=q: gold_passage(session, q), "gold", cfg
+        )
         _keep(pairs, missing, p, "gold")
         if progress:
             progress.advance()
@@ -145,8 +160,17 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
         # asked a few days after the article, as real questions are (median 3 days on RealTimeQA):
         # dated on the article's own day, the question's date prefix would match the passage's
         as_of = asked_after(g.published, rng, last_day, cfg.self_lag_days)
-        p = _pair(session, bm25, snapshot, g.question, as_of, (g.answer,),
-                  lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence), "self", cfg)
+        p = _pair(
+            session,
+            bm25,
+            snapshot,
+            g.question,
+            as_of,
+            (g.answer,),
+            lambda g=g: _self_gold_row(session, g.url, g.answer, g.sentence),
+            "self",
+            cfg,
+        )
         _keep(pairs, missing, p, "self")
 
     pool: dict[int, tuple[str, int]] = {}  # faiss id -> (text, day number)
@@ -160,24 +184,41 @@ def build_data(session, encoder, snapshot, *, train_from: dt.date, val_from: dt.
                 index_of[p.faiss_id] = len(pool)
                 pool[p.faiss_id] = (p.text, day_number(p.published))
         hits = sorted({index_of[p.faiss_id] for p in found if _holds(q.answers, p)})
-        items.append(ValItem(cfg.query(q.text, q.asked), day_number(q.asked), tuple(hits),
-                             tuple(index_of[p.faiss_id] for p in lexical)))
+        items.append(
+            ValItem(
+                cfg.query(q.text, q.asked),
+                day_number(q.asked),
+                tuple(hits),
+                tuple(index_of[p.faiss_id] for p in lexical),
+            )
+        )
         if progress:
             progress.advance()
-    counts = {"gold_pairs": sum(p.source == "gold" for p in pairs), "self_pairs": sum(p.source == "self" for p in pairs),
-              "with_hard_negative": sum(p.negative is not None for p in pairs), "no_positive": missing,
-              "val_questions": len(items), "val_with_answer_in_pool": sum(bool(i.hits) for i in items),
-              "pool_passages": len(pool), "left_out": dict(left_out)}
-    val = {"items": [asdict(i) for i in items], "texts": [t for t, _ in pool.values()],
-           "days": [d for _, d in pool.values()]}
+    counts = {
+        "gold_pairs": sum(p.source == "gold" for p in pairs),
+        "self_pairs": sum(p.source == "self" for p in pairs),
+        "with_hard_negative": sum(p.negative is not None for p in pairs),
+        "no_positive": missing,
+        "val_questions": len(items),
+        "val_with_answer_in_pool": sum(bool(i.hits) for i in items),
+        "pool_passages": len(pool),
+        "left_out": dict(left_out),
+    }
+    val = {
+        "items": [asdict(i) for i in items],
+        "texts": [t for t, _ in pool.values()],
+        "days": [d for _, d in pool.values()],
+    }
     return pairs, val, counts
 
 
 def pool_figures(ranked: list[list[int]], items: list[ValItem]) -> dict:
     """Recall@k (an answer-holding passage in the top k) and MRR over the validation questions."""
     n = max(1, len(items))
-    out = {f"recall@{k}": round(100 * sum(bool(set(r[:k]) & set(i.hits)) for r, i in zip(ranked, items)) / n, 2)
-           for k in KS}
+    out = {
+        f"recall@{k}": round(100 * sum(bool(set(r[:k]) & set(i.hits)) for r, i in zip(ranked, items)) / n, 2)
+        for k in KS
+    }
     rr = [next((1 / (j + 1) for j, x in enumerate(r) if x in set(i.hits)), 0.0) for r, i in zip(ranked, items)]
     out["mrr"] = round(float(np.mean(rr)) if rr else 0.0, 4)
     return out
@@ -204,8 +245,14 @@ def validator(val: dict):
     return validate, items
 
 
-def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: DprConfig | None = None,
-                            data: RetrieverDataConfig | None = None) -> str:
+def run_train_retriever_job(
+    ctx: JobContext,
+    job: JobHandle,
+    *,
+    until: dt.date,
+    cfg: DprConfig | None = None,
+    data: RetrieverDataConfig | None = None,
+) -> str:
     """Train an encoder version on what is dated before `until`; returns its name. Run it under
     the retriever-training lock (`RETRIEVER_TRAINING_LOCK`; the CLI does, through the job runner)."""
     from models.encoders import packaged_minilm_path
@@ -231,11 +278,21 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
             raise ValueError(snapshot.lexical_error or "the index has no BM25 files: run `sqa index bm25`")
         first = indexed_start(snapshot)
         if first >= val_from:
-            raise ValueError(f"the index starts {first}: ingest months before {month_key(val_from)} to train "
-                             f"(validation uses {month_key(val_from)})")
+            raise ValueError(
+                f"the index starts {first}: ingest months before {month_key(val_from)} to train "
+                f"(validation uses {month_key(val_from)})"
+            )
         with db.sessions() as session:
-            pairs, val, counts = build_data(session, snapshot.encoder or encoder, snapshot, train_from=first,
-                                            val_from=val_from, until=until, cfg=data, progress=progress)
+            pairs, val, counts = build_data(
+                session,
+                snapshot.encoder or encoder,
+                snapshot,
+                train_from=first,
+                val_from=val_from,
+                until=until,
+                cfg=data,
+                progress=progress,
+            )
         (work / "val.json").write_text(json.dumps(val))
         (work / "counts.json").write_text(json.dumps(counts))
         (work / "pairs.jsonl").write_text("".join(json.dumps(p.to_json()) + "\n" for p in pairs))
@@ -253,16 +310,31 @@ def run_train_retriever_job(ctx: JobContext, job: JobHandle, *, until: dt.date, 
     version = f"dpr-{until}-{cfg.towers}-{key}"
     # trained and validated on questions in data.query_format (Pair.query, ValItem.query): serving asks
     # it the same way
-    info = {"version": version, "kind": "dpr", "base": "all-MiniLM-L6-v2", "query_format": data.query_format,
-            "trained_until": until.isoformat(),
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "data": counts,
-            "data_config": asdict(data), "validation": {"best": result.best, "bm25": bm25_figures,
-                                                         "untuned": result.history[0] if result.history else {}},
-            "history": result.history, "steps": result.steps, "stopped": result.stopped,
-            "train_seconds": result.seconds, "data_seconds": round(t1 - t0, 1)}
+    info = {
+        "version": version,
+        "kind": "dpr",
+        "base": "all-MiniLM-L6-v2",
+        "query_format": data.query_format,
+        "trained_until": until.isoformat(),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "data": counts,
+        "data_config": asdict(data),
+        "validation": {
+            "best": result.best,
+            "bm25": bm25_figures,
+            "untuned": result.history[0] if result.history else {},
+        },
+        "history": result.history,
+        "steps": result.steps,
+        "stopped": result.stopped,
+        "train_seconds": result.seconds,
+        "data_seconds": round(t1 - t0, 1),
+    }
     model.save(ctx.encoders_dir / version, info)
-    job.update(counts={"version": version, "validation": info["validation"]},
-               timings={"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)})
+    job.update(
+        counts={"version": version, "validation": info["validation"]},
+        timings={"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)},
+    )
     shutil.rmtree(run, ignore_errors=True)
     return version
 
@@ -271,6 +343,8 @@ def describe(info: dict) -> str:
     """One line per figure set of a version's validation, for the CLI."""
     v = info.get("validation", {})
     rows = [("bm25", v.get("bm25", {})), ("untuned", v.get("untuned", {})), (info["version"], v.get("best", {}))]
-    return "\n".join(f"  {name:40s} " + "  ".join(f"{k} {f.get(k, float('nan')):6.2f}" for k in
-                                                  [f"recall@{k}" for k in KS] + ["mrr"]) for name, f in rows)
-
+    return "\n".join(
+        f"  {name:40s} "
+        + "  ".join(f"{k} {f.get(k, float('nan')):6.2f}" for k in [f"recall@{k}" for k in KS] + ["mrr"])
+        for name, f in rows
+    )

@@ -1,17 +1,19 @@
 """Dependencies as named aliases: a route's signature reads as the list of what it needs."""
+
 from __future__ import annotations
 
 import secrets
-from typing import Annotated, Iterator
+from collections.abc import Iterator
+from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Path, Request
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings
-from app.db.engine import Database
-from app.services.admission import AdmissionGate
-from app.services.answering import AnswerService
-from workers.context import JobContext
+from serving.admission import AdmissionGate
+from serving.answering import AnswerService
+from settings import Settings
+from store.engine import Database
+from workers.job_context import JobContext
 
 
 def get_settings_dep(request: Request) -> Settings:
@@ -37,7 +39,7 @@ def get_answer_service(request: Request) -> AnswerService:
 
 
 def get_answer_gate(request: Request) -> AdmissionGate:
-    """How many answers run at once, and how many may wait (app/services/admission.py)."""
+    """How many answers run at once, and how many may wait (serving/admission.py)."""
     return request.app.state.answer_gate
 
 
@@ -51,19 +53,25 @@ JobsDep = Annotated[JobContext, Depends(get_jobs)]
 RowId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a row id (1 .. 2^63-1)")]
 
 
-def require_admin(request: Request, settings: SettingsDep, x_admin_token: Annotated[str | None, Header()] = None) -> None:
+def require_admin(
+    request: Request, settings: SettingsDep, x_admin_token: Annotated[str | None, Header()] = None
+) -> None:
     if not settings.admin_token:
         raise HTTPException(403, "admin routes are disabled: set SQA_ADMIN_TOKEN on the server")
     guard = getattr(request.app.state, "admin_guard", None)  # app/api/protection.py
     address = request.client.host if request.client else "unknown"
     if guard is not None and (wait := guard.blocked_for(address)) is not None:
-        raise HTTPException(429, f"too many failed admin logins from this client (SQA_ADMIN_FAILURE_LIMIT); "
-                                 f"try again in {wait:.0f} s", headers={"Retry-After": str(int(wait) + 1)})
+        raise HTTPException(
+            429,
+            f"too many failed admin logins from this client (SQA_ADMIN_FAILURE_LIMIT); try again in {wait:.0f} s",
+            headers={"Retry-After": str(int(wait) + 1)},
+        )
     if not x_admin_token or not secrets.compare_digest(x_admin_token.encode(), settings.admin_token.encode()):
         if guard is not None:
             guard.failed(address)
-        raise HTTPException(401, "missing X-Admin-Token header" if not x_admin_token
-                            else "wrong admin token (X-Admin-Token)")
+        raise HTTPException(
+            401, "missing X-Admin-Token header" if not x_admin_token else "wrong admin token (X-Admin-Token)"
+        )
 
 
 AdminDep = Depends(require_admin)

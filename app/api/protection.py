@@ -14,6 +14,7 @@ The counts live in SQA_LIMITS_STORAGE (a `limits` storage URI): `memory://`, eac
 or `redis://host:6379` (with the `redis` package), shared by every API replica, so that a client
 behind the proxy meets one limit however its requests are spread.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,11 +73,23 @@ class BodyLimit:
 
     async def _refuse(self, send, length: int | None, max_bytes: int, setting: str) -> None:
         size = f"{length} bytes" if length is not None else f"over {max_bytes} bytes"
-        body = json.dumps({"detail": f"the request body is {size}; the limit is {max_bytes} bytes "
-                                     f"({setting})", "request_id": current_request_id()}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        body = json.dumps(
+            {
+                "detail": f"the request body is {size}; the limit is {max_bytes} bytes ({setting})",
+                "request_id": current_request_id(),
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -121,12 +134,24 @@ class RateLimit:
             return await self.app(scope, receive, send)
         reset, _ = self.limiter.get_window_stats(self.item, "requests", address)
         retry = max(1, math.ceil(reset - time.time()))
-        body = json.dumps({"detail": f"too many requests from this client: the limit is {self.text} "
-                                     f"(SQA_RATE_LIMIT); try again in {retry} s",
-                           "request_id": current_request_id()}).encode()
-        await send({"type": "http.response.start", "status": 429,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"retry-after", str(retry).encode())]})
+        body = json.dumps(
+            {
+                "detail": f"too many requests from this client: the limit is {self.text} "
+                f"(SQA_RATE_LIMIT); try again in {retry} s",
+                "request_id": current_request_id(),
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 429,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", str(retry).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -141,8 +166,15 @@ def limits_storage(uri: str = "memory://"):
         raise ValueError(f"SQA_LIMITS_STORAGE={uri!r}: {exc}") from None
 
 
-def install(app: FastAPI, *, max_body_bytes: int, rate_limit: str, admin_failure_limit: str,
-            storage_uri: str = "memory://", body_paths: dict[str, tuple[int, str]] | None = None) -> None:
+def install(
+    app: FastAPI,
+    *,
+    max_body_bytes: int,
+    rate_limit: str,
+    admin_failure_limit: str,
+    storage_uri: str = "memory://",
+    body_paths: dict[str, tuple[int, str]] | None = None,
+) -> None:
     """Add the body limit, the rate limit, the admin guard (app.state.admin_guard) and /metrics
     (its own registry per app, so that several apps in one process keep their counts apart); the
     limits count in `storage_uri` (shared by the replicas when it is Redis)."""
@@ -152,7 +184,10 @@ def install(app: FastAPI, *, max_body_bytes: int, rate_limit: str, admin_failure
     storage = limits_storage(storage_uri)
     app.state.admin_guard = AdminGuard(admin_failure_limit, storage)
     Instrumentator(excluded_handlers=["/metrics"], registry=CollectorRegistry()).instrument(app).expose(
-        app, include_in_schema=False)
+        app, include_in_schema=False
+    )
     if rate_limit:
         app.add_middleware(RateLimit, limit=rate_limit, storage=storage)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, paths=body_paths)  # outermost: before anything reads the body
+    app.add_middleware(
+        BodyLimit, max_bytes=max_body_bytes, paths=body_paths
+    )  # outermost: before anything reads the body

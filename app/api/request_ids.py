@@ -8,6 +8,7 @@ and the logs as one JSON object a line (SQA_LOG_FORMAT=json) for a log shipper t
   threads started by a request do not carry it, and their log lines say "-").
 - `configure_logging(level, fmt)`: the root logger's handler, text or JSON, with the id on each line.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -56,11 +57,20 @@ class RequestIds:
         finally:
             client = scope.get("client")
             path = scope.get("path", "")
-            access_log.log(logging.DEBUG if path in QUIET_PATHS else logging.INFO, "%s %s %d",
-                           scope.get("method", ""), path, status,
-                           extra={"method": scope.get("method", ""), "path": path, "status": status,
-                                  "duration_ms": round((time.perf_counter() - t0) * 1000, 1),
-                                  "client": client[0] if client else None})
+            access_log.log(
+                logging.DEBUG if path in QUIET_PATHS else logging.INFO,
+                "%s %s %d",
+                scope.get("method", ""),
+                path,
+                status,
+                extra={
+                    "method": scope.get("method", ""),
+                    "path": path,
+                    "status": status,
+                    "duration_ms": round((time.perf_counter() - t0) * 1000, 1),
+                    "client": client[0] if client else None,
+                },
+            )
             REQUEST_ID.reset(token)
 
 
@@ -85,9 +95,13 @@ class JsonFormatter(logging.Formatter):
     """One JSON object a line: time (UTC), level, logger, message, request_id, the access fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
-               "level": record.levelname, "logger": record.name, "message": record.getMessage(),
-               "request_id": getattr(record, "request_id", None) or REQUEST_ID.get() or "-"}
+        out = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", None) or REQUEST_ID.get() or "-",
+        }
         out.update({k: getattr(record, k) for k in _EXTRAS if hasattr(record, k)})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

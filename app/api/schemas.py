@@ -1,4 +1,5 @@
 """HTTP request and response bodies (`<Thing>Request` / `<Thing>Public`)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -8,15 +9,21 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class AnswerRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "examples": [{"question": "Which team does Damar Hamlin play for?", "as_of": "2023-01-05", "top_k": 5}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"question": "Which team does Damar Hamlin play for?", "as_of": "2023-01-05", "top_k": 5}]
+        },
+    )
 
     question: str = Field(description="The question, in plain English.")
-    as_of: str | None = Field(default=None, description="YYYY-MM-DD: answer from news published on or before "
-                                                         "this day (default: today, UTC).")
+    as_of: str | None = Field(
+        default=None, description="YYYY-MM-DD: answer from news published on or before this day (default: today, UTC)."
+    )
     # strict: "5" and true are refused, not read as 5 and 1
-    top_k: StrictInt | None = Field(default=None, description="How many passages to retrieve (default SQA_TOP_K), "
-                                                              "a JSON integer.")
+    top_k: StrictInt | None = Field(
+        default=None, description="How many passages to retrieve (default SQA_TOP_K), a JSON integer."
+    )
 
 
 class PassagePublic(BaseModel):
@@ -35,15 +42,22 @@ class AnswerPublic(BaseModel):
     versions: dict[str, str]
     timings_ms: dict[str, float]
     notes: list[str] = []
-    grounded: bool = Field(default=False, description="Whether a passage the reader read states the answer "
-                                                      "(headline or text, SQuAD-normalised). False: the answer is "
-                                                      "the reader's inference or a guess; check the passages.")
-    evidence: list[int] = Field(default=[], description="The passage_ids of the passages read that state the "
-                                                        "answer, best rank first.")
-    confidence: float | None = Field(default=None, description="The reader's probability of the answer it wrote "
-                                                               "(0..1; null for readers that give none). On the "
-                                                               "RealTimeQA slice, answers at 0.7 or more were right "
-                                                               "57-69% of the time, under 0.15 3-5%.")
+    grounded: bool = Field(
+        default=False,
+        description="Whether a passage the reader read states the answer "
+        "(headline or text, SQuAD-normalised). False: the answer is "
+        "the reader's inference or a guess; check the passages.",
+    )
+    evidence: list[int] = Field(
+        default=[], description="The passage_ids of the passages read that state the answer, best rank first."
+    )
+    confidence: float | None = Field(
+        default=None,
+        description="The reader's probability of the answer it wrote "
+        "(0..1; null for readers that give none). On the "
+        "RealTimeQA slice, answers at 0.7 or more were right "
+        "57-69% of the time, under 0.15 3-5%.",
+    )
 
 
 class IngestRequest(BaseModel):
@@ -53,8 +67,11 @@ class IngestRequest(BaseModel):
 
 class ReencodeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    encoder: str = Field(min_length=1, max_length=200,
-                         description="The encoder to switch the index to: a trained version (GET /admin/encoders) or 'minilm'.")
+    encoder: str = Field(
+        min_length=1,
+        max_length=200,
+        description="The encoder to switch the index to: a trained version (GET /admin/encoders) or 'minilm'.",
+    )
 
 
 class EncoderVersionPublic(BaseModel):
@@ -137,17 +154,20 @@ class MonthDriftPublic(BaseModel):
     reference: str = Field(description="previous | earlier | training: what it is compared with.")
     reference_first: str = Field(description="YYYY-MM: the first month of the reference.")
     reference_last: str = Field(description="YYYY-MM: the last month of the reference.")
-    reader_version: str | None = Field(description="The trained reader whose training months are the reference "
-                                                   "(training rows only).")
+    reader_version: str | None = Field(
+        description="The trained reader whose training months are the reference (training rows only)."
+    )
     encoder: str
     n_target: int = Field(description="Passages of the month.")
     n_source: int = Field(description="Passages of the reference months.")
-    measures: dict[str, float] = Field(description="unseen_words, unseen_words_tokens, [unseen_entities, "
-                                                   "unseen_entities_tokens,] cosine, kl.")
+    measures: dict[str, float] = Field(
+        description="unseen_words, unseen_words_tokens, [unseen_entities, unseen_entities_tokens,] cosine, kl."
+    )
     computed_at: dt.datetime
 
 
 # ---- errors ------------------------------------------------------------------------------------------
+
 
 class ErrorItem(BaseModel):
     loc: list[str | int] = Field(description="Where the problem is: body, query or path, then the field.")
@@ -157,9 +177,11 @@ class ErrorItem(BaseModel):
 
 class ErrorPublic(BaseModel):
     """Every error the JSON API answers with (app/main.py's handlers, the body and rate limits)."""
+
     detail: str = Field(description="What is wrong, in a sentence a caller can act on.")
-    request_id: str | None = Field(default=None, description="This request's id (also the X-Request-ID header); "
-                                                              "the server's log lines carry it.")
+    request_id: str | None = Field(
+        default=None, description="This request's id (also the X-Request-ID header); the server's log lines carry it."
+    )
     errors: list[ErrorItem] | None = Field(default=None, description="422 on a malformed request: one item a problem.")
 
 
@@ -172,7 +194,7 @@ ERROR_DESCRIPTIONS = {
     413: "The request body is over SQA_MAX_BODY_BYTES.",
     422: "The request is malformed: `detail` says what is wrong, `errors` lists each problem.",
     429: "Too many requests from this client (SQA_RATE_LIMIT), or too many failed admin logins "
-         "(SQA_ADMIN_FAILURE_LIMIT); Retry-After says when to try again.",
+    "(SQA_ADMIN_FAILURE_LIMIT); Retry-After says when to try again.",
     503: "Not ready (no index yet) or too busy (Retry-After says when to try again).",
 }
 
@@ -186,8 +208,10 @@ def json_error_responses(responses: dict[int | str, dict[str, Any]]) -> dict[int
     """The same error responses for a route whose success is not JSON (an HTML report): FastAPI
     would document its errors with the route's media type; they are JSON like everywhere else."""
     ref = {"$ref": "#/components/schemas/ErrorPublic"}
-    return {code: {"description": r["description"], "content": {"application/json": {"schema": ref}}}
-            for code, r in responses.items()}
+    return {
+        code: {"description": r["description"], "content": {"application/json": {"schema": ref}}}
+        for code, r in responses.items()
+    }
 
 
 # Every JSON API route: a body that cannot be read or is too large, a malformed request, too many requests.
@@ -197,6 +221,7 @@ ADMIN_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 429, 503)
 
 
 # ---- live news (app/api/routes/articles.py) --------------------------------------------------------
+
 
 class ArticleRejectedPublic(BaseModel):
     line: int = Field(description="The NDJSON line, or the position in the JSON array, from 1.")
@@ -234,16 +259,19 @@ class LiveStatusPublic(BaseModel):
     oldest_waiting_at: dt.datetime | None
     last_publish_at: dt.datetime | None = Field(description="When the serving snapshot was committed.")
     newest_article_at: dt.datetime | None = Field(
-        description="When the newest searchable article arrived (stored, or last changed).")
+        description="When the newest searchable article arrived (stored, or last changed)."
+    )
     newest_day: dt.date | None = Field(description="The newest publication day in the serving index.")
     months: list[LivePieceMonthPublic] = Field(description="Live pieces of the serving snapshot, by month.")
 
 
 # ---- feeds (app/api/routes/feeds.py) ---------------------------------------------------------------
 
+
 class FeedRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "examples": [{"url": "https://news.example/rss.xml", "source": "example"}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"url": "https://news.example/rss.xml", "source": "example"}]}
+    )
 
     url: str = Field(max_length=2048, description="The RSS or Atom feed's http(s) URL.")
     source: str = Field("", max_length=64, description="The articles' source name (default: the feed's host).")
@@ -256,7 +284,9 @@ class FeedPublic(BaseModel):
     active: bool
     last_fetch_at: dt.datetime | None
     last_ok_at: dt.datetime | None
-    last_status: int | None = Field(description="The HTTP status of the last fetch (None: no answer, or never fetched).")
+    last_status: int | None = Field(
+        description="The HTTP status of the last fetch (None: no answer, or never fetched)."
+    )
     last_error: str | None = Field(description="Why the last poll failed, or which entries it skipped.")
     failures: int = Field(description="Polls failed in a row; each doubles the wait before the next.")
     last_new: int = Field(description="New or updated articles at the last fetch with content.")

@@ -2,9 +2,10 @@
 
 It reads the settings once per command and hands jobs a context built by app.bootstrap.
 """
+
 from __future__ import annotations
 
-from app.cli import data, evaluation, feeds, live, service, training  # noqa: F401  (each registers its commands)
+from app.cli import data, eval_commands, feed_commands, live_commands, service, train_commands  # noqa: F401  (each registers its commands)
 from app.cli.common import cli
 
 

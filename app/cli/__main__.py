@@ -1,4 +1,5 @@
 """`python -m app.cli ...` runs `sqa ...`."""
+
 from app.cli import main
 
 main()

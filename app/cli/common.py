@@ -3,22 +3,28 @@
 Commands import the heavy modules (app.bootstrap, models, workers) inside their functions, so
 `sqa --help` and the table commands start without loading torch.
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from app.core.config import Settings, get_settings
+from settings import Settings, get_settings
 
 if TYPE_CHECKING:
-    from workers.context import JobContext
+    from workers.job_context import JobContext
     from workers.runner import JobHandle
 
-cli = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Streaming QA over time-stamped news. All state lives under SQA_HOME (default ./.sqa).")
+cli = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Streaming QA over time-stamped news. All state lives under SQA_HOME (default ./.sqa).",
+)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -37,7 +43,7 @@ def settings() -> Settings:
 def open_database(s: Settings, *, migrate: bool = True):
     """The settings' database, migrated: app.bootstrap's `open_database` without importing the
     services and workers that the table commands (jobs, models, index status) never use."""
-    from app.db.engine import open_database as open_url
+    from store.engine import open_database as open_url
 
     s.ensure_dirs()
     return open_url(s.db_url, migrate=migrate)
@@ -73,9 +79,9 @@ def guard(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from app.services.errors import ServiceError
         from indexer.dates import InvalidDateError
-        from indexer.errors import IndexIntegrityError
+        from indexer.index_errors import IndexIntegrityError
+        from serving.errors import ServiceError
 
         try:
             return fn(*args, **kwargs)
@@ -92,15 +98,22 @@ def context(*, migrate: bool = True):
     return open_context(settings(), migrate=migrate, bar=show_bars())
 
 
-def run_job(kind: str, params: dict, work: Callable[["JobContext", "JobHandle"], Any], *,
-            result_key: str | None = None, lock: str | None = None) -> Any:
+def run_job(
+    kind: str,
+    params: dict,
+    work: Callable[[JobContext, JobHandle], Any],
+    *,
+    result_key: str | None = None,
+    lock: str | None = None,
+) -> Any:
     """Record a job of `kind` around `work(ctx, job)` and run it here and now (through the job
     runner: progress bar, state, failure recorded); returns what `work` returns, also kept in the
     job's counts under `result_key`. `lock` names a lock the job holds while it runs."""
     with context() as ctx:
         runner = ctx.runner
-        return runner.run_new(kind, params, lambda job: work(ctx, job), result_key=result_key,
-                              lock=runner.lock(lock) if lock else None)
+        return runner.run_new(
+            kind, params, lambda job: work(ctx, job), result_key=result_key, lock=runner.lock(lock) if lock else None
+        )
 
 
 def num(value, digits: int = 2, sign: bool = False) -> str:

@@ -1,8 +1,8 @@
 """`sqa db`, `sqa import`, `sqa ingest` and `sqa index`: getting news into the index."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,11 +18,12 @@ cli.add_typer(index_cli, name="index")
 
 # ---- db --------------------------------------------------------------------------------------------
 
+
 @db_cli.command("upgrade", epilog="Example: sqa db upgrade")
 @guard
 def db_upgrade() -> None:
     """Apply the database migrations (also done automatically on start)."""
-    from app.db.migrate import upgrade
+    from store.migrate import upgrade
 
     s = settings()
     s.ensure_dirs()
@@ -31,6 +32,7 @@ def db_upgrade() -> None:
 
 
 # ---- import ----------------------------------------------------------------------------------------
+
 
 def _store(articles, questions, report) -> None:
     from app.cli.common import open_database
@@ -42,8 +44,9 @@ def _store(articles, questions, report) -> None:
     finally:
         db.close()
     a, q = result.articles, result.questions
-    typer.echo(f"articles: {len(articles)} read, {a.inserted} new, {a.updated} updated (longer text), "
-               f"{a.unchanged} unchanged")
+    typer.echo(
+        f"articles: {len(articles)} read, {a.inserted} new, {a.updated} updated (longer text), {a.unchanged} unchanged"
+    )
     typer.echo(f"questions: {len(questions)} read, {q.inserted} new, {q.updated} updated, {q.unchanged} unchanged")
     if report.skipped:
         typer.echo(f"skipped {report.skipped_total} malformed or unusable record(s):")
@@ -53,44 +56,60 @@ def _store(articles, questions, report) -> None:
             typer.echo(f"          e.g. {example}")
     stale = result.stale_months
     if stale:
-        typer.echo("already indexed months with new or longer articles (re-ingest them): "
-                   + " ".join(f"sqa ingest --month {m}" for m in stale))
+        typer.echo(
+            "already indexed months with new or longer articles (re-ingest them): "
+            + " ".join(f"sqa ingest --month {m}" for m in stale)
+        )
 
 
 @import_cli.command("realtimeqa", epilog="Example: sqa import realtimeqa ../shared/data/realtimeqa --since 2023-01-01")
 @guard
-def import_realtimeqa(path: Path = typer.Argument(..., help="RealTimeQA repository root or its past/ folder"),
-                      since: Optional[str] = typer.Option(None, help="YYYY-MM-DD: skip questions and articles before"),
-                      until: Optional[str] = typer.Option(None, help="YYYY-MM-DD: skip questions and articles after")) -> None:
+def import_realtimeqa(
+    path: Path = typer.Argument(..., help="RealTimeQA repository root or its past/ folder"),
+    since: str | None = typer.Option(None, help="YYYY-MM-DD: skip questions and articles before"),
+    until: str | None = typer.Option(None, help="YYYY-MM-DD: skip questions and articles after"),
+) -> None:
     """Import RealTimeQA questions and their search-result articles (.jsonl or .jsonl.gz)."""
     from indexer.importers import read_realtimeqa
 
     if not path.exists():
         fail(f"{path} does not exist")
-    articles, questions, report = read_realtimeqa(path, since=day_option(since, "--since"), until=day_option(until, "--until"))
+    articles, questions, report = read_realtimeqa(
+        path, since=day_option(since, "--since"), until=day_option(until, "--until")
+    )
     _store(articles, questions, report)
 
 
-@import_cli.command("streamingqa", epilog="Example: sqa import streamingqa streaming_qa_valid.jsonl.gz --articles wmt_articles.jsonl.gz")
+@import_cli.command(
+    "streamingqa", epilog="Example: sqa import streamingqa streaming_qa_valid.jsonl.gz --articles wmt_articles.jsonl.gz"
+)
 @guard
-def import_streamingqa(questions_path: Path = typer.Argument(..., metavar="QUESTIONS.jsonl[.gz]"),
-                       articles: Optional[Path] = typer.Option(None, "--articles", help="ARTICLES.jsonl[.gz]"),
-                       since: Optional[str] = typer.Option(None), until: Optional[str] = typer.Option(None)) -> None:
+def import_streamingqa(
+    questions_path: Path = typer.Argument(..., metavar="QUESTIONS.jsonl[.gz]"),
+    articles: Path | None = typer.Option(None, "--articles", help="ARTICLES.jsonl[.gz]"),
+    since: str | None = typer.Option(None),
+    until: str | None = typer.Option(None),
+) -> None:
     """Import StreamingQA questions (and a plain article JSONL)."""
     from indexer.importers import read_streamingqa
 
     for p in (questions_path, articles):
         if p is not None and not p.exists():
             fail(f"{p} does not exist")
-    arts, questions, report = read_streamingqa(questions_path, articles, since=day_option(since, "--since"),
-                                               until=day_option(until, "--until"))
+    arts, questions, report = read_streamingqa(
+        questions_path, articles, since=day_option(since, "--since"), until=day_option(until, "--until")
+    )
     _store(arts, questions, report)
 
 
 @import_cli.command("articles", epilog="Example: sqa import articles news-2024-02.jsonl --source wire")
 @guard
-def import_articles(path: Path, since: Optional[str] = typer.Option(None), until: Optional[str] = typer.Option(None),
-                    source: str = typer.Option("jsonl", help="name stored with each article")) -> None:
+def import_articles(
+    path: Path,
+    since: str | None = typer.Option(None),
+    until: str | None = typer.Option(None),
+    source: str = typer.Option("jsonl", help="name stored with each article"),
+) -> None:
     """Import plain article JSONL (id, url, title, text, published)."""
     from indexer.importers import read_articles_jsonl
     from indexer.records import ImportReport
@@ -98,12 +117,14 @@ def import_articles(path: Path, since: Optional[str] = typer.Option(None), until
     if not path.exists():
         fail(f"{path} does not exist")
     report = ImportReport()
-    arts, report = read_articles_jsonl(path, since=day_option(since, "--since"), until=day_option(until, "--until"),
-                                       report=report, source=source)
+    arts, report = read_articles_jsonl(
+        path, since=day_option(since, "--since"), until=day_option(until, "--until"), report=report, source=source
+    )
     _store(arts, [], report)
 
 
 # ---- ingest ----------------------------------------------------------------------------------------
+
 
 def _fill_on_ray(ctx, encoder, params, address: str | None, actors: int) -> None:
     """Encode the planned months' passages on Ray into the ingest's checkpoints (workers/backfill_ray.py),
@@ -117,16 +138,26 @@ def _fill_on_ray(ctx, encoder, params, address: str | None, actors: int) -> None
     from workers.backfill_ray import fill_checkpoints
     from workers.ingest import ingest_lock
 
-    with ingest_lock(ctx.ingest.index_dir).hold(), tqdm(desc="encode on ray", unit="passage",
-                                                        disable=None) as bar:
-        done = fill_checkpoints(ctx.sessions, encoder, ctx.ingest, params, address=address, actors=actors,
-                                advance=bar.update)
-    typer.echo(f"ray: {done['encoded']} of {done['passages']} planned passages encoded now "
-               f"({done['blocks']} blocks on {done['actors']} actors; the rest were already checkpointed)", err=True)
+    with ingest_lock(ctx.ingest.index_dir).hold(), tqdm(desc="encode on ray", unit="passage", disable=None) as bar:
+        done = fill_checkpoints(
+            ctx.sessions, encoder, ctx.ingest, params, address=address, actors=actors, advance=bar.update
+        )
+    typer.echo(
+        f"ray: {done['encoded']} of {done['passages']} planned passages encoded now "
+        f"({done['blocks']} blocks on {done['actors']} actors; the rest were already checkpointed)",
+        err=True,
+    )
 
 
-def _run_ingest(params, *, train: bool = False, train_minutes: float | None = None, executor: str = "local",
-                address: str | None = None, actors: int = 0) -> None:
+def _run_ingest(
+    params,
+    *,
+    train: bool = False,
+    train_minutes: float | None = None,
+    executor: str = "local",
+    address: str | None = None,
+    actors: int = 0,
+) -> None:
     """Run an ingest job (`workers.ingest.IngestParams`) here, print what each shard got, then train
     the reader on what is dated before the last ingested month (workers/auto_train.py) unless told not to."""
     import dataclasses
@@ -134,8 +165,8 @@ def _run_ingest(params, *, train: bool = False, train_minutes: float | None = No
 
     from sqlalchemy import func, select
 
-    from app.db.tables import Passage
     from indexer.dates import month_start
+    from store.tables import Passage
     from workers.ingest import ingest as run_ingest
 
     with context() as ctx:
@@ -148,8 +179,10 @@ def _run_ingest(params, *, train: bool = False, train_minutes: float | None = No
         counts = job.counts or {}
         for key in counts.get("planned", []):
             c, t = counts.get(key, {}), (job.timings or {}).get(key, {})
-            typer.echo(f"{key}: {c.get('articles')} articles -> {c.get('passages')} passages "
-                       f"({t.get('passages_per_s')} passages/s), snapshot {c.get('snapshot')}")
+            typer.echo(
+                f"{key}: {c.get('articles')} articles -> {c.get('passages')} passages "
+                f"({t.get('passages_per_s')} passages/s), snapshot {c.get('snapshot')}"
+            )
         if counts.get("empty_months"):
             typer.echo(f"months without articles (skipped): {' '.join(counts['empty_months'])}")
         if not counts.get("planned"):
@@ -157,7 +190,9 @@ def _run_ingest(params, *, train: bool = False, train_minutes: float | None = No
         last = params.month or params.through
         if last is None:  # a history backfill: no month of news to learn up to
             return
-        cfg = ctx.auto_train if train_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=train_minutes)
+        cfg = (
+            ctx.auto_train if train_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=train_minutes)
+        )
         if not train or not cfg.enabled:
             typer.echo("training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
             return
@@ -175,9 +210,12 @@ def run_auto_train(ctx, until, cfg) -> None:
     from workers.auto_train import describe, nothing_to_do, run_after_ingest
 
     if nothing_to_do(ctx, until, cfg) is None:  # say what is coming: it takes a while
-        typer.echo(f"training after ingest: on what is dated before {until}, checked on "
-                   f"{month_key(until - timedelta(days=1))} ({'a re-ranker, then ' if cfg.rerank else ''}the reader "
-                   f"within {cfg.max_minutes:g} min; --no-train skips it)", err=True)
+        typer.echo(
+            f"training after ingest: on what is dated before {until}, checked on "
+            f"{month_key(until - timedelta(days=1))} ({'a re-ranker, then ' if cfg.rerank else ''}the reader "
+            f"within {cfg.max_minutes:g} min; --no-train skips it)",
+            err=True,
+        )
     done = run_after_ingest(ctx, until, cfg)
     if done["action"] == "skip" and "job_id" not in done:
         typer.echo(f"training after ingest: skipped ({done['reason']})", err=True)
@@ -187,23 +225,37 @@ def run_auto_train(ctx, until, cfg) -> None:
 
 @cli.command("ingest", epilog="Example: sqa ingest --through 2023-06 --from 2022-06 --no-train")
 @guard
-def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest this month"),
-           through: Optional[str] = typer.Option(None, help="YYYY-MM: ingest every month not yet ingested up to this one"),
-           from_: Optional[str] = typer.Option(None, "--from", help="YYYY-MM: with --through, the first month "
-                                               "(older articles form one history backfill on an empty index)"),
-           history_before: Optional[str] = typer.Option(None, help="YYYY-MM: (re)build the history shard of "
-                                                        "everything published before this month"),
-           train: bool = typer.Option(True, "--train/--no-train", help="then train the reader on what is dated "
-                                      "before the last ingested month, and activate it if it answers better on the "
-                                      "month before (default: SQA_AUTO_TRAIN)"),
-           train_minutes: Optional[float] = typer.Option(None, min=0.1, help="that training's budget in minutes "
-                                                         "(default: SQA_AUTO_TRAIN_MINUTES, 30)"),
-           executor: str = typer.Option("local", help="local, or ray: encode every planned month in parallel on a "
-                                                      "Ray cluster first (pip install '.[ray]'), then index as local does"),
-           address: Optional[str] = typer.Option(None, help="--executor ray: the cluster (ray://HOST:10001, auto); "
-                                                            "default: a local one on this machine's cores"),
-           actors: int = typer.Option(0, min=0, help="--executor ray: encoder actors (0: one per GPU, else per CPU)")
-           ) -> None:
+def ingest(
+    month: str | None = typer.Option(None, help="YYYY-MM: (re-)ingest this month"),
+    through: str | None = typer.Option(None, help="YYYY-MM: ingest every month not yet ingested up to this one"),
+    from_: str | None = typer.Option(
+        None,
+        "--from",
+        help="YYYY-MM: with --through, the first month (older articles form one history backfill on an empty index)",
+    ),
+    history_before: str | None = typer.Option(
+        None, help="YYYY-MM: (re)build the history shard of everything published before this month"
+    ),
+    train: bool = typer.Option(
+        True,
+        "--train/--no-train",
+        help="then train the reader on what is dated "
+        "before the last ingested month, and activate it if it answers better on the "
+        "month before (default: SQA_AUTO_TRAIN)",
+    ),
+    train_minutes: float | None = typer.Option(
+        None, min=0.1, help="that training's budget in minutes (default: SQA_AUTO_TRAIN_MINUTES, 30)"
+    ),
+    executor: str = typer.Option(
+        "local",
+        help="local, or ray: encode every planned month in parallel on a "
+        "Ray cluster first (pip install '.[ray]'), then index as local does",
+    ),
+    address: str | None = typer.Option(
+        None, help="--executor ray: the cluster (ray://HOST:10001, auto); default: a local one on this machine's cores"
+    ),
+    actors: int = typer.Option(0, min=0, help="--executor ray: encoder actors (0: one per GPU, else per CPU)"),
+) -> None:
     """Chunk, encode and index articles; each month becomes a shard and a new snapshot.
 
     Then, unless --no-train, the reader is trained on the stored questions and news dated before the
@@ -221,10 +273,19 @@ def ingest(month: Optional[str] = typer.Option(None, help="YYYY-MM: (re-)ingest 
         fail(f"--executor must be local or ray, not {executor!r}")
     if executor == "local" and (address or actors):
         fail("--address and --actors go with --executor ray")
-    _run_ingest(IngestParams(month=month_option(month, "--month"), through=month_option(through, "--through"),
-                             start=month_option(from_, "--from"),
-                             history_before=month_option(history_before, "--history-before")),
-                train=train, train_minutes=train_minutes, executor=executor, address=address, actors=actors)
+    _run_ingest(
+        IngestParams(
+            month=month_option(month, "--month"),
+            through=month_option(through, "--through"),
+            start=month_option(from_, "--from"),
+            history_before=month_option(history_before, "--history-before"),
+        ),
+        train=train,
+        train_minutes=train_minutes,
+        executor=executor,
+        address=address,
+        actors=actors,
+    )
 
 
 @index_cli.command("rebuild", epilog="Example: sqa index rebuild")
@@ -238,8 +299,11 @@ def index_rebuild() -> None:
 
 @index_cli.command("reencode", epilog="Example: sqa index reencode --encoder minilm")
 @guard
-def index_reencode(encoder: str = typer.Option(..., help="the encoder to switch to: a trained version "
-                                               "(`sqa encoders list`), minilm, or a folder")) -> None:
+def index_reencode(
+    encoder: str = typer.Option(
+        ..., help="the encoder to switch to: a trained version (`sqa encoders list`), minilm, or a folder"
+    ),
+) -> None:
     """Re-encode every shard with another encoder and switch the index to it in one snapshot; run the
     same command again to resume an interrupted run."""
     reencode_index(encoder)
@@ -262,11 +326,15 @@ def reencode_index(spec: str) -> None:
     if not c.get("snapshot"):
         typer.echo(job.message)
         return
-    typer.echo(f"re-encoded {c['passages']} passages in {c['shards']} shards with {c['encoder']} "
-               f"({t.get('passages_per_s')} passages/s); snapshot {c['snapshot']} serves")
+    typer.echo(
+        f"re-encoded {c['passages']} passages in {c['shards']} shards with {c['encoder']} "
+        f"({t.get('passages_per_s')} passages/s); snapshot {c['snapshot']} serves"
+    )
     if s.encoder != "auto":
-        typer.echo(f"SQA_ENCODER is pinned to {s.encoder}: set it to auto (or {c['encoder']}) so that the "
-                   "server and the ingests use the new encoder")
+        typer.echo(
+            f"SQA_ENCODER is pinned to {s.encoder}: set it to auto (or {c['encoder']}) so that the "
+            "server and the ingests use the new encoder"
+        )
 
 
 @index_cli.command("status", epilog="Example: sqa index status")
@@ -274,7 +342,7 @@ def reencode_index(spec: str) -> None:
 def index_status() -> None:
     """Show the newest snapshot and check its files against the database."""
     from app.cli.common import open_database
-    from app.services.index_state import IndexState
+    from serving.index_state import IndexState
 
     s = settings()
     db = open_database(s)
@@ -283,11 +351,15 @@ def index_status() -> None:
         if not state.refresh():
             fail("no index snapshot yet: run `sqa ingest --through YYYY-MM`", code=1)
         snap = state.current()
-        typer.echo(f"snapshot {snap.snapshot_id}: {snap.index.ntotal} vectors, encoder {snap.manifest.encoder}, "
-                   f"newest day {snap.newest_day}")
+        typer.echo(
+            f"snapshot {snap.snapshot_id}: {snap.index.ntotal} vectors, encoder {snap.manifest.encoder}, "
+            f"newest day {snap.newest_day}"
+        )
         for e in snap.manifest.shards:
-            typer.echo(f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}  {e.index.kind}  "
-                       f"{e.encoder or snap.manifest.encoder}{'' if e.bm25 else '  (no BM25: sqa index bm25)'}")
+            typer.echo(
+                f"  {e.key:16s} {e.count:8d} vectors  {e.min_day}..{e.max_day}  {e.file}  {e.index.kind}  "
+                f"{e.encoder or snap.manifest.encoder}{'' if e.bm25 else '  (no BM25: sqa index bm25)'}"
+            )
         typer.echo("files and database agree")
     finally:
         db.close()
@@ -298,7 +370,7 @@ def index_status() -> None:
 def index_bm25() -> None:
     """Build the BM25 files of shards ingested before BM25 existed (SQA_RETRIEVER=bm25|hybrid needs them)."""
     from app.cli.common import open_database
-    from workers.lexical import build_missing_lexical
+    from workers.bm25_backfill import build_missing_lexical
 
     s = settings()
     db = open_database(s)
@@ -317,4 +389,3 @@ def _encoder_identity(s) -> dict:
 
     name, dim = encoder_identity(s)
     return {"encoder": name, "dim": dim}
-

@@ -1,8 +1,8 @@
 """`sqa ask`, `serve`, `worker`, `schedule` and `jobs`: running the service."""
+
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -26,9 +26,10 @@ def worker() -> None:
 
 @cli.command("schedule", epilog="Example: sqa schedule --run monthly-ingest --period 2024-02")
 @guard
-def schedule(run: Optional[str] = typer.Option(None, help="run this scheduled job now (monthly-ingest, "
-                                               "quarterly-evaluation)"),
-             period: Optional[str] = typer.Option(None, help="with --run: the month (YYYY-MM) or quarter (YYYYQn)")) -> None:
+def schedule(
+    run: str | None = typer.Option(None, help="run this scheduled job now (monthly-ingest, quarterly-evaluation)"),
+    period: str | None = typer.Option(None, help="with --run: the month (YYYY-MM) or quarter (YYYYQn)"),
+) -> None:
     """List the scheduled jobs and their next runs, or run one now."""
     from app.bootstrap import scheduler_config
     from workers.scheduler import scheduled_jobs, trigger_now
@@ -46,10 +47,15 @@ def schedule(run: Optional[str] = typer.Option(None, help="run this scheduled jo
 
 # ---- ask, serve, jobs ------------------------------------------------------------------------------
 
+
 @cli.command("ask", epilog="Example: sqa ask 'Who won the Super Bowl?' --as-of 2023-02-14 --top-k 5")
 @guard
-def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-DD (default: today)"),
-        top_k: Optional[int] = typer.Option(None), as_json: bool = typer.Option(False, "--json")) -> None:
+def ask(
+    question: str,
+    as_of: str | None = typer.Option(None, help="YYYY-MM-DD (default: today)"),
+    top_k: int | None = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Answer one question as of a date and print the cited passages."""
     from app.bootstrap import build_answer_service, build_encoder, build_reader, open_database
 
@@ -69,12 +75,17 @@ def ask(question: str, as_of: Optional[str] = typer.Option(None, help="YYYY-MM-D
         typer.echo(json.dumps({**asdict(result), "grounded": result.grounded}, default=str, indent=2))
         return
     typer.echo(f"Q ({result.as_of}): {question}")
-    typer.echo(f"A: {result.answer or '(no answer)'}"
-               + (f"    (reader's confidence {result.confidence:.2f})" if result.confidence is not None else ""))
+    typer.echo(
+        f"A: {result.answer or '(no answer)'}"
+        + (f"    (reader's confidence {result.confidence:.2f})" if result.confidence is not None else "")
+    )
     if result.answer:
         ranks = [i for i, p in enumerate(result.passages, 1) if p.passage_id in result.evidence]
-        typer.echo("   stated in passage " + ", ".join(f"[{i}]" for i in ranks) if ranks else
-                   "   not stated in any passage read: an inference or a guess")
+        typer.echo(
+            "   stated in passage " + ", ".join(f"[{i}]" for i in ranks)
+            if ranks
+            else "   not stated in any passage read: an inference or a guess"
+        )
     for note in result.notes:
         typer.echo(f"note: {note}")
     for i, p in enumerate(result.passages, 1):
@@ -93,13 +104,19 @@ def quiet_model_loading() -> None:
 
 
 @cli.command("serve", epilog="Example: sqa serve --host 0.0.0.0 --port 8000 --log-format json")
-def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
-          log_level: str = typer.Option("info"),
-          log_format: Optional[str] = typer.Option(None, help="text or json (default SQA_LOG_FORMAT): one JSON object "
-                                                              "a line with the request id"),
-          forwarded_allow_ips: Optional[str] = typer.Option(
-              None, help="behind a reverse proxy: the proxy addresses whose X-Forwarded-For is trusted (comma-"
-                         "separated, or *), so that rate limits count each real client (default 127.0.0.1)")) -> None:
+def serve(
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8000),
+    log_level: str = typer.Option("info"),
+    log_format: str | None = typer.Option(
+        None, help="text or json (default SQA_LOG_FORMAT): one JSON object a line with the request id"
+    ),
+    forwarded_allow_ips: str | None = typer.Option(
+        None,
+        help="behind a reverse proxy: the proxy addresses whose X-Forwarded-For is trusted (comma-"
+        "separated, or *), so that rate limits count each real client (default 127.0.0.1)",
+    ),
+) -> None:
     """Run the HTTP API under uvicorn (one process: the models load once)."""
     import uvicorn
 
@@ -113,21 +130,32 @@ def serve(host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
     except ValueError as exc:
         fail(str(exc))
     # the access lines come from app.access (with the request id and the duration), not uvicorn's
-    uvicorn.run(create_app(s), host=host, port=port, log_level=log_level, log_config=None, access_log=False,
-                proxy_headers=True, forwarded_allow_ips=forwarded_allow_ips)
+    uvicorn.run(
+        create_app(s),
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=None,
+        access_log=False,
+        proxy_headers=True,
+        forwarded_allow_ips=forwarded_allow_ips,
+    )
 
 
 @jobs_cli.command("list", epilog="Example: sqa jobs list --kind ingest --state failed --limit 5")
 @guard
-def jobs_list(limit: int = typer.Option(20, min=1, max=1000, help="the newest this many"),
-              kind: Optional[str] = typer.Option(None, help="only this kind (ingest, auto-train, finetune, ...)"),
-              state: Optional[str] = typer.Option(None, help="only this state (queued, running, succeeded, failed, "
-                                                             "interrupted, skipped)")) -> None:
+def jobs_list(
+    limit: int = typer.Option(20, min=1, max=1000, help="the newest this many"),
+    kind: str | None = typer.Option(None, help="only this kind (ingest, auto-train, finetune, ...)"),
+    state: str | None = typer.Option(
+        None, help="only this state (queued, running, succeeded, failed, interrupted, skipped)"
+    ),
+) -> None:
     """The newest jobs, one line each: id, kind, state, progress, started, duration, message."""
     from sqlalchemy import select
 
     from app.cli.common import open_database
-    from app.db.tables import Job
+    from store.tables import Job
 
     db = open_database(settings())
     try:
@@ -142,8 +170,10 @@ def jobs_list(limit: int = typer.Option(20, min=1, max=1000, help="the newest th
                 end = j.finished_at or j.heartbeat_at
                 took = f"{(end - j.started_at).total_seconds():.0f} s" if end and j.started_at else "-"
                 started = j.started_at.strftime("%Y-%m-%d %H:%M") if j.started_at else "-"
-                typer.echo(f"{j.id:>5}  {j.kind:<20} {j.state:<11} {100 * (j.progress or 0):5.1f}%  {started}  "
-                           f"{took:>8}  {(j.error or j.message or '')[:90]}")
+                typer.echo(
+                    f"{j.id:>5}  {j.kind:<20} {j.state:<11} {100 * (j.progress or 0):5.1f}%  {started}  "
+                    f"{took:>8}  {(j.error or j.message or '')[:90]}"
+                )
             if not jobs:
                 typer.echo("no jobs" + (" of that kind/state" if kind or state else " yet"))
     finally:
@@ -155,11 +185,17 @@ ENDED_STATES = ("succeeded", "failed", "interrupted", "skipped")
 
 @jobs_cli.command("show", epilog="Example: sqa jobs show 7 --follow")
 @guard
-def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa jobs list`)"),
-              follow: bool = typer.Option(False, "--follow", "-f",
-                                          help="print its progress as it changes until it ends; the exit code "
-                                               "is 0 if it succeeded (or was skipped), 1 otherwise"),
-              every: float = typer.Option(1.0, min=0.05, max=60, help="--follow: seconds between looks")) -> None:
+def jobs_show(
+    job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa jobs list`)"),
+    follow: bool = typer.Option(
+        False,
+        "--follow",
+        "-f",
+        help="print its progress as it changes until it ends; the exit code "
+        "is 0 if it succeeded (or was skipped), 1 otherwise",
+    ),
+    every: float = typer.Option(1.0, min=0.05, max=60, help="--follow: seconds between looks"),
+) -> None:
     """Show one job as JSON, or follow a running one.
 
     `sqa jobs show 7` prints the row; with --follow it prints a line each time its progress or message
@@ -167,8 +203,8 @@ def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa 
     """
     import time
 
-    from app.db.tables import Job
     from app.cli.common import open_database
+    from store.tables import Job
 
     db = open_database(settings())
     try:
@@ -183,8 +219,10 @@ def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa 
                 break
             now = (row["state"], round(100 * (row["progress"] or 0), 1), row["message"])
             if now != last:
-                typer.echo(f"{time.strftime('%H:%M:%S')}  job {job_id} {row['kind']}: {now[0]:<11} {now[1]:5.1f}%  "
-                           f"{row['error'] or row['message'] or ''}")
+                typer.echo(
+                    f"{time.strftime('%H:%M:%S')}  job {job_id} {row['kind']}: {now[0]:<11} {now[1]:5.1f}%  "
+                    f"{row['error'] or row['message'] or ''}"
+                )
                 last = now
             if row["state"] in ENDED_STATES:
                 break
@@ -194,5 +232,3 @@ def jobs_show(job_id: int = typer.Argument(..., min=1, help="the job's id (`sqa 
         db.close()
     if follow and row["state"] not in ("succeeded", "skipped"):
         raise typer.Exit(1)
-
-

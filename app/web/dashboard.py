@@ -4,13 +4,15 @@ versions, the schedule, and the evaluations with their reports.
 Every action calls the JSON admin API's own route function (same checks, same errors, same jobs);
 this module adds the login cookie, CSRF tokens and a confirmation step before anything starts.
 """
+
 from __future__ import annotations
 
 import io
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Callable
+from typing import Annotated
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
@@ -21,16 +23,16 @@ from sqlalchemy import case, func, select
 from app.api.deps import JobsDep, RowId, SessionDep, SettingsDep
 from app.api.routes import admin, evaluations, schedule
 from app.api.schemas import FinetuneRequest, IngestRequest, ReencodeRequest
-from app.db.tables import EvalResult, EvalRun, Job
-from app.services.errors import NotFoundError, ServiceError
-from app.services.reader_registry import list_versions
 from app.web import session as web_session
 from app.web.pages import freshness
-from app.web.views import ago
 from app.web.templating import templates
+from app.web.views import ago
 from indexer.dates import InvalidDateError
 from indexer.shards import is_live_key
-from workers.feeds import feed_status
+from serving.errors import NotFoundError, ServiceError
+from serving.reader_registry import list_versions
+from store.tables import EvalResult, EvalRun, Job
+from workers.feed_poller import feed_status
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 ACTIVE_STATES = ("queued", "running")
@@ -66,44 +68,61 @@ def _client(request: Request) -> str:
 
 # ---- login ----------------------------------------------------------------------------------------
 
+
 @router.get("/login", response_class=HTMLResponse)
 def login_page(request: Request, settings: SettingsDep, next: str = "/dashboard") -> HTMLResponse:
     error = None if settings.admin_token else "admin pages are disabled: set SQA_ADMIN_TOKEN on the server"
-    return templates.TemplateResponse(request, "login.html", {"next": _safe_next(next), "error": error},
-                                      status_code=403 if error else 200)
+    return templates.TemplateResponse(
+        request, "login.html", {"next": _safe_next(next), "error": error}, status_code=403 if error else 200
+    )
 
 
 @router.post("/login", response_class=HTMLResponse)
-def login(request: Request, settings: SettingsDep, token: Annotated[str, Form(max_length=1000)] = "",
-          next: Annotated[str, Form(max_length=2000)] = "/dashboard") -> Response:
+def login(
+    request: Request,
+    settings: SettingsDep,
+    token: Annotated[str, Form(max_length=1000)] = "",
+    next: Annotated[str, Form(max_length=2000)] = "/dashboard",
+) -> Response:
     """The admin token, checked in constant time; wrong ones count towards the admin lockout."""
     target = _safe_next(next)
 
     def again(message: str, status: int, headers: dict | None = None) -> HTMLResponse:
-        return templates.TemplateResponse(request, "login.html", {"next": target, "error": message},
-                                          status_code=status, headers=headers)
+        return templates.TemplateResponse(
+            request, "login.html", {"next": target, "error": message}, status_code=status, headers=headers
+        )
 
     if not settings.admin_token:
         return again("admin pages are disabled: set SQA_ADMIN_TOKEN on the server", 403)
     guard = getattr(request.app.state, "admin_guard", None)
     if guard is not None and (wait := guard.blocked_for(_client(request))) is not None:
-        return again(f"too many failed logins from this client; try again in {wait:.0f} s", 429,
-                     {"Retry-After": str(int(wait) + 1)})
+        return again(
+            f"too many failed logins from this client; try again in {wait:.0f} s",
+            429,
+            {"Retry-After": str(int(wait) + 1)},
+        )
     if not token or not secrets.compare_digest(token.encode(), settings.admin_token.encode()):
         if guard is not None:
             guard.failed(_client(request))
         return again("that is not the admin token (SQA_ADMIN_TOKEN)" if token else "enter the admin token", 401)
     response = RedirectResponse(target, status_code=303)
     secure = request.url.scheme == "https" or settings.env == "production"
-    response.set_cookie(web_session.COOKIE, web_session.new_session(settings.admin_token),
-                        max_age=web_session.SESSION_MAX_AGE_S, httponly=True, samesite="strict", secure=secure,
-                        path="/dashboard")
+    response.set_cookie(
+        web_session.COOKIE,
+        web_session.new_session(settings.admin_token),
+        max_age=web_session.SESSION_MAX_AGE_S,
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+        path="/dashboard",
+    )
     return response
 
 
 @router.post("/logout")
-def logout(request: Request, settings: SettingsDep, cookie: SessionCookie,
-           csrf: Annotated[str, Form(max_length=200)] = "") -> Response:
+def logout(
+    request: Request, settings: SettingsDep, cookie: SessionCookie, csrf: Annotated[str, Form(max_length=200)] = ""
+) -> Response:
     _check_csrf(settings, cookie, csrf)
     response = RedirectResponse("/dashboard/login", status_code=303)
     response.delete_cookie(web_session.COOKIE, path="/dashboard")
@@ -117,6 +136,7 @@ def _check_csrf(settings, cookie: str, token: str) -> None:
 
 # ---- what the dashboard shows ---------------------------------------------------------------------
 
+
 def _jobs(session, limit: int = 15) -> dict:
     """The jobs table's context: the newest jobs, and whether one still runs (the poll's pace)."""
     jobs = list(session.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
@@ -129,11 +149,23 @@ def _overview(request: Request, session, settings) -> dict:
     snap = state.current()
     index = None
     if snap is not None:
-        index = {"snapshot_id": snap.snapshot_id, "vectors": snap.index.ntotal, "encoder": snap.manifest.encoder,
-                 "newest_day": snap.newest_day,
-                 "months": [{"key": e.key, "count": e.count, "first": e.min_day, "last": e.max_day,
-                             "encoder": e.encoder or snap.manifest.encoder} for e in snap.manifest.shards
-                            if not is_live_key(e.key)]}
+        index = {
+            "snapshot_id": snap.snapshot_id,
+            "vectors": snap.index.ntotal,
+            "encoder": snap.manifest.encoder,
+            "newest_day": snap.newest_day,
+            "months": [
+                {
+                    "key": e.key,
+                    "count": e.count,
+                    "first": e.min_day,
+                    "last": e.max_day,
+                    "encoder": e.encoder or snap.manifest.encoder,
+                }
+                for e in snap.manifest.shards
+                if not is_live_key(e.key)
+            ],
+        }
     return {
         **_jobs(session),
         "index": index,
@@ -147,11 +179,24 @@ def _overview(request: Request, session, settings) -> dict:
     }
 
 
-def _render(request: Request, cookie: str, settings, session, *, errors: dict | None = None,
-            values: dict | None = None, notice: str | None = None, status: int = 200) -> HTMLResponse:
+def _render(
+    request: Request,
+    cookie: str,
+    settings,
+    session,
+    *,
+    errors: dict | None = None,
+    values: dict | None = None,
+    notice: str | None = None,
+    status: int = 200,
+) -> HTMLResponse:
     context = _overview(request, session, settings)
-    context.update(csrf=web_session.csrf_token(settings.admin_token, cookie), errors=errors or {},
-                   values=values or {}, notice=notice)
+    context.update(
+        csrf=web_session.csrf_token(settings.admin_token, cookie),
+        errors=errors or {},
+        values=values or {},
+        notice=notice,
+    )
     return templates.TemplateResponse(request, "dashboard.html", context, status_code=status)
 
 
@@ -177,6 +222,7 @@ def jobs_fragment(request: Request, cookie: SessionCookie, session: SessionDep) 
 
 # ---- actions: a confirmation page, then the admin API's own route function ------------------------
 
+
 @dataclass(frozen=True)
 class Action:
     field: str  # the form field it takes
@@ -186,18 +232,42 @@ class Action:
 
 
 ACTIONS: dict[str, Action] = {
-    "ingest": Action("month", "Ingest (or re-ingest) the news of {value}?", "ingest",
-                     lambda v, r, s, j, st: admin.start_ingest(IngestRequest(month=v), r, s, j)),
-    "evaluate": Action("quarter", "Evaluate the questions of {value} with the serving index?", "evaluation",
-                       lambda v, r, s, j, st: evaluations.start_evaluation(evaluations.EvaluationRequest(quarter=v), j)),
-    "finetune": Action("month", "Fine-tune the active reader on the news of {value}?", "fine-tune",
-                       lambda v, r, s, j, st: admin.start_finetune(FinetuneRequest(month=v), r, s, j)),
-    "activate": Action("version", "Make reader version {value} the active one (every server switches to it)?",
-                       "activate", lambda v, r, s, j, st: admin.activate_model(v, r, s, st)),
-    "reencode": Action("encoder", "Re-encode the whole index with encoder {value}?", "re-encode",
-                       lambda v, r, s, j, st: admin.start_reencode(ReencodeRequest(encoder=v), r, s, j, st)),
-    "schedule": Action("job", "Run the scheduled job {value} now (for the period just ended)?", "scheduled run",
-                       lambda v, r, s, j, st: schedule.run_now(v, j, None)),
+    "ingest": Action(
+        "month",
+        "Ingest (or re-ingest) the news of {value}?",
+        "ingest",
+        lambda v, r, s, j, st: admin.start_ingest(IngestRequest(month=v), r, s, j),
+    ),
+    "evaluate": Action(
+        "quarter",
+        "Evaluate the questions of {value} with the serving index?",
+        "evaluation",
+        lambda v, r, s, j, st: evaluations.start_evaluation(evaluations.EvaluationRequest(quarter=v), j),
+    ),
+    "finetune": Action(
+        "month",
+        "Fine-tune the active reader on the news of {value}?",
+        "fine-tune",
+        lambda v, r, s, j, st: admin.start_finetune(FinetuneRequest(month=v), r, s, j),
+    ),
+    "activate": Action(
+        "version",
+        "Make reader version {value} the active one (every server switches to it)?",
+        "activate",
+        lambda v, r, s, j, st: admin.activate_model(v, r, s, st),
+    ),
+    "reencode": Action(
+        "encoder",
+        "Re-encode the whole index with encoder {value}?",
+        "re-encode",
+        lambda v, r, s, j, st: admin.start_reencode(ReencodeRequest(encoder=v), r, s, j, st),
+    ),
+    "schedule": Action(
+        "job",
+        "Run the scheduled job {value} now (for the period just ended)?",
+        "scheduled run",
+        lambda v, r, s, j, st: schedule.run_now(v, j, None),
+    ),
 }
 
 
@@ -214,9 +284,17 @@ def _error_text(exc: Exception) -> tuple[str, int]:
 
 
 @router.post("/actions/{name}", response_class=HTMLResponse)
-def act(name: str, request: Request, cookie: SessionCookie, settings: SettingsDep, session: SessionDep,
-        jobs: JobsDep, value: Annotated[str, Form(max_length=200)] = "",
-        csrf: Annotated[str, Form(max_length=200)] = "", confirmed: Annotated[str, Form(max_length=10)] = "") -> Response:
+def act(
+    name: str,
+    request: Request,
+    cookie: SessionCookie,
+    settings: SettingsDep,
+    session: SessionDep,
+    jobs: JobsDep,
+    value: Annotated[str, Form(max_length=200)] = "",
+    csrf: Annotated[str, Form(max_length=200)] = "",
+    confirmed: Annotated[str, Form(max_length=10)] = "",
+) -> Response:
     """First submit: a page that asks for confirmation; the confirmed submit starts the work."""
     action = ACTIONS.get(name)
     if action is None:
@@ -224,18 +302,31 @@ def act(name: str, request: Request, cookie: SessionCookie, settings: SettingsDe
     _check_csrf(settings, cookie, csrf)
     value = value.strip()
     if not value:
-        return _render(request, cookie, settings, session, errors={name: f"enter a {action.field}"},
-                       values={name: value}, status=422)
+        return _render(
+            request,
+            cookie,
+            settings,
+            session,
+            errors={name: f"enter a {action.field}"},
+            values={name: value},
+            status=422,
+        )
     if confirmed != "yes":
-        return templates.TemplateResponse(request, "confirm.html", {
-            "name": name, "value": value, "question": action.label.format(value=value),
-            "csrf": web_session.csrf_token(settings.admin_token, cookie)})
+        return templates.TemplateResponse(
+            request,
+            "confirm.html",
+            {
+                "name": name,
+                "value": value,
+                "question": action.label.format(value=value),
+                "csrf": web_session.csrf_token(settings.admin_token, cookie),
+            },
+        )
     try:
         result = action.run(value, request, session, jobs, settings)
     except REFUSALS as exc:
         message, status = _error_text(exc)
-        return _render(request, cookie, settings, session, errors={name: message}, values={name: value},
-                       status=status)
+        return _render(request, cookie, settings, session, errors={name: message}, values={name: value}, status=status)
     if name == "activate":
         return RedirectResponse(f"/dashboard?activated={quote(value)}#readers", status_code=303)
     job_id = getattr(result, "job_id", None) or (result.get("job_id") if isinstance(result, dict) else None)
@@ -244,6 +335,7 @@ def act(name: str, request: Request, cookie: SessionCookie, settings: SettingsDe
 
 
 # ---- evaluations --------------------------------------------------------------------------------
+
 
 def _runs(session, limit: int = 50) -> list[dict]:
     """The newest runs, newest first, with their scores (`_scored`)."""
@@ -261,11 +353,19 @@ def _scored(session, runs: list[EvalRun]) -> list[dict]:
     if ids:
         grounded = case((EvalResult.grounded.is_(True), 1.0), (EvalResult.grounded.is_(False), 0.0))  # else NULL
         columns = (EvalResult.em, EvalResult.f1, EvalResult.recall, grounded)
-        rows = session.execute(select(EvalResult.run_id, EvalResult.subset, func.count(),
-                                      *(func.avg(c) for c in columns), *(func.count(c) for c in columns))
-                               .where(EvalResult.run_id.in_(ids)).group_by(EvalResult.run_id, EvalResult.subset))
+        rows = session.execute(
+            select(
+                EvalResult.run_id,
+                EvalResult.subset,
+                func.count(),
+                *(func.avg(c) for c in columns),
+                *(func.count(c) for c in columns),
+            )
+            .where(EvalResult.run_id.in_(ids))
+            .group_by(EvalResult.run_id, EvalResult.subset)
+        )
         for run_id, subset, n, *values in rows:
-            means, counts = values[:len(keys)], values[len(keys):]
+            means, counts = values[: len(keys)], values[len(keys) :]
             scores[run_id][subset] = {"n": n, **dict(zip(keys, means))}
             scored[run_id][subset] = dict(zip(keys, counts))
     out = []
@@ -273,24 +373,38 @@ def _scored(session, runs: list[EvalRun]) -> list[dict]:
         parts, counts = scores[r.id], scored[r.id]
         n = sum(p["n"] for p in parts.values())
 
-        def pooled(key):
-            vals = [(p[key], counts[s][key]) for s, p in parts.items() if p[key] is not None]
+        def pooled(key):  # called within this iteration only
+            vals = [(p[key], counts[s][key]) for s, p in parts.items() if p[key] is not None]  # noqa: B023
             return sum(v * c for v, c in vals) / sum(c for _, c in vals) if vals else None
 
-        out.append({"run": r, "n": n, **{k: pooled(k) for k in keys},
-                    "subsets": parts, "label": (r.params or {}).get("quarter") or
-                    f"{(r.params or {}).get('first', '')}..{(r.params or {}).get('last', '')}".strip(".")})
+        out.append(
+            {
+                "run": r,
+                "n": n,
+                **{k: pooled(k) for k in keys},
+                "subsets": parts,
+                "label": (r.params or {}).get("quarter")
+                or f"{(r.params or {}).get('first', '')}..{(r.params or {}).get('last', '')}".strip("."),
+            }
+        )
     return out
 
 
 @router.get("/evaluations", response_class=HTMLResponse)
-def evaluations_page(request: Request, cookie: SessionCookie, settings: SettingsDep,
-                     session: SessionDep) -> HTMLResponse:
+def evaluations_page(
+    request: Request, cookie: SessionCookie, settings: SettingsDep, session: SessionDep
+) -> HTMLResponse:
     """Every run with its scores, and the trend across runs."""
     runs = _runs(session, 200)
-    return templates.TemplateResponse(request, "evaluations.html", {
-        "runs": runs, "has_scores": any(r["f1"] is not None or r["recall"] is not None for r in runs),
-        "csrf": web_session.csrf_token(settings.admin_token, cookie)})
+    return templates.TemplateResponse(
+        request,
+        "evaluations.html",
+        {
+            "runs": runs,
+            "has_scores": any(r["f1"] is not None or r["recall"] is not None for r in runs),
+            "csrf": web_session.csrf_token(settings.admin_token, cookie),
+        },
+    )
 
 
 @router.get("/evaluations/trend.png")

@@ -1,23 +1,23 @@
 """The ask page (`/`): a question as of a date, the answer and its evidence on a time axis, and the
 same question as of a second date beside it."""
+
 from __future__ import annotations
 
 import datetime as dt
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
-
 from sqlalchemy import select
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep, SessionDep
 from app.api.request_ids import arrived_at
 from app.api.routes.articles import live_status
-from app.db.tables import Question
-from app.services.errors import ServiceError
 from app.web.templating import templates
-from evaluation.subsets import needs_choices
 from app.web.views import ago, answer_view, ask_url, months_before, parse_as_of, parse_top_k
+from evaluation.subsets import needs_choices
 from indexer.dates import InvalidDateError
+from serving.errors import ServiceError
+from store.tables import Question
 
 router = APIRouter(include_in_schema=False)
 
@@ -43,10 +43,12 @@ def _examples(session, indexed: tuple[str, str] | None, n: int = 3) -> list[dict
     """Stored questions dated inside the index, one per month from the newest: something to try."""
     if indexed is None:
         return []
-    rows = session.execute(select(Question.text, Question.asked)
-                           .where(Question.asked >= dt.date.fromisoformat(indexed[0]),
-                                  Question.asked <= dt.date.fromisoformat(indexed[1]))
-                           .order_by(Question.asked.desc(), Question.id).limit(200)).all()
+    rows = session.execute(
+        select(Question.text, Question.asked)
+        .where(Question.asked >= dt.date.fromisoformat(indexed[0]), Question.asked <= dt.date.fromisoformat(indexed[1]))
+        .order_by(Question.asked.desc(), Question.id)
+        .limit(200)
+    ).all()
     out, months = [], set()
     for text, asked in rows:  # "which of these..." reads badly without its choices
         if not needs_choices(text) and asked.strftime("%Y-%m") not in months and len(text) <= 160:
@@ -60,17 +62,29 @@ def _examples(session, indexed: tuple[str, str] | None, n: int = 3) -> list[dict
 def freshness(request: Request, session) -> dict:
     """How fresh the serving index is: the newest searchable article's arrival, and what still waits."""
     live = live_status(request, session)
-    return {"newest_ago": ago(live.newest_article_at), "newest_at": live.newest_article_at,
-            "waiting": live.waiting, "published_ago": ago(live.last_publish_at), "months": live.months,
-            "oldest_waiting_ago": ago(live.oldest_waiting_at)}
+    return {
+        "newest_ago": ago(live.newest_article_at),
+        "newest_at": live.newest_article_at,
+        "waiting": live.waiting,
+        "published_ago": ago(live.last_publish_at),
+        "months": live.months,
+        "oldest_waiting_ago": ago(live.oldest_waiting_at),
+    }
 
 
 @router.get("/", response_class=HTMLResponse)
-def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep, gate: AnswerGateDep,
-             q: str = Query("", max_length=5000), as_of: str = Query("", max_length=40),
-             top_k: str = Query("", max_length=10), compare: str = Query("", max_length=40)) -> HTMLResponse:
+def ask_page(
+    request: Request,
+    service: AnswerServiceDep,
+    session: SessionDep,
+    gate: AnswerGateDep,
+    q: str = Query("", max_length=5000),
+    as_of: str = Query("", max_length=40),
+    top_k: str = Query("", max_length=10),
+    compare: str = Query("", max_length=40),
+) -> HTMLResponse:
     """Ask: the question box, the date picker and top-k; with `q`, the answer(s)."""
-    today = dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(dt.UTC).date()
     limits = service.limits
     errors: dict[str, str] = {}
     form = {"q": q, "as_of": as_of or today.isoformat(), "top_k": top_k, "compare": compare}
@@ -116,8 +130,21 @@ def ask_page(request: Request, service: AnswerServiceDep, session: SessionDep, g
     if errors and status == 200:
         status = 422
     indexed = _indexed(service)
-    return templates.TemplateResponse(request, "ask.html", {
-        "indexed": indexed, "freshness": freshness(request, session), "examples": [] if views else _examples(session, indexed),
-        "form": form, "errors": errors, "views": views, "links": links, "max_top_k": limits.max_top_k,
-        "default_top_k": limits.default_top_k, "today": today.isoformat()}, status_code=status,
-        headers=headers)
+    return templates.TemplateResponse(
+        request,
+        "ask.html",
+        {
+            "indexed": indexed,
+            "freshness": freshness(request, session),
+            "examples": [] if views else _examples(session, indexed),
+            "form": form,
+            "errors": errors,
+            "views": views,
+            "links": links,
+            "max_top_k": limits.max_top_k,
+            "default_top_k": limits.default_top_k,
+            "today": today.isoformat(),
+        },
+        status_code=status,
+        headers=headers,
+    )

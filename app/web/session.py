@@ -7,6 +7,7 @@ The cookie never holds the token. It holds `<issued unix time>.<HMAC-SHA256(toke
 - each state-changing form carries a CSRF token derived from the session (HMAC of the cookie),
   checked on submit (`check_csrf`): a stolen page of another session does not carry over.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,5 +1,6 @@
 """The Jinja2 environment of the pages (autoescaping on: a question holding `<script>` is shown,
 never run) and the static files they link to."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,14 +19,31 @@ def static_files() -> StaticFiles:
 def error_page(request, status: int, message: str, headers: dict[str, str] | None = None):
     """An error as a page (the JSON API answers the same errors as JSON), with the error's headers
     (Retry-After)."""
-    titles = {401: "Log in first", 403: "Not allowed", 404: "Not found", 409: "Busy", 422: "Check the input",
-              429: "Too many requests", 503: "Not ready"}
+    titles = {
+        401: "Log in first",
+        403: "Not allowed",
+        404: "Not found",
+        409: "Busy",
+        422: "Check the input",
+        429: "Too many requests",
+        503: "Not ready",
+    }
     from app.api.request_ids import current_request_id
 
     back = "/dashboard" if request.url.path.startswith("/dashboard") else "/"
-    return templates.TemplateResponse(request, "error.html", {
-        "status": status, "title": titles.get(status, "Something went wrong"), "message": message, "back": back,
-        "request_id": current_request_id()}, status_code=status, headers=headers)
+    return templates.TemplateResponse(
+        request,
+        "error.html",
+        {
+            "status": status,
+            "title": titles.get(status, "Something went wrong"),
+            "message": message,
+            "back": back,
+            "request_id": current_request_id(),
+        },
+        status_code=status,
+        headers=headers,
+    )
 
 
 def wants_page(request) -> bool:

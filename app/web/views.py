@@ -1,6 +1,7 @@
 """What the templates show, computed in plain Python (and tested without a browser): the passages of
 an answer on a time axis ending at `as_of`, the answer marked inside a passage, form input checks.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,6 +11,7 @@ from urllib.parse import urlencode
 
 from evaluation.trust import confidence_band
 from indexer.dates import parse_iso_day
+
 
 @dataclass(frozen=True)
 class PassageCard:
@@ -49,7 +51,7 @@ class AnswerView:
 
     @property
     def confidence_band(self) -> str:
-        """"high" (0.7 or more: 57-69% right on the slice), "low" (under 0.15: 3-5% right),
+        """ "high" (0.7 or more: 57-69% right on the slice), "low" (under 0.15: 3-5% right),
         "medium" between, "" without a confidence (evaluation.trust; README, "How far to trust an
         answer")."""
         return confidence_band(self.confidence)
@@ -82,7 +84,7 @@ def mark_answer(text: str, answer: str) -> list[tuple[str, bool]]:
     out, at = [], 0
     for m in pattern.finditer(text):
         if m.start() > at:
-            out.append((text[at:m.start()], False))
+            out.append((text[at : m.start()], False))
         out.append((m.group(0), True))
         at = m.end()
     if at < len(text):
@@ -99,21 +101,38 @@ def answer_view(result, n_read: int, other_ids: set[int] | None = None) -> Answe
     if (as_of - start).days < 7:  # a week at least, so close dates do not pile up at the end
         start = as_of - dt.timedelta(days=7)
     span = max((as_of - start).days, 1)
-    cards = [PassageCard(rank=i, title=p.title, url=p.url, published=p.published, score=float(p.score),
-                         segments=mark_answer(p.text, result.answer),
-                         position=round(100.0 * (p.published - start).days / span, 2),
-                         days_before=(as_of - p.published).days, read=i <= n_read,
-                         new=other_ids is not None and p.passage_id not in other_ids,
-                         states_answer=p.passage_id in evidence)
-             for i, p in enumerate(result.passages, 1)]
+    cards = [
+        PassageCard(
+            rank=i,
+            title=p.title,
+            url=p.url,
+            published=p.published,
+            score=float(p.score),
+            segments=mark_answer(p.text, result.answer),
+            position=round(100.0 * (p.published - start).days / span, 2),
+            days_before=(as_of - p.published).days,
+            read=i <= n_read,
+            new=other_ids is not None and p.passage_id not in other_ids,
+            states_answer=p.passage_id in evidence,
+        )
+        for i, p in enumerate(result.passages, 1)
+    ]
     cards.sort(key=lambda c: (c.published, -c.rank))
     ticks = [(0.0, start.isoformat()), (100.0, as_of.isoformat())]
     if span >= 60:
         middle = start + dt.timedelta(days=span // 2)
         ticks.insert(1, (round(100.0 * (middle - start).days / span, 2), middle.isoformat()))
-    return AnswerView(as_of=as_of, answer=result.answer, versions=dict(result.versions),
-                      timings_ms=dict(result.timings_ms), notes=list(result.notes), cards=cards, axis_start=start,
-                      ticks=ticks, confidence=getattr(result, "confidence", None))
+    return AnswerView(
+        as_of=as_of,
+        answer=result.answer,
+        versions=dict(result.versions),
+        timings_ms=dict(result.timings_ms),
+        notes=list(result.notes),
+        cards=cards,
+        axis_start=start,
+        ticks=ticks,
+        confidence=getattr(result, "confidence", None),
+    )
 
 
 def ask_url(question: str, as_of: dt.date | str, top_k: int | None = None, compare: dt.date | str | None = None) -> str:
@@ -142,7 +161,7 @@ def ago(stamp: dt.datetime | None, now: dt.datetime | None = None) -> str | None
     """'14 minutes ago', '3 hours ago', '2 days ago' ('just now' under a minute); None for None."""
     if stamp is None:
         return None
-    seconds = max(0.0, ((now or dt.datetime.now(dt.timezone.utc)) - stamp).total_seconds())
+    seconds = max(0.0, ((now or dt.datetime.now(dt.UTC)) - stamp).total_seconds())
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds >= size:
             n = int(seconds // size)

@@ -27,11 +27,22 @@ reject a sentence, an answer or a finished question), `questions` (turning one e
 sentence into a question), `generate` (articles in, questions out). Sampling stored articles from
 the database is a job's business: `workers/selflabel_sample.py`.
 """
+
 from __future__ import annotations
 
-from models.selflabel.filters import (MAX_ANSWER_TOKENS, MAX_QUESTION_WORDS, MAX_WORDS, MIN_WORDS, RULES,
-                                      GenerationStats)
+from models.selflabel.filters import MAX_ANSWER_TOKENS, MAX_QUESTION_WORDS, MAX_WORDS, MIN_WORDS, RULES, GenerationStats
 from models.selflabel.generate import ArticleLike, ArticleText, GeneratedQuestion, generate_questions, load_nlp
 
-__all__ = ["MIN_WORDS", "MAX_WORDS", "MAX_ANSWER_TOKENS", "MAX_QUESTION_WORDS", "RULES", "ArticleLike",
-           "ArticleText", "GeneratedQuestion", "GenerationStats", "generate_questions", "load_nlp"]
+__all__ = [
+    "MIN_WORDS",
+    "MAX_WORDS",
+    "MAX_ANSWER_TOKENS",
+    "MAX_QUESTION_WORDS",
+    "RULES",
+    "ArticleLike",
+    "ArticleText",
+    "GeneratedQuestion",
+    "GenerationStats",
+    "generate_questions",
+    "load_nlp",
+]

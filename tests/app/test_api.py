@@ -1,4 +1,5 @@
 """The HTTP API over the sample news, with the fast fakes (hash encoder, first-entity reader)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -8,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.db.tables import Article, IndexSnapshot, Job, Passage
-from app.main import create_app
 from app.bootstrap import open_database
+from app.main import create_app
+from store.tables import Article, IndexSnapshot, Job, Passage
 
 ADMIN = {"X-Admin-Token": "test-admin-token"}
 
@@ -19,10 +20,12 @@ def counts(settings):
     db = open_database(settings, migrate=False)
     try:
         with db.sessions() as s:
-            return (s.scalar(select(func.count()).select_from(Article)),
-                    s.scalar(select(func.count()).select_from(Passage)),
-                    s.scalar(select(func.count()).select_from(IndexSnapshot)),
-                    s.scalar(select(func.count()).select_from(Job)))
+            return (
+                s.scalar(select(func.count()).select_from(Article)),
+                s.scalar(select(func.count()).select_from(Passage)),
+                s.scalar(select(func.count()).select_from(IndexSnapshot)),
+                s.scalar(select(func.count()).select_from(Job)),
+            )
     finally:
         db.close()
 
@@ -47,8 +50,8 @@ def test_answers_returns_the_documented_fields(client):
 
 
 def test_answers_say_when_no_passage_read_states_the_answer_and_how_sure_the_reader_is(client):
-    from app.services.reader_state import ReaderState
     from models.readers import ReaderAnswer
+    from serving.reader_state import ReaderState
 
     class Guess:  # answers with a word no passage of the sample holds
         name = "guess"
@@ -69,8 +72,11 @@ def test_answers_say_when_no_passage_read_states_the_answer_and_how_sure_the_rea
 
 @pytest.mark.parametrize("as_of", ["2024-01-10", "2024-01-31", "2024-02-15", "2024-03-01", "2024-03-31"])
 def test_answers_never_cite_passages_after_as_of(client, as_of):
-    for question in ["Who is the mayor of Port Calder?", "Who is the head coach of the Kestrel Bay Harriers?",
-                     "What is the Calder Reserve Bank's benchmark interest rate?"]:
+    for question in [
+        "Who is the mayor of Port Calder?",
+        "Who is the head coach of the Kestrel Bay Harriers?",
+        "What is the Calder Reserve Bank's benchmark interest rate?",
+    ]:
         r = client.post("/v1/answers", json={"question": question, "as_of": as_of, "top_k": 50})
         assert r.status_code == 200, r.text
         published = [p["published"] for p in r.json()["passages"]]
@@ -88,25 +94,28 @@ def test_answers_same_question_two_dates_use_their_own_period(client):
     assert "Okafor" not in " ".join(p["text"] for p in early["passages"])
 
 
-@pytest.mark.parametrize("payload, fragment", [
-    ({"question": "Who?", "as_of": "2031-02-30"}, "as_of '2031-02-30' is not a date"),
-    ({"question": "Who?", "as_of": "yesterday"}, "is not a date (use YYYY-MM-DD)"),
-    ({"question": "   "}, "question is empty"),
-    ({"question": ""}, "question is empty"),
-    ({"question": "x" * 10_000}, "question is 10000 characters long"),
-    ({"question": "Who?", "top_k": 0}, "top_k 0 is out of range"),
-    ({"question": "Who?", "top_k": 100000}, "top_k 100000 is out of range"),
-    ({"question": "Who?", "top_k": "many"}, "top_k"),
-    ({"question": "Who?", "top_k": "5"}, "top_k: Input should be a valid integer"),
-    ({"question": "Who?", "top_k": True}, "top_k: Input should be a valid integer"),
-    ({"question": "Who?", "top_k": 5.5}, "top_k"),
-    ({"question": "Who?", "as_of": "2024-02-20T99:99"}, "as_of '2024-02-20T99:99' is not a date (use YYYY-MM-DD)"),
-    ({"question": "Who?", "as_of": "2024-W08-2"}, "is not a date"),
-    ({"question": "Who?", "as_of": "20240220"}, "is not a date"),
-    ({"question": "Who?", "as_of": "2024/02/20"}, "is not a date"),
-    ({"as_of": "2024-01-01"}, "question"),
-    ({"question": "Who?", "colour": "red"}, "colour"),
-])
+@pytest.mark.parametrize(
+    "payload, fragment",
+    [
+        ({"question": "Who?", "as_of": "2031-02-30"}, "as_of '2031-02-30' is not a date"),
+        ({"question": "Who?", "as_of": "yesterday"}, "is not a date (use YYYY-MM-DD)"),
+        ({"question": "   "}, "question is empty"),
+        ({"question": ""}, "question is empty"),
+        ({"question": "x" * 10_000}, "question is 10000 characters long"),
+        ({"question": "Who?", "top_k": 0}, "top_k 0 is out of range"),
+        ({"question": "Who?", "top_k": 100000}, "top_k 100000 is out of range"),
+        ({"question": "Who?", "top_k": "many"}, "top_k"),
+        ({"question": "Who?", "top_k": "5"}, "top_k: Input should be a valid integer"),
+        ({"question": "Who?", "top_k": True}, "top_k: Input should be a valid integer"),
+        ({"question": "Who?", "top_k": 5.5}, "top_k"),
+        ({"question": "Who?", "as_of": "2024-02-20T99:99"}, "as_of '2024-02-20T99:99' is not a date (use YYYY-MM-DD)"),
+        ({"question": "Who?", "as_of": "2024-W08-2"}, "is not a date"),
+        ({"question": "Who?", "as_of": "20240220"}, "is not a date"),
+        ({"question": "Who?", "as_of": "2024/02/20"}, "is not a date"),
+        ({"as_of": "2024-01-01"}, "question"),
+        ({"question": "Who?", "colour": "red"}, "colour"),
+    ],
+)
 def test_answers_bad_input_is_a_clear_422(client, loaded_settings, payload, fragment):
     before = counts(loaded_settings)
     r = client.post("/v1/answers", json=payload)
@@ -129,7 +138,7 @@ def test_answers_before_any_news_returns_no_passages(client):
 
 def test_answers_default_as_of_is_today(client):
     r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?"})
-    assert r.json()["as_of"] == dt.datetime.now(dt.timezone.utc).date().isoformat()
+    assert r.json()["as_of"] == dt.datetime.now(dt.UTC).date().isoformat()
 
 
 def test_health_and_ready(client):
@@ -168,11 +177,14 @@ def test_production_refuses_to_start_without_admin_token(make_settings):
         make_settings(env="production", admin_token="")
 
 
-@pytest.mark.parametrize("month, status, fragment", [
-    ("2031-01", 422, "no articles published in 2031-01"),
-    ("2024-13", 422, "is not a month"),
-    ("January", 422, "is not a month"),
-])
+@pytest.mark.parametrize(
+    "month, status, fragment",
+    [
+        ("2031-01", 422, "no articles published in 2031-01"),
+        ("2024-13", 422, "is not a month"),
+        ("January", 422, "is not a month"),
+    ],
+)
 def test_admin_ingest_bad_month_is_rejected(client, loaded_settings, month, status, fragment):
     before = counts(loaded_settings)
     r = client.post("/admin/ingest", json={"month": month}, headers=ADMIN)
@@ -205,8 +217,15 @@ def test_admin_ingest_runs_in_background_and_swaps_snapshot(client, loaded_setti
     assert listing[0]["id"] == job["id"]
 
 
-@pytest.mark.parametrize("path", ["/admin/jobs/99999999999999999999", "/admin/evaluations/99999999999999999999",
-                                  "/admin/evaluations/99999999999999999999/report", "/admin/jobs/0"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/jobs/99999999999999999999",
+        "/admin/evaluations/99999999999999999999",
+        "/admin/evaluations/99999999999999999999/report",
+        "/admin/jobs/0",
+    ],
+)
 def test_an_id_out_of_range_is_a_422_not_a_server_error(client, path):
     r = client.get(path, headers={"X-Admin-Token": "test-admin-token"})
     assert r.status_code == 422, r.text
@@ -236,6 +255,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(client):
     def chunks():  # no Content-Length: the streamed bytes are counted
         for _ in range(80):
             yield b" " * 1024
+
     r = client.post("/v1/answers", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert client.get("/healthz").status_code == 200
@@ -288,10 +308,14 @@ def test_reencode_refuses_paths_unknown_names_and_bad_options(make_settings):
     load_sample(make_settings())  # ingested with the hash encoder; the server follows it (auto)
     with TestClient(create_app(make_settings(encoder="auto"))) as c:
         for encoder in ("~", "../x", "/tmp", "nope-version"):
-            r = c.post("/admin/index/reencode", json={"encoder": encoder}, headers={"X-Admin-Token": "test-admin-token"})
+            r = c.post(
+                "/admin/index/reencode", json={"encoder": encoder}, headers={"X-Admin-Token": "test-admin-token"}
+            )
             assert r.status_code == 422, r.text
             assert r.json()["detail"].startswith(f"encoder {encoder!r} is not 'minilm' or a trained version"), r.text
-        r = c.post("/admin/index/reencode", json={"encoder": "hash:dim=0"}, headers={"X-Admin-Token": "test-admin-token"})
+        r = c.post(
+            "/admin/index/reencode", json={"encoder": "hash:dim=0"}, headers={"X-Admin-Token": "test-admin-token"}
+        )
         assert r.status_code == 422 and "dim 0 must be in 1..4096" in r.json()["detail"]
 
 
@@ -316,7 +340,7 @@ def test_a_duplicate_evaluation_request_gets_409_and_one_run(client, wait_job):
 
     from sqlalchemy import func, select
 
-    from app.db.tables import EvalRun, Job
+    from store.tables import EvalRun, Job
 
     headers = {"X-Admin-Token": "test-admin-token"}
     service = client.app.state.answers

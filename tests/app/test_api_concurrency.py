@@ -1,5 +1,6 @@
 """Concurrency at the API: one ingest at a time whoever asks, and answers that never fail while
 the index swaps snapshots under them."""
+
 from __future__ import annotations
 
 import threading
@@ -10,9 +11,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.bootstrap import build_encoder, ingest_config, open_database
-from app.db.tables import Job
 from app.main import create_app
-from app.services.errors import ConflictError
+from serving.errors import ConflictError
+from store.tables import Job
 from tests.conftest import load_sample
 from workers.ingest import ingest
 
@@ -24,8 +25,9 @@ def slow_client(make_settings, database_url):
     """The sample through 2024-03, served with a hash encoder slowed down (an ingest takes seconds).
     No rate limit: eight clients on one address send far more than SQA_RATE_LIMIT's 600 a minute, and
     a 429 by design is not what these tests are about; nor is the answer gate's 503 (eight places)."""
-    settings = make_settings(database_url=database_url, encoder="hash:delay_ms=40", encode_batch_size=2,
-                             rate_limit="", answer_concurrency=8)
+    settings = make_settings(
+        database_url=database_url, encoder="hash:delay_ms=40", encode_batch_size=2, rate_limit="", answer_concurrency=8
+    )
     load_sample(settings)
     with TestClient(create_app(settings)) as client:
         yield client, settings
@@ -68,8 +70,10 @@ def test_answers_from_eight_clients_never_fail_while_snapshots_swap(slow_client,
 
     def ask(i: int) -> None:
         while not stop.is_set():
-            r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?",
-                                                 "as_of": "2024-03-31", "top_k": 1 + i % 10})
+            r = client.post(
+                "/v1/answers",
+                json={"question": "Who is the mayor of Port Calder?", "as_of": "2024-03-31", "top_k": 1 + i % 10},
+            )
             with lock:
                 outcomes.append((r.status_code, len(r.json().get("passages", [])) if r.status_code == 200 else 0))
 

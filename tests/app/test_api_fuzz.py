@@ -5,17 +5,21 @@ response must be no 5xx, have a documented status code and content type, and mat
 body (errors: `ErrorPublic`). SQA_FUZZ_EXAMPLES sets the examples per operation (bench/bench_fuzz.py
 runs 10,000 in all).
 """
+
 from __future__ import annotations
 
 import os
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, seed, settings as hypothesis_settings
-
+from hypothesis import HealthCheck, seed
+from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
-                                         status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 EXAMPLES = int(os.environ.get("SQA_FUZZ_EXAMPLES", "20"))
 COUNT_FILE = os.environ.get("SQA_FUZZ_COUNT_FILE")  # the benchmark counts the calls made
@@ -28,12 +32,20 @@ def _settings():
     import tempfile
     from pathlib import Path
 
-    from app.core.config import Settings
+    from settings import Settings
 
     home = Path(tempfile.mkdtemp(prefix="sqa-fuzz-")) / "home"
-    return Settings(home=home, encoder="hash", reader="first-entity", env="test", snapshot_poll_s=0,
-                    admin_token=TOKEN, auto_train=False, rate_limit="1000000/minute",
-                    admin_failure_limit="1000000/minute")
+    return Settings(
+        home=home,
+        encoder="hash",
+        reader="first-entity",
+        env="test",
+        snapshot_poll_s=0,
+        admin_token=TOKEN,
+        auto_train=False,
+        rate_limit="1000000/minute",
+        admin_failure_limit="1000000/minute",
+    )
 
 
 def _app():
@@ -69,8 +81,9 @@ def served_app():
 
 @schema.parametrize()
 @seed(SEED)
-@hypothesis_settings(max_examples=EXAMPLES, deadline=None, derandomize=not SEED,
-                     suppress_health_check=list(HealthCheck))
+@hypothesis_settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=not SEED, suppress_health_check=list(HealthCheck)
+)
 def test_no_server_error_and_every_response_as_documented(case):
     if case.operation.path.startswith("/admin"):
         case.headers = {**(case.headers or {}), "X-Admin-Token": TOKEN}

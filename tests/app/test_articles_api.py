@@ -1,5 +1,6 @@
 """POST /admin/articles: JSON arrays and NDJSON, idempotent by URL, bad records named by line and field
 while the good ones are stored, and a pushed article answerable as of its day once published."""
+
 from __future__ import annotations
 
 import json
@@ -7,15 +8,19 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from app.db.tables import Article, LiveQueueItem
+from store.tables import Article, LiveQueueItem
 
 ADMIN = {"X-Admin-Token": "test-admin-token"}
 
 
 def rec(i: int, **over) -> dict:
-    body = {"url": f"https://push.example/{i}", "title": f"Story {i}", "published": "2024-03-28",
-            "text": f"The lighthouse keeper Mirela Voss{i} reopened the north beacon on Thursday.",
-            "source": "push"}
+    body = {
+        "url": f"https://push.example/{i}",
+        "title": f"Story {i}",
+        "published": "2024-03-28",
+        "text": f"The lighthouse keeper Mirela Voss{i} reopened the north beacon on Thursday.",
+        "source": "push",
+    }
     body.update(over)
     return body
 
@@ -39,8 +44,9 @@ def test_post_articles_json_array_stores_and_is_idempotent(client):
     assert body["waiting"] == 2
     again = client.post("/admin/articles", json=[rec(1), rec(2)], headers=ADMIN).json()
     assert (again["new"], again["duplicate"]) == (0, 2)
-    changed = client.post("/admin/articles", json=[rec(1, text="A corrected text about the beacon.")],
-                          headers=ADMIN).json()
+    changed = client.post(
+        "/admin/articles", json=[rec(1, text="A corrected text about the beacon.")], headers=ADMIN
+    ).json()
     assert changed["updated"] == 1 and changed["results"][0]["outcome"] == "updated"
     assert count(client, Article) == before + 2
     with client.app.state.db.sessions() as s:
@@ -48,18 +54,35 @@ def test_post_articles_json_array_stores_and_is_idempotent(client):
 
 
 def test_post_articles_ndjson_half_bad_stores_the_good_and_names_the_bad(client):
-    lines = [json.dumps(rec(1)), json.dumps(rec(2, published="2024-02-30")), "{not json",
-             json.dumps({k: v for k, v in rec(3).items() if k != "title"}), json.dumps(rec(4, url="ftp://x/y")),
-             json.dumps(rec(5, published="2999-01-01")), json.dumps(rec(6, text="x" * 200_001)),
-             json.dumps(rec(7, extra=1)), json.dumps(rec(1)), json.dumps(rec(1, text="Other text."))]
+    lines = [
+        json.dumps(rec(1)),
+        json.dumps(rec(2, published="2024-02-30")),
+        "{not json",
+        json.dumps({k: v for k, v in rec(3).items() if k != "title"}),
+        json.dumps(rec(4, url="ftp://x/y")),
+        json.dumps(rec(5, published="2999-01-01")),
+        json.dumps(rec(6, text="x" * 200_001)),
+        json.dumps(rec(7, extra=1)),
+        json.dumps(rec(1)),
+        json.dumps(rec(1, text="Other text.")),
+    ]
     body = "\n".join(lines).encode() + b"\n" + b'{"url": "https://push.example/8", "text": "caf\xe9"}'
     r = client.post("/admin/articles", content=body, headers={**ADMIN, "Content-Type": "application/x-ndjson"})
     assert r.status_code == 200, r.text
     out = r.json()
     assert (out["new"], out["duplicate"]) == (1, 1)
     errors = {(e["line"], e["field"]) for e in out["errors"]}
-    assert errors == {(2, "published"), (3, "record"), (4, "title"), (5, "url"), (6, "published"), (7, "text"),
-                      (8, "extra"), (10, "url"), (11, "record")}
+    assert errors == {
+        (2, "published"),
+        (3, "record"),
+        (4, "title"),
+        (5, "url"),
+        (6, "published"),
+        (7, "text"),
+        (8, "extra"),
+        (10, "url"),
+        (11, "record"),
+    }
     reasons = {e["line"]: e["reason"] for e in out["errors"]}
     assert "not a date" in reasons[2] and "future" in reasons[6] and "200,000" in reasons[7]
     assert "repeats line 1" in reasons[10] and "UTF-8" in reasons[11]
@@ -71,9 +94,9 @@ def test_post_articles_all_bad_or_unreadable_is_422(client):
     r = client.post("/admin/articles", json=[rec(1, published="tomorrow")], headers=ADMIN)
     assert r.status_code == 422 and "line 1" in r.json()["detail"]
     assert r.json()["errors"][0]["loc"] == ["body", 1, "published"]
-    r = client.post("/admin/articles", content=b"[{\"url\": ", headers={**ADMIN, "Content-Type": "application/json"})
+    r = client.post("/admin/articles", content=b'[{"url": ', headers={**ADMIN, "Content-Type": "application/json"})
     assert r.status_code == 422 and "JSON array" in r.json()["detail"]
-    r = client.post("/admin/articles", content=b"[\"caf\xe9\"]", headers={**ADMIN, "Content-Type": "application/json"})
+    r = client.post("/admin/articles", content=b'["caf\xe9"]', headers={**ADMIN, "Content-Type": "application/json"})
     assert r.status_code == 422 and "UTF-8" in r.json()["detail"]
     r = client.post("/admin/articles", json=[], headers=ADMIN)  # found by the schema fuzzer: was a 500
     assert r.status_code == 422 and "empty JSON array" in r.json()["detail"]
@@ -114,10 +137,15 @@ def test_pushed_article_is_answerable_as_of_its_day_after_publish(client):
     assert live["newest_article_at"] is not None and live["last_publish_at"] is not None
 
 
-@pytest.mark.parametrize("field, value, fragment", [
-    ("authors", "Ann", "authors must be a list"), ("language", "x" * 17, "short code"),
-    ("source", "", "source is missing"), ("published", 20240328, "must be a string"),
-])
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("authors", "Ann", "authors must be a list"),
+        ("language", "x" * 17, "short code"),
+        ("source", "", "source is missing"),
+        ("published", 20240328, "must be a string"),
+    ],
+)
 def test_post_articles_optional_and_typed_fields_are_checked(client, field, value, fragment):
     r = client.post("/admin/articles", json=[rec(1, **{field: value})], headers=ADMIN)
     assert r.status_code == 422
@@ -143,7 +171,7 @@ def test_ago_reads_as_a_person_would():
 
     from app.web.views import ago
 
-    now = dt.datetime(2024, 4, 1, 12, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2024, 4, 1, 12, tzinfo=dt.UTC)
     assert ago(now - dt.timedelta(seconds=30), now) == "just now"
     assert ago(now - dt.timedelta(minutes=14), now) == "14 minutes ago"
     assert ago(now - dt.timedelta(hours=1, minutes=5), now) == "1 hour ago"
@@ -154,7 +182,7 @@ def test_ago_reads_as_a_person_would():
 def test_answer_index_as_of_retrieves_only_what_an_earlier_index_held(client):
     import datetime as dt
 
-    from app.services.errors import InvalidInputError
+    from serving.errors import InvalidInputError
 
     client.post("/admin/articles?publish=true", json=[rec(13)], headers=ADMIN)
     service = client.app.state.answers
@@ -168,13 +196,24 @@ def test_answer_index_as_of_retrieves_only_what_an_earlier_index_held(client):
 
 
 def test_dashboard_lists_feeds_with_their_errors(client):
-    from app.db.tables import Feed
+    from store.tables import Feed
 
     with client.app.state.db.sessions() as s, s.begin():
-        s.add(Feed(url="https://feeds.example/ok.xml", title="Harbour Wire", last_status=200, last_new=3,
-                   articles_total=12, failures=0))
-        s.add(Feed(url="https://feeds.example/down.xml", last_status=500, failures=2,
-                   last_error="HTTP 500 after 3 retries"))
+        s.add(
+            Feed(
+                url="https://feeds.example/ok.xml",
+                title="Harbour Wire",
+                last_status=200,
+                last_new=3,
+                articles_total=12,
+                failures=0,
+            )
+        )
+        s.add(
+            Feed(
+                url="https://feeds.example/down.xml", last_status=500, failures=2, last_error="HTTP 500 after 3 retries"
+            )
+        )
     assert client.post("/dashboard/login", data={"token": "test-admin-token"}).status_code == 200
     dash = client.get("/dashboard").text
     assert 'id="feeds"' in dash and "Harbour Wire" in dash and "<td>12</td>" in dash
@@ -183,8 +222,9 @@ def test_dashboard_lists_feeds_with_their_errors(client):
 
 def test_post_articles_ten_megabyte_text_is_rejected_and_the_rest_stored(client):
     big = rec(20, text="word " * (2 * 1024 * 1024))  # 10 MiB of text, inside the 16 MiB body limit
-    r = client.post("/admin/articles", content=ndjson(big, rec(21)),
-                    headers={**ADMIN, "Content-Type": "application/x-ndjson"})
+    r = client.post(
+        "/admin/articles", content=ndjson(big, rec(21)), headers={**ADMIN, "Content-Type": "application/x-ndjson"}
+    )
     assert r.status_code == 200, r.text[:300]
     out = r.json()
     assert out["new"] == 1 and [(e["line"], e["field"]) for e in out["errors"]] == [(1, "text")]

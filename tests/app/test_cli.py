@@ -1,4 +1,5 @@
 """The `sqa` command line: clear errors with a non-zero exit, idempotent imports, dated answers."""
+
 from __future__ import annotations
 
 import json
@@ -17,26 +18,36 @@ def test_cli_import_realtimeqa_reports_skips_and_is_idempotent(sqa, fixtures_dir
 
 
 def test_cli_import_streamingqa(sqa, fixtures_dir):
-    r = sqa("import", "streamingqa", str(fixtures_dir / "streamingqa" / "questions.jsonl"),
-            "--articles", str(fixtures_dir / "streamingqa" / "articles.jsonl"))
+    r = sqa(
+        "import",
+        "streamingqa",
+        str(fixtures_dir / "streamingqa" / "questions.jsonl"),
+        "--articles",
+        str(fixtures_dir / "streamingqa" / "articles.jsonl"),
+    )
     assert r.exit_code == 0, r.output
     assert "questions:" in r.output and "skipped" in r.output
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("import", "realtimeqa", "/no/such/dir"), "/no/such/dir does not exist"),
-    (("import", "realtimeqa", "SAMPLE", "--since", "2024-02-31"), "--since '2024-02-31' is not a date"),
-    (("ingest",), "give exactly one of --month, --through or --history-before"),
-    (("ingest", "--month", "2024-02", "--through", "2024-03"), "give exactly one"),
-    (("ingest", "--month", "24-02"), "month '24-02' is not a month (use YYYY-MM)"),
-    (("ingest", "--month", "2031-01"), "no articles published in 2031-01"),
-    (("ingest", "--from", "2024-01", "--month", "2024-02"), "--from goes with --through"),
-    (("ask", "Who?", "--as-of", "2024-13-01"), "--as-of '2024-13-01' is not a date"),
-    (("ask", "Who?", "--as-of", "2024-01-01"), "no index has been built yet"),
-    (("jobs", "show", "424242"), "no job with id 424242"),
-    (("train", "retriever", "--until", "2024-03-01", "--query-format", "iso"),
-     "query format 'iso' is not one of bare, dated"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("import", "realtimeqa", "/no/such/dir"), "/no/such/dir does not exist"),
+        (("import", "realtimeqa", "SAMPLE", "--since", "2024-02-31"), "--since '2024-02-31' is not a date"),
+        (("ingest",), "give exactly one of --month, --through or --history-before"),
+        (("ingest", "--month", "2024-02", "--through", "2024-03"), "give exactly one"),
+        (("ingest", "--month", "24-02"), "month '24-02' is not a month (use YYYY-MM)"),
+        (("ingest", "--month", "2031-01"), "no articles published in 2031-01"),
+        (("ingest", "--from", "2024-01", "--month", "2024-02"), "--from goes with --through"),
+        (("ask", "Who?", "--as-of", "2024-13-01"), "--as-of '2024-13-01' is not a date"),
+        (("ask", "Who?", "--as-of", "2024-01-01"), "no index has been built yet"),
+        (("jobs", "show", "424242"), "no job with id 424242"),
+        (
+            ("train", "retriever", "--until", "2024-03-01", "--query-format", "iso"),
+            "query format 'iso' is not one of bare, dated",
+        ),
+    ],
+)
 def test_cli_bad_input_exits_non_zero_with_a_message(sqa, sample_root, args, fragment):
     sqa("import", "realtimeqa", str(sample_root))
     r = sqa(*[str(sample_root) if a == "SAMPLE" else a for a in args])
@@ -78,12 +89,15 @@ def test_cli_evaluate_then_report(sqa, sample_root, tmp_path):
     assert (out / "report.html").exists() and (out / "summary.json").exists()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("evaluate", "--quarter", "2024Q7"), "is not a quarter"),
-    (("report", "99", "--out", "/tmp/nowhere"), "no evaluation run with id 99"),
-    (("replay", "--from", "2024-03", "--to", "2024-01"), "--from 2024-03 is after --to 2024-01"),
-    (("schedule", "--run", "weekly-party"), "weekly-party"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("evaluate", "--quarter", "2024Q7"), "is not a quarter"),
+        (("report", "99", "--out", "/tmp/nowhere"), "no evaluation run with id 99"),
+        (("replay", "--from", "2024-03", "--to", "2024-01"), "--from 2024-03 is after --to 2024-01"),
+        (("schedule", "--run", "weekly-party"), "weekly-party"),
+    ],
+)
 def test_cli_evaluation_bad_input(sqa, args, fragment):
     r = sqa(*args)
     assert r.exit_code == 2, r.output
@@ -128,19 +142,37 @@ def test_table_commands_load_no_model_library(tmp_path, args, encoder):
     from tests.conftest import ROOT
 
     home = tmp_path / "home"
-    env = {**os.environ, "SQA_HOME": str(home), "SQA_ENCODER": "hash", "SQA_READER": "first-entity",
-           "SQA_AUTO_TRAIN": "0"}
+    env = {
+        **os.environ,
+        "SQA_HOME": str(home),
+        "SQA_ENCODER": "hash",
+        "SQA_READER": "first-entity",
+        "SQA_AUTO_TRAIN": "0",
+    }
     env.pop("SQA_DATABASE_URL", None)
-    subprocess.run([sys.executable, "-m", "app.cli", "import", "realtimeqa", str(ROOT / "indexer" / "sample" / "realtimeqa")],
-                   cwd=ROOT, env=env, check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "app.cli", "ingest", "--month", "2024-01", "--no-train"], cwd=ROOT, env=env,
-                   check=True, capture_output=True)
-    probe = ("import json, sys\nfrom app.cli import cli\ntry:\n    cli(sys.argv[1:])\nexcept SystemExit as e:\n"
-             "    code = e.code\nheavy = ['torch', 'sentence_transformers', 'transformers', 'matplotlib', 'scipy.stats',"
-             " 'spacy']\nprint(json.dumps({'code': code, 'loaded': [m for m in heavy if m in sys.modules]}))\n")
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "import", "realtimeqa", str(ROOT / "indexer" / "sample" / "realtimeqa")],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "ingest", "--month", "2024-01", "--no-train"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    probe = (
+        "import json, sys\nfrom app.cli import cli\ntry:\n    cli(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    code = e.code\nheavy = ['torch', 'sentence_transformers', 'transformers', 'matplotlib', 'scipy.stats',"
+        " 'spacy']\nprint(json.dumps({'code': code, 'loaded': [m for m in heavy if m in sys.modules]}))\n"
+    )
     env["SQA_ENCODER"] = encoder  # minilm: the index's hash encoder is refused, by name, without loading MiniLM
-    out = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["loaded"] == [], out.stderr[-2000:]
     if args == ("index", "status"):
@@ -156,7 +188,7 @@ def test_jobs_show_follows_a_job_run_elsewhere_until_it_ends(sqa, monkeypatch):
     import time
 
     from app.bootstrap import open_context
-    from app.core.config import get_settings
+    from settings import get_settings
 
     assert sqa("jobs", "list").exit_code == 0  # creates the database
     # The job moves one step only after the follower has looked at the step before: it waits for two

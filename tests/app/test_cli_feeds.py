@@ -1,9 +1,8 @@
 """`sqa feeds add|list|remove|poll`: clear errors with a non-zero exit, per-feed poll results."""
+
 from __future__ import annotations
 
 import pytest
-
-from tests.feed_server import feed_server  # noqa: F401  (the fixture)
 
 
 @pytest.fixture
@@ -47,12 +46,15 @@ def test_cli_feeds_poll_exits_non_zero_when_a_feed_fails(sqa, feed_server):
     assert "1 of 2 feed(s) failed" in r.output
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("feeds", "add", "not-a-url"), "feed URL 'not-a-url' is not an http(s) URL"),
-    (("feeds", "add", "ftp://news.example/rss"), "is not an http(s) URL"),
-    (("feeds", "add", "https://news.example/rss", "--source", "x" * 65), "longer than 64 characters"),
-    (("feeds", "remove", "https://nowhere.example/rss"), "no feed with URL 'https://nowhere.example/rss'"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("feeds", "add", "not-a-url"), "feed URL 'not-a-url' is not an http(s) URL"),
+        (("feeds", "add", "ftp://news.example/rss"), "is not an http(s) URL"),
+        (("feeds", "add", "https://news.example/rss", "--source", "x" * 65), "longer than 64 characters"),
+        (("feeds", "remove", "https://nowhere.example/rss"), "no feed with URL 'https://nowhere.example/rss'"),
+    ],
+)
 def test_cli_feeds_bad_input_exits_non_zero_with_a_message(sqa, args, fragment):
     r = sqa(*args)
     assert r.exit_code == 2, r.output

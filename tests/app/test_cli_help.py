@@ -1,4 +1,5 @@
 """Every `sqa` command explains itself: a description and a working example in its --help."""
+
 from __future__ import annotations
 
 import shlex
@@ -36,7 +37,7 @@ def test_help_has_a_description_and_an_example_that_parses(path, command):
     argv = shlex.split(epilog.removeprefix("Example: "))
     assert argv[: 1 + len(path)] == ["sqa", *path], f"the example runs another command: {epilog}"
     # the example's arguments are ones the command takes (parsed, not run)
-    command.make_context(" ".join(path), argv[1 + len(path):])
+    command.make_context(" ".join(path), argv[1 + len(path) :])
 
     shown = CliRunner().invoke(cli, [*path, "--help"], terminal_width=200)
     assert shown.exit_code == 0

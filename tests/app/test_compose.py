@@ -1,6 +1,7 @@
 """docker-compose.yml and scripts/prestart.sh, checked without a Docker engine (none here): the file's
 structure (one migration before api and worker, no secret in the file, the worker not HTTP-checked)
 and the entrypoint's database URL built from the password secret."""
+
 from __future__ import annotations
 
 import os
@@ -59,27 +60,42 @@ def test_prestart_builds_the_url_from_the_password_file_and_skips_the_migration_
     secret.write_text("s3cret\n")
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "sqa").write_text("#!/bin/sh\necho \"sqa $*\"\n")  # stands in for the real CLI
+    (fake / "sqa").write_text('#!/bin/sh\necho "sqa $*"\n')  # stands in for the real CLI
     (fake / "sqa").chmod(0o755)
-    env = {"PATH": f"{fake}:{os.environ['PATH']}", "SQA_DATABASE_HOST": "db:5432/sqa",
-           "SQA_DATABASE_PASSWORD_FILE": str(secret), "SQA_MIGRATE": "0", "PRESTART_DB_WAIT_S": "0"}
+    env = {
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "SQA_DATABASE_HOST": "db:5432/sqa",
+        "SQA_DATABASE_PASSWORD_FILE": str(secret),
+        "SQA_MIGRATE": "0",
+        "PRESTART_DB_WAIT_S": "0",
+    }
     script = ROOT / "scripts" / "prestart.sh"
     # the database cannot answer here: the script must say where it waited, never the password
-    r = subprocess.run(["bash", str(script), "sh", "-c", "echo $SQA_DATABASE_URL"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(script), "sh", "-c", "echo $SQA_DATABASE_URL"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and "db:5432/sqa" in r.stderr + r.stdout and "s3cret" not in r.stderr + r.stdout
     # with a SQLite URL there is nothing to wait for: the migration is skipped, the command runs
-    r = subprocess.run(["bash", str(script), "sh", "-c", "echo ran"], env={**env, "SQA_DATABASE_URL": "sqlite:///x.db"},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(script), "sh", "-c", "echo ran"],
+        env={**env, "SQA_DATABASE_URL": "sqlite:///x.db"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ran"
-    r = subprocess.run(["bash", str(script), "sh", "-c", "echo ran"],
-                       env={**env, "SQA_DATABASE_URL": "sqlite:///x.db", "SQA_MIGRATE": "1"},
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(script), "sh", "-c", "echo ran"],
+        env={**env, "SQA_DATABASE_URL": "sqlite:///x.db", "SQA_MIGRATE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stdout.split() == ["sqa", "db", "upgrade", "ran"]
 
 
 def test_the_api_is_given_longer_to_stop_than_it_waits_for_its_background_jobs():
-    from app.core.config import Settings
+    from settings import Settings
 
     grace = compose()["services"]["api"]["stop_grace_period"]
     assert grace.endswith("s") and float(grace[:-1]) > Settings.model_fields["shutdown_wait_s"].default

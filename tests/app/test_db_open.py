@@ -1,4 +1,5 @@
 """Opening the database skips Alembic when the schema is already the newest, and only then."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from app.db.engine import head_revisions, make_engine, open_database, schema_is_current
+from store.engine import head_revisions, make_engine, open_database, schema_is_current
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_head_revisions_are_alembics_heads():
     from alembic.script import ScriptDirectory
 
-    from app.db.migrate import alembic_config
+    from store.migrate import alembic_config
 
     assert head_revisions() == frozenset(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
 
@@ -22,8 +23,8 @@ def test_head_revisions_are_alembics_heads():
 def test_an_old_or_new_schema_is_migrated_and_a_current_one_left_alone(database_url, monkeypatch):
     from alembic import command
 
-    from app.db import migrate
-    from app.db.migrate import alembic_config
+    from store import migrate
+    from store.migrate import alembic_config
 
     if database_url.startswith("sqlite:///"):
         Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -48,11 +49,11 @@ def test_an_old_or_new_schema_is_migrated_and_a_current_one_left_alone(database_
 
 
 def test_the_migrated_schema_is_the_one_the_tables_declare(database_url):
-    """A column added to app/db/tables.py without its migration (or the other way round) fails here."""
+    """A column added to store/tables.py without its migration (or the other way round) fails here."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from app.db.base import Base
+    from store.base import Base
 
     if database_url.startswith("sqlite:///"):
         Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)

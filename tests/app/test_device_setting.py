@@ -1,4 +1,5 @@
 """SQA_DEVICE: auto | cpu | cuda | cuda:N, resolved when a model loads."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ def test_device_setting_takes_auto_cpu_and_cuda_and_names_a_bad_value(tmp_path):
     from pydantic import ValidationError
 
     from app.bootstrap import resolve_device
-    from app.core.config import Settings
+    from settings import Settings
 
     assert Settings(home=tmp_path).device == "auto"  # the default
     assert Settings(home=tmp_path, device=" CUDA:1 ").device == "cuda:1"
@@ -24,7 +25,7 @@ def test_device_setting_takes_auto_cpu_and_cuda_and_names_a_bad_value(tmp_path):
 def test_the_reader_decoding_settings_reach_the_packaged_and_the_trained_readers(tmp_path, monkeypatch):
     import app.bootstrap as bootstrap
     import models.trained
-    from app.core.config import Settings
+    from settings import Settings
 
     seen: dict[str, dict] = {}
     monkeypatch.setattr(bootstrap, "load_reader", lambda name, **kw: seen.setdefault("packaged", kw))
@@ -43,7 +44,7 @@ def test_the_training_precision_setting_reaches_the_jobs_and_names_a_bad_value(t
     from pydantic import ValidationError
 
     from app.bootstrap import open_context
-    from app.core.config import Settings
+    from settings import Settings
 
     assert Settings(home=tmp_path).train_precision == "auto"
     with open_context(Settings(home=tmp_path, train_precision="float32")) as ctx:

@@ -1,4 +1,5 @@
 """The server refuses an index whose files disagree with the database, and says how to rebuild."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,10 +9,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
 from app.bootstrap import open_database
-from app.services.index_state import latest_snapshot_row
-from indexer.errors import IndexIntegrityError
+from app.main import create_app
+from indexer.index_errors import IndexIntegrityError
+from serving.index_state import latest_snapshot_row
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,10 +26,17 @@ def newest_manifest(settings) -> Path:
 
 
 def cli(settings, *args):
-    env = {"PATH": "/usr/bin:/bin", "SQA_HOME": str(settings.home), "SQA_DATABASE_URL": settings.db_url,
-           "SQA_ENCODER": settings.encoder, "SQA_READER": settings.reader, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SQA_HOME": str(settings.home),
+        "SQA_DATABASE_URL": settings.db_url,
+        "SQA_ENCODER": settings.encoder,
+        "SQA_READER": settings.reader,
+        "HF_HUB_OFFLINE": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_server_refuses_a_corrupt_shard_and_rebuild_fixes_it(loaded_settings):

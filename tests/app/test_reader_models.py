@@ -3,6 +3,7 @@
 No real weights: `models.trained.load_trained_reader` is replaced by a fake that returns a
 first-entity reader named after the version folder, and `workers.train` by a fake module.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,15 +25,15 @@ from sqlalchemy.exc import IntegrityError
 
 import models.trained
 import tests.gemma_runs
-from app.core.config import Settings, get_settings, parse_reader_spec
-from app.db.base import Base
-from app.db.tables import ReaderModel
-from app.main import create_app
 from app.bootstrap import build_answer_service, build_encoder, build_reader, open_database
-from app.services import reader_registry as registry
-from app.services.errors import ConflictError, NotFoundError
-from app.services.reader_state import ReaderState, RegistrySource
+from app.main import create_app
 from models.readers import FirstEntityReader
+from serving import reader_registry as registry
+from serving.errors import ConflictError, NotFoundError
+from serving.reader_state import ReaderState, RegistrySource
+from settings import Settings, get_settings, parse_reader_spec
+from store.base import Base
+from store.tables import ReaderModel
 
 ADMIN = {"X-Admin-Token": "test-admin-token"}
 QUESTION = {"question": "Who is the mayor of Port Calder?", "as_of": "2024-03-31"}
@@ -59,14 +60,22 @@ def loads(monkeypatch) -> list[str]:
         return NamedReader(f"trained-{path.name}")
 
     monkeypatch.setattr(models.trained, "load_trained_reader", load_trained_reader)
-    monkeypatch.setattr(models.trained, "read_reader_info",
-                        lambda path: json.loads((path / "reader.json").read_text()))
+    monkeypatch.setattr(models.trained, "read_reader_info", lambda path: json.loads((path / "reader.json").read_text()))
     monkeypatch.setattr("app.bootstrap.FALLBACK_READER", "first-entity")
     return loaded
 
 
-def make_version(settings: Settings, db, version: str, *, kind: str = "fid", state: str = "ready",
-                 folder: bool = True, broken: bool = False, **extra) -> str:
+def make_version(
+    settings: Settings,
+    db,
+    version: str,
+    *,
+    kind: str = "fid",
+    state: str = "ready",
+    folder: bool = True,
+    broken: bool = False,
+    **extra,
+) -> str:
     if folder:
         d = settings.models_dir / version
         d.mkdir(parents=True, exist_ok=True)
@@ -92,15 +101,19 @@ def db(settings):
 
 # ---- the registry (SQLite and PostgreSQL) -------------------------------------------------------
 
+
 def test_registry_activation_keeps_exactly_one_active(settings, db):
-    a = make_version(settings, db, "fid-2024-01-31-aaaaaa", trained_until=dt.date(2024, 1, 31),
-                     metrics={"f1": 0.4})
+    a = make_version(settings, db, "fid-2024-01-31-aaaaaa", trained_until=dt.date(2024, 1, 31), metrics={"f1": 0.4})
     b = make_version(settings, db, "fid-ft-2024-02-bbbbbb", parent_version=a, month="2024-02")
     with db.sessions() as session:
         assert [r.version for r in registry.list_versions(session)] == [b, a]  # newest first
         row = registry.get_version(session, a)
-        assert (row.trained_until, row.metrics, row.state, row.active) == (dt.date(2024, 1, 31), {"f1": 0.4},
-                                                                           "ready", False)
+        assert (row.trained_until, row.metrics, row.state, row.active) == (
+            dt.date(2024, 1, 31),
+            {"f1": 0.4},
+            "ready",
+            False,
+        )
         assert registry.active_version(session) is None
     for version in (a, b, b, a):
         with db.sessions() as session, session.begin():
@@ -146,9 +159,14 @@ def test_registry_database_refuses_a_second_active_row(settings, db):
 def test_registry_register_stores_paths_relative_and_can_activate(settings, db):
     (settings.models_dir / "extractive-x-000001").mkdir(parents=True)
     with db.sessions() as session, session.begin():
-        row = registry.register_version(session, version="extractive-x-000001", kind="extractive",
-                                        path=settings.models_dir / "extractive-x-000001", activate=True,
-                                        models_dir=settings.models_dir)
+        row = registry.register_version(
+            session,
+            version="extractive-x-000001",
+            kind="extractive",
+            path=settings.models_dir / "extractive-x-000001",
+            activate=True,
+            models_dir=settings.models_dir,
+        )
         assert row.path == "extractive-x-000001" and row.active
 
 
@@ -156,8 +174,9 @@ def test_migration_matches_the_orm(settings):
     database = open_database(settings)  # upgrades to head
     try:
         with database.engine.connect() as conn:
-            diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_server_default": True}),
-                                    Base.metadata)
+            diff = compare_metadata(
+                MigrationContext.configure(conn, opts={"compare_server_default": True}), Base.metadata
+            )
     finally:
         database.close()
     assert diff == []
@@ -177,6 +196,7 @@ def test_new_version_name_is_kind_label_and_random_suffix():
 
 
 # ---- SQA_READER ------------------------------------------------------------------------------------
+
 
 def test_reader_setting_forms(tmp_path, make_settings):
     folder = tmp_path / "v1"
@@ -205,8 +225,9 @@ def test_build_reader_from_a_folder_a_version_and_auto(sqlite_settings, loads):
         assert build_reader(s(update={"reader": f"extractive:{folder}"})).name == "trained-extractive-a-000001"
         with pytest.raises(ValueError, match="says kind 'extractive'"):
             build_reader(s(update={"reader": f"fid:{folder}"}))
-        assert build_reader(s(update={"reader": "version:extractive-a-000001"}), db).name == \
-            "trained-extractive-a-000001"
+        assert (
+            build_reader(s(update={"reader": "version:extractive-a-000001"}), db).name == "trained-extractive-a-000001"
+        )
         with pytest.raises(NotFoundError):
             build_reader(s(update={"reader": "version:nope"}), db)
         assert build_reader(s(update={"reader": "auto"}), db).name == "first-entity"  # none active: fallback
@@ -219,6 +240,7 @@ def test_build_reader_from_a_folder_a_version_and_auto(sqlite_settings, loads):
 
 # ---- ReaderState ----------------------------------------------------------------------------------
 
+
 def following_state(settings, db, loaded: list[str]) -> ReaderState:
     def load_version(folder: Path):
         loaded.append(folder.name)
@@ -226,8 +248,11 @@ def following_state(settings, db, loaded: list[str]) -> ReaderState:
             raise RuntimeError("corrupt weights")
         return NamedReader(f"trained-{folder.name}")
 
-    return ReaderState(source=RegistrySource(db.sessions, settings.models_dir, load_version=load_version,
-                                             load_fallback=lambda: NamedReader("fallback")))
+    return ReaderState(
+        source=RegistrySource(
+            db.sessions, settings.models_dir, load_version=load_version, load_fallback=lambda: NamedReader("fallback")
+        )
+    )
 
 
 def activate(settings, db, version: str) -> None:
@@ -295,22 +320,27 @@ def test_a_swap_during_a_request_does_not_mix_readers(loaded_settings):
                 generated_by.append(self.name)
                 return super().generate(question, as_of, passages)
 
-        state = ReaderState(source=RegistrySource(
-            db.sessions, s.models_dir, load_version=lambda folder: NamedReader(f"trained-{folder.name}"),
-            load_fallback=lambda: SwappingReader("old-reader")))
+        state = ReaderState(
+            source=RegistrySource(
+                db.sessions,
+                s.models_dir,
+                load_version=lambda folder: NamedReader(f"trained-{folder.name}"),
+                load_fallback=lambda: SwappingReader("old-reader"),
+            )
+        )
         assert state.refresh()
         service = build_answer_service(s, db, build_encoder(s), state)
         service.index_state.refresh()
         result = service.answer(QUESTION["question"], dt.date(2024, 3, 31))
         assert result.answer and generated_by == ["old-reader"]
         assert result.versions["reader"] == "old-reader" and state.reader().name == "trained-fid-new-000001"
-        assert service.answer(QUESTION["question"], dt.date(2024, 3, 31)).versions["reader"] == \
-            "trained-fid-new-000001"
+        assert service.answer(QUESTION["question"], dt.date(2024, 3, 31)).versions["reader"] == "trained-fid-new-000001"
     finally:
         db.close()
 
 
 # ---- the admin API ----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def auto_client(loaded_settings, loads):
@@ -328,8 +358,9 @@ def reader_used(client) -> str:
 
 def test_api_lists_and_activates_versions_without_restart(auto_client, loaded_settings, loads):
     db = auto_client.app.state.db
-    a = make_version(loaded_settings, db, "fid-2024-01-31-aaaaaa", trained_until=dt.date(2024, 1, 31),
-                     metrics={"f1": 0.5})
+    a = make_version(
+        loaded_settings, db, "fid-2024-01-31-aaaaaa", trained_until=dt.date(2024, 1, 31), metrics={"f1": 0.5}
+    )
     b = make_version(loaded_settings, db, "fid-ft-2024-02-bbbbbb", parent_version=a, month="2024-02")
     assert reader_used(auto_client) == "first-entity"  # none active yet: the fallback
 
@@ -338,8 +369,17 @@ def test_api_lists_and_activates_versions_without_restart(auto_client, loaded_se
     body = listing.json()
     assert [v["version"] for v in body["versions"]] == [b, a]
     assert body["versions"][1] | {"created_at": None} == {
-        "version": a, "kind": "fid", "parent_version": None, "trained_until": "2024-01-31", "month": None,
-        "state": "ready", "active": False, "metrics": {"f1": 0.5}, "job_id": None, "created_at": None}
+        "version": a,
+        "kind": "fid",
+        "parent_version": None,
+        "trained_until": "2024-01-31",
+        "month": None,
+        "state": "ready",
+        "active": False,
+        "metrics": {"f1": 0.5},
+        "job_id": None,
+        "created_at": None,
+    }
     assert body["serving"]["reader"] == "first-entity" and body["serving"]["version"] is None
     assert body["serving"]["follows_active"] is True
 
@@ -379,10 +419,12 @@ def test_api_activate_refuses_unknown_not_ready_missing_and_unloadable(auto_clie
     make_version(loaded_settings, db, "fid-training-000002", state="training")
     make_version(loaded_settings, db, "fid-gone-000003", folder=False)
     make_version(loaded_settings, db, "fid-bad-000004", broken=True)
-    for version, status, fragment in [("nope", 404, "no reader version 'nope'"),
-                                      ("fid-training-000002", 409, "not ready"),
-                                      ("fid-gone-000003", 409, "is missing"),
-                                      ("fid-bad-000004", 409, "could not be loaded")]:
+    for version, status, fragment in [
+        ("nope", 404, "no reader version 'nope'"),
+        ("fid-training-000002", 409, "not ready"),
+        ("fid-gone-000003", 409, "is missing"),
+        ("fid-bad-000004", 409, "could not be loaded"),
+    ]:
         r = auto_client.post(f"/admin/models/{version}/activate", headers=ADMIN)
         assert r.status_code == status, r.text
         assert fragment in r.json()["detail"]
@@ -393,8 +435,7 @@ def test_api_activate_refuses_unknown_not_ready_missing_and_unloadable(auto_clie
     assert reader_used(auto_client) == f"trained-{good}"
 
 
-def test_api_a_version_activated_elsewhere_that_fails_to_load_keeps_the_old_reader(auto_client, loaded_settings,
-                                                                                     loads):
+def test_api_a_version_activated_elsewhere_that_fails_to_load_keeps_the_old_reader(auto_client, loaded_settings, loads):
     db = auto_client.app.state.db
     make_version(loaded_settings, db, "fid-good-000001")
     make_version(loaded_settings, db, "fid-bad-000002", broken=True)
@@ -433,6 +474,7 @@ def test_api_a_fixed_reader_process_records_the_activation_but_keeps_its_reader(
 
 # ---- POST /admin/finetune -------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def fake_train(monkeypatch):
     """workers.train with a run_finetune_job that waits for `release`, then registers and activates
@@ -451,8 +493,17 @@ def fake_train(monkeypatch):
             parent = registry.active_version(session).version
             version = registry.new_version_name("fid", f"ft-{month}")
             (ctx.models_dir / version).mkdir()
-            registry.register_version(session, version=version, kind="fid", path=version, parent_version=parent,
-                                      month=month, job_id=job.job_id, activate=True, models_dir=ctx.models_dir)
+            registry.register_version(
+                session,
+                version=version,
+                kind="fid",
+                path=version,
+                parent_version=parent,
+                month=month,
+                job_id=job.job_id,
+                activate=True,
+                models_dir=ctx.models_dir,
+            )
         return version
 
     module.run_finetune_job = run_finetune_job
@@ -460,15 +511,20 @@ def fake_train(monkeypatch):
     return module
 
 
-def test_api_finetune_runs_in_background_and_serves_the_new_version(auto_client, loaded_settings, loads, fake_train,
-                                                                     wait_job):
+def test_api_finetune_runs_in_background_and_serves_the_new_version(
+    auto_client, loaded_settings, loads, fake_train, wait_job
+):
     db = auto_client.app.state.db
     r = auto_client.post("/admin/finetune", json={"month": "2024-02"}, headers=ADMIN)
     assert r.status_code == 422 and "no trained reader to fine-tune: run `sqa train reader" in r.json()["detail"]
     make_version(loaded_settings, db, "fid-base-000001")
     activate(loaded_settings, db, "fid-base-000001")
-    for payload, fragment in [({"month": "2024-13"}, "is not a month"), ({"month": "Feb"}, "is not a month"),
-                              ({"month": "2024-02", "epochs": 3}, "epochs"), ({}, "month")]:
+    for payload, fragment in [
+        ({"month": "2024-13"}, "is not a month"),
+        ({"month": "Feb"}, "is not a month"),
+        ({"month": "2024-02", "epochs": 3}, "epochs"),
+        ({}, "month"),
+    ]:
         r = auto_client.post("/admin/finetune", json=payload, headers=ADMIN)
         assert r.status_code == 422 and fragment in r.json()["detail"], r.text
     assert fake_train.calls == []
@@ -516,6 +572,7 @@ def test_api_finetune_refuses_an_active_ranker(auto_client, loaded_settings, loa
 
 # ---- sqa models ---------------------------------------------------------------------------------------
 
+
 def test_cli_models_list_and_activate(sqa):
     r = sqa("models", "list")
     assert r.exit_code == 0 and "no trained reader versions yet" in r.output
@@ -526,8 +583,10 @@ def test_cli_models_list_and_activate(sqa):
         make_version(settings, db, "fid-training-000002", state="training")
     finally:
         db.close()
-    for args, fragment in [(("models", "activate", "nope"), "no reader version 'nope'"),
-                           (("models", "activate", "fid-training-000002"), "is training, not ready")]:
+    for args, fragment in [
+        (("models", "activate", "nope"), "no reader version 'nope'"),
+        (("models", "activate", "fid-training-000002"), "is training, not ready"),
+    ]:
         r = sqa(*args)
         assert r.exit_code == 2 and fragment in r.output, r.output
     r = sqa("models", "activate", "fid-2024-01-31-aaaaaa")
@@ -544,14 +603,27 @@ def test_cli_models_list_and_activate(sqa):
 
 # ---- versions trained elsewhere (`sqa models import`) ------------------------------------------------
 
+
 def trained_elsewhere(folder: Path, **info) -> Path:
     """A version folder as models.train_exported writes it on another machine (no real weights)."""
     folder.mkdir(parents=True)
     (folder / "trained.safetensors").write_bytes(b"weights")
-    (folder / "reader.json").write_text(json.dumps({
-        "kind": "gemma", "version": None, "label": "2023-04-01", "trained_until": "2023-04-01",
-        "validation": {"n": 54, "em": 31.5, "f1": 38.2}, "steps": 900, "stopped": "epochs",
-        "data": {"train": 9000, "val": 54}, "trained_elsewhere": {"device": "NVIDIA H200"}, **info}))
+    (folder / "reader.json").write_text(
+        json.dumps(
+            {
+                "kind": "gemma",
+                "version": None,
+                "label": "2023-04-01",
+                "trained_until": "2023-04-01",
+                "validation": {"n": 54, "em": 31.5, "f1": 38.2},
+                "steps": 900,
+                "stopped": "epochs",
+                "data": {"train": 9000, "val": 54},
+                "trained_elsewhere": {"device": "NVIDIA H200"},
+                **info,
+            }
+        )
+    )
     return folder
 
 
@@ -579,11 +651,13 @@ def test_registry_import_refuses_what_is_not_a_loadable_version_and_stores_nothi
         raise ValueError(f"{folder} does not load as a trained reader: size mismatch")
 
     (tmp_path / "empty").mkdir()
-    cases = [(tmp_path / "missing", None, "is not a folder"),
-             (tmp_path / "empty", None, "not a trained reader folder"),
-             (trained_elsewhere(tmp_path / "bad-kind", kind="bert"), None, "kind 'bert' is unknown"),
-             (trained_elsewhere(tmp_path / "bad-day", trained_until="soon"), None, "is not a date"),
-             (trained_elsewhere(tmp_path / "broken"), broken, "size mismatch")]
+    cases = [
+        (tmp_path / "missing", None, "is not a folder"),
+        (tmp_path / "empty", None, "not a trained reader folder"),
+        (trained_elsewhere(tmp_path / "bad-kind", kind="bert"), None, "kind 'bert' is unknown"),
+        (trained_elsewhere(tmp_path / "bad-day", trained_until="soon"), None, "is not a date"),
+        (trained_elsewhere(tmp_path / "broken"), broken, "size mismatch"),
+    ]
     for folder, check, message in cases:
         with db.sessions() as session, session.begin():
             with pytest.raises(ValueError, match=message):
@@ -619,7 +693,9 @@ def test_registry_import_that_fails_to_register_leaves_no_folder(settings, db, t
 
 
 def test_cli_train_reader_export_is_for_gemma_only(sqa, tmp_path):
-    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--export", str(tmp_path / "x"), "--activate")
+    r = sqa(
+        "train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--export", str(tmp_path / "x"), "--activate"
+    )
     assert r.exit_code == 2 and "--activate does not go with --export" in r.output, r.output
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "fid", "--export", str(tmp_path / "x"))
     assert r.exit_code == 2 and "--export is for --kind gemma" in r.output, r.output
@@ -637,6 +713,7 @@ def test_cli_train_reader_max_length_is_for_gemma_only_and_never_negative(sqa):
 
 # ---- soups of seeds (`sqa models soup`) ------------------------------------------------------------
 
+
 def gemma_run(settings: Settings, db, version: str, **kw) -> str:
     """tests.gemma_runs.gemma_run under these settings and database."""
     return tests.gemma_runs.gemma_run(settings.models_dir, db.sessions, version, **kw)
@@ -650,8 +727,9 @@ def test_registry_soup_registers_the_mean_of_the_members_as_a_new_version(settin
     before = {v: (settings.models_dir / v / "trained.safetensors").read_bytes() for v in (a, b)}
     checked: list[Path] = []
     with db.sessions() as session, session.begin():
-        version = registry.soup_versions(session, [a, b], models_dir=settings.models_dir, activate=True,
-                                         check=checked.append).version
+        version = registry.soup_versions(
+            session, [a, b], models_dir=settings.models_dir, activate=True, check=checked.append
+        ).version
     assert re.fullmatch(r"gemma-2023-04-15-[0-9a-f]{6}", version) and len(checked) == 1
     with db.sessions() as session:
         row = registry.get_version(session, version)
@@ -679,12 +757,14 @@ def test_registry_soup_refuses_what_does_not_average_and_stores_nothing(settings
     other = gemma_run(settings, db, "gemma-2023-04-01-cccccc", seed=2, n_passages=5)
     wide = gemma_run(settings, db, "gemma-2023-04-01-dddddd", seed=3, rank=4)
     fid = make_version(settings, db, "fid-2023-04-01-eeeeee")
-    cases = [([a], ValueError, "at least two"),
-             ([a, a], ValueError, "named twice"),
-             ([a, "gemma-nope"], NotFoundError, "no reader version 'gemma-nope'"),
-             ([a, fid], ValueError, "is a fid reader"),
-             ([a, other], ValueError, "differs from the first in n_passages"),
-             ([a, wide], ValueError, "differs from the first in lora_r")]
+    cases = [
+        ([a], ValueError, "at least two"),
+        ([a, a], ValueError, "named twice"),
+        ([a, "gemma-nope"], NotFoundError, "no reader version 'gemma-nope'"),
+        ([a, fid], ValueError, "is a fid reader"),
+        ([a, other], ValueError, "differs from the first in n_passages"),
+        ([a, wide], ValueError, "differs from the first in lora_r"),
+    ]
     for versions, error, message in cases:
         with db.sessions() as session, session.begin():
             with pytest.raises(error, match=message):
@@ -698,8 +778,9 @@ def test_cli_models_soup_registers_a_loadable_soup_or_says_what_is_wrong(sqa, mo
     import models.gemma_train
 
     loaded: list[Path] = []
-    monkeypatch.setattr(models.gemma_train.GemmaModel, "load", classmethod(
-        lambda cls, path, **kw: loaded.append(Path(path))))
+    monkeypatch.setattr(
+        models.gemma_train.GemmaModel, "load", classmethod(lambda cls, path, **kw: loaded.append(Path(path)))
+    )
     r = sqa("models", "soup", "gemma-nope")
     assert r.exit_code == 2 and "at least two versions" in r.output, r.output
     r = sqa("models", "soup", "gemma-nope", "gemma-nada")

@@ -1,5 +1,6 @@
 """API replicas: two app processes' worth of state on one database and one index folder serve the
 same answers, follow a snapshot committed elsewhere, and share their rate limits through Redis."""
+
 from __future__ import annotations
 
 import time
@@ -14,6 +15,7 @@ from workers.ingest import ingest
 
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
+
 def _redis_or_skip():
     redis = pytest.importorskip("redis")
     client = redis.Redis.from_url(REDIS_URL)
@@ -23,6 +25,7 @@ def _redis_or_skip():
         pytest.skip(f"no Redis at {REDIS_URL}")
     client.flushdb()  # this test's own database number: counts from an earlier run go
     return client
+
 
 def test_two_replicas_answer_alike_and_both_follow_a_new_snapshot(make_settings, database_url):
     settings = make_settings(database_url=database_url, snapshot_poll_s=0.2)
@@ -47,6 +50,7 @@ def test_two_replicas_answer_alike_and_both_follow_a_new_snapshot(make_settings,
         assert late_a["passages"] == late_b["passages"] != first_a["passages"]
         assert max(p["published"] for p in late_a["passages"]) >= "2024-03-01" and old != new
 
+
 def test_replicas_share_one_rate_limit_through_redis(make_settings):
     _redis_or_skip()
     settings = make_settings(rate_limit="5/minute", limits_storage=REDIS_URL)
@@ -57,6 +61,7 @@ def test_replicas_share_one_rate_limit_through_redis(make_settings):
         over = b.get("/admin/jobs")
         assert over.status_code == 429 and "SQA_RATE_LIMIT" in over.json()["detail"]
         assert int(over.headers["retry-after"]) >= 1
+
 
 def test_a_limits_storage_that_cannot_work_stops_the_app_with_the_setting_named(make_settings):
     with pytest.raises(ValueError, match="SQA_LIMITS_STORAGE='nosuch://x'"):

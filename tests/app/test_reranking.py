@@ -1,5 +1,6 @@
-"""Re-ranking (app/services/reranking.py): the version registry (ACTIVE file), the state that follows
+"""Re-ranking (serving/reranking.py): the version registry (ACTIVE file), the state that follows
 it, and the re-ranking retriever over the sample index (order, the date filter, timings)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -9,10 +10,17 @@ import numpy as np
 import pytest
 
 from app.bootstrap import build_answer_service, build_encoder, open_database
-from app.services.errors import NotFoundError
-from app.services.reranking import (INFO_FILE, RerankerState, RerankingRetriever, activate_reranker, active_reranker,
-                                    list_reranker_versions, rerank)
-from app.services.retrieval import make_retriever
+from serving.errors import NotFoundError
+from serving.reranking import (
+    INFO_FILE,
+    RerankerState,
+    RerankingRetriever,
+    activate_reranker,
+    active_reranker,
+    list_reranker_versions,
+    rerank,
+)
+from serving.retrieval import make_retriever
 
 
 class ReversingModel:
@@ -41,7 +49,9 @@ def test_activate_list_and_refuse_an_unknown_version(tmp_path):
     activate_reranker(root, "reranker-b")
     assert active_reranker(root) == "reranker-b"
     assert [(i["version"], i["active"]) for i in list_reranker_versions(root)] == [
-        ("reranker-a", False), ("reranker-b", True)]
+        ("reranker-a", False),
+        ("reranker-b", True),
+    ]
     with pytest.raises(NotFoundError, match="no re-ranker version 'nope' .known: reranker-a, reranker-b"):
         activate_reranker(root, "nope")
     assert active_reranker(root) == "reranker-b"  # unchanged by the refusal
@@ -73,7 +83,7 @@ def test_state_follows_the_active_file_and_keeps_serving_when_a_version_fails_to
 
 
 def test_rerank_applies_the_recency_prior_of_the_version():
-    from app.services.retrieval import RetrievedPassage
+    from serving.retrieval import RetrievedPassage
 
     as_of = dt.date(2024, 3, 10)
     old = RetrievedPassage(1, 1, 1, "Old", "u1", dt.date(2024, 1, 10), 0.9, "old text")
@@ -138,7 +148,7 @@ def test_the_served_answer_reports_the_rerank_time(loaded_settings):
 
 
 def test_rerank_adds_the_first_stage_score_by_the_version_weight():
-    from app.services.retrieval import RetrievedPassage
+    from serving.retrieval import RetrievedPassage
 
     day = dt.date(2024, 3, 10)
     strong = RetrievedPassage(1, 1, 1, "A", "u1", day, 1.0, "a")  # the first stage's best

@@ -1,5 +1,6 @@
 """SQA_RETRIEVER through /v1/answers on the shipped sample: dense, bm25 and hybrid, the date filter
 for each, and snapshots built before BM25 existed (a clear 503, then `sqa index bm25`)."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,11 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from tests.conftest import load_sample
 
-QUESTIONS = ["Who is the mayor of Port Calder?", "Who is the head coach of the Kestrel Bay Harriers?",
-             "What is the Calder Reserve Bank's benchmark interest rate?"]
+QUESTIONS = [
+    "Who is the mayor of Port Calder?",
+    "Who is the head coach of the Kestrel Bay Harriers?",
+    "What is the Calder Reserve Bank's benchmark interest rate?",
+]
 
 
 def ask(client, question: str, as_of: str, top_k: int = 10) -> dict:
@@ -31,17 +35,19 @@ def test_answers_use_the_retriever_setting_and_its_date_filter(make_settings, da
                 assert published and max(published) <= as_of
         body = ask(client, "Kestrel Bay Harriers head coach", "2024-03-31", top_k=3)
         if retriever == "bm25":  # every BM25 hit shares a word with the question
-            assert all({"kestrel", "harriers", "coach"} & set(p["text"].lower().replace(".", " ").split())
-                       for p in body["passages"])
+            assert all(
+                {"kestrel", "harriers", "coach"} & set(p["text"].lower().replace(".", " ").split())
+                for p in body["passages"]
+            )
 
 
 def test_answers_hybrid_fuses_dense_and_bm25_rankings(make_settings):
     """The hybrid ranking is the RRF of the dense and the BM25 rankings of the same request."""
     import datetime as dt
 
-    from app.services.retrieval import Bm25Retriever
     from indexer.fusion import reciprocal_rank_fusion
     from indexer.ids import id_seq
+    from serving.retrieval import Bm25Retriever
 
     settings = make_settings(retriever="hybrid", fusion="rrf")
     load_sample(settings)
@@ -66,7 +72,11 @@ def test_answers_bm25_without_bm25_files_is_a_clear_503_until_sqa_index_bm25(mak
 
     settings = make_settings(retriever="bm25")
     with monkeypatch.context() as patch:  # ingest as before BM25 existed: FAISS shards only
-        patch.setattr(ingest_module, "write_shard", lambda index_dir, shard, lexical=None, **kw: write_shard(index_dir, shard, **kw))
+        patch.setattr(
+            ingest_module,
+            "write_shard",
+            lambda index_dir, shard, lexical=None, **kw: write_shard(index_dir, shard, **kw),
+        )
         load_sample(settings)
     with TestClient(create_app(make_settings(retriever="dense"))) as dense_client:
         ask(dense_client, QUESTIONS[0], "2024-02-15")

@@ -1,5 +1,6 @@
 """The time filter on real data: RealTimeQA's search ran after each question, so some of a question's
 own search results were published after it. None of them may come back for that question."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -14,16 +15,20 @@ from workers.ingest import ingest
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "realtimeqa"
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not DATA.exists(), reason=f"the RealTimeQA slice is not at {DATA}")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not DATA.exists(), reason=f"the RealTimeQA slice is not at {DATA}"),
+]
 
 
 def test_future_search_results_never_reach_their_question(sqlite_settings):
     articles, questions, _ = read_realtimeqa(DATA)
     by_url = {a.url: a for a in articles}
     window = [q for q in questions if dt.date(2023, 4, 1) <= q.asked <= dt.date(2023, 6, 30)]
-    late = {q.qid: [u for u in q.meta["search_result_urls"] if u in by_url and by_url[u].published > q.asked]
-            for q in window}
+    late = {
+        q.qid: [u for u in q.meta["search_result_urls"] if u in by_url and by_url[u].published > q.asked]
+        for q in window
+    }
     late = {qid: urls for qid, urls in late.items() if urls}
     assert len(late) >= 5, "the slice should hold questions whose search results postdate them"
     wanted = {u for q in window for u in q.meta["search_result_urls"] if u in by_url}
@@ -47,6 +52,8 @@ def test_future_search_results_never_reach_their_question(sqlite_settings):
         unbounded = service.answer(q.text, dt.date(2030, 1, 1), top_k=50)
         seen_without_filter += bool(set(urls) & {p.url for p in unbounded.passages})
     db.close()
-    print(f"{len(late)} questions have {sum(map(len, late.values()))} later search results; "
-          f"{seen_without_filter} of them retrieve one when unfiltered, none when filtered")
+    print(
+        f"{len(late)} questions have {sum(map(len, late.values()))} later search results; "
+        f"{seen_without_filter} of them retrieve one when unfiltered, none when filtered"
+    )
     assert seen_without_filter >= 5  # (hash encoder: lexical overlap only, so not every one ranks)

@@ -8,6 +8,7 @@ same pages at phone width. Screenshots land in tests/output/screenshots (look at
 
 Chromium missing (no apt-get or no root to run scripts/install_browser.sh): the tests skip and say so.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import Settings
 from app.server_process import served
+from settings import Settings
 from tests.conftest import load_sample
 
 pytestmark = pytest.mark.integration
@@ -31,8 +32,10 @@ def _browser_paths() -> tuple[str, str]:
     binary = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
     driver = shutil.which("chromedriver")
     if not binary or not driver:
-        pytest.skip("no Chromium/ChromeDriver on this machine: `bash scripts/install_browser.sh` installs "
-                    "Debian's chromium and chromium-driver (needs root or sudo)")
+        pytest.skip(
+            "no Chromium/ChromeDriver on this machine: `bash scripts/install_browser.sh` installs "
+            "Debian's chromium and chromium-driver (needs root or sudo)"
+        )
     return binary, driver
 
 
@@ -41,12 +44,28 @@ def server(tmp_path_factory):
     """`sqa serve` over the sample ingested through 2024-02 (March is left for the dashboard's ingest)."""
     home = tmp_path_factory.mktemp("web") / "home"
     url = f"sqlite:///{home / 'sqa.db'}"
-    settings = Settings(home=home, database_url=url, encoder="hash", reader="first-entity", admin_token=TOKEN,
-                        env="test", auto_train=False)
+    settings = Settings(
+        home=home,
+        database_url=url,
+        encoder="hash",
+        reader="first-entity",
+        admin_token=TOKEN,
+        env="test",
+        auto_train=False,
+    )
     load_sample(settings, through="2024-02")
-    env = {**os.environ, "SQA_HOME": str(home), "SQA_DATABASE_URL": url, "SQA_ADMIN_TOKEN": TOKEN,
-           "SQA_ENCODER": "hash", "SQA_READER": "first-entity", "SQA_SNAPSHOT_POLL_S": "1", "SQA_AUTO_TRAIN": "0",
-           "SQA_ENV": "test", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "SQA_HOME": str(home),
+        "SQA_DATABASE_URL": url,
+        "SQA_ADMIN_TOKEN": TOKEN,
+        "SQA_ENCODER": "hash",
+        "SQA_READER": "first-entity",
+        "SQA_SNAPSHOT_POLL_S": "1",
+        "SQA_AUTO_TRAIN": "0",
+        "SQA_ENV": "test",
+        "HF_HUB_OFFLINE": "1",
+    }
     with served(env, home / "server.log", ready_timeout_s=120) as running:
         yield running
 
@@ -60,9 +79,15 @@ def browser(tmp_path_factory):
 
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", "--lang=en-US",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):  # not left in /tmp
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--lang=en-US",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):  # not left in /tmp
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     driver.set_page_load_timeout(60)
@@ -106,7 +131,8 @@ def test_ask_a_question_as_of_two_dates(server, browser):
     browser.get(server.base + "/")
     # Every visible field has a label; the form is used with the keyboard alone (Enter submits).
     unlabeled = browser.execute_script(
-        "return [...document.querySelectorAll('input:not([type=hidden])')].filter(i => !i.labels.length).map(i => i.id)")
+        "return [...document.querySelectorAll('input:not([type=hidden])')].filter(i => !i.labels.length).map(i => i.id)"
+    )
     assert unlabeled == []
     assert browser.find_elements(By.CSS_SELECTOR, ".examples a")  # questions to try, for a new user
     print("screenshot:", shot(browser, "ask-empty"))
@@ -195,7 +221,8 @@ def _job_row_state(browser, job_id: str) -> str:
     """Read in one script call: the page's poll replaces the table, so an element found in one call may
     be gone (stale) by the next."""
     return browser.execute_script(
-        "const row = document.getElementById(arguments[0]); return row ? row.dataset.state : ''", f"job-{job_id}")
+        "const row = document.getElementById(arguments[0]); return row ? row.dataset.state : ''", f"job-{job_id}"
+    )
 
 
 def test_dashboard_login_ingest_and_watch_it_finish(server, browser):
@@ -251,8 +278,12 @@ def test_evaluation_report_with_its_plots(server, browser):
     wait_for(browser, lambda d: d.find_elements(By.ID, "report"))
     images = browser.find_elements(By.CSS_SELECTOR, "#report img")
     assert images, "the report shows no plot"
-    wait_for(browser, lambda d: all(d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", i)
-                                    for i in images))
+    wait_for(
+        browser,
+        lambda d: all(
+            d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", i) for i in images
+        ),
+    )
     assert "Scores by question quarter" in browser.find_element(By.ID, "report").text
     print("screenshot:", shot(browser, "evaluation-report"))
 

@@ -1,5 +1,6 @@
 """The reader bake-off: generation subset, published baselines, scoring, the gold passage, and an
 end-to-end run of bench.bench_readers on the shipped sample (hash encoder, first-entity reader)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -15,13 +16,13 @@ from evaluation.metrics import exact_match, token_f1
 from indexer.chunking import passage_body
 from indexer.records import ImportReport
 from tests.conftest import load_script
-from workers.bakeoff import gold_passage
+from workers.bakeoff_gold import gold_passage
 
 KC = "https://www.kestrel-courier.example/2024"
-TITLE_PUSH = f"{KC}/01/03/harriers-title-push"             # "Tomas Verhoeven"
-STANNARD = f"{KC}/01/17/stannard-double-ashcombe"         # "Tomas Verhoeven"
+TITLE_PUSH = f"{KC}/01/03/harriers-title-push"  # "Tomas Verhoeven"
+STANNARD = f"{KC}/01/17/stannard-double-ashcombe"  # "Tomas Verhoeven"
 RESIGNS = f"{KC}/02/13/verhoeven-resigns-okafor-appointed"  # both names
-WINNING_START = f"{KC}/02/19/okafor-winning-start"        # "Ines Okafor"
+WINNING_START = f"{KC}/02/19/okafor-winning-start"  # "Ines Okafor"
 
 
 @dataclass
@@ -39,7 +40,7 @@ def test_generation_subset_keeps_short_answers_without_choices_and_counts_the_re
         Q("b", "Which of the following teams won the final?", ("Marrowby Rovers",)),
         Q("c", "What did the review recommend?", ("A taller flood wall along the Tarn river bank",)),
         Q("d", "Who won?", ()),
-        Q("e", "Who won?", ("The",)),          # normalises to nothing: no usable gold answer
+        Q("e", "Who won?", ("The",)),  # normalises to nothing: no usable gold answer
         Q("f", "What is the rate?", ("The 4.25 percent rate",)),  # "the" dropped: 3 tokens
         Q("g", "Who is pictured here?", ("An answer that is far too long anyway",)),  # first reason counts
     ]
@@ -64,19 +65,29 @@ def _write_jsonl(path: Path, lines: list[str]) -> None:
 def _baselines(root: Path) -> Path:
     """Two weeks of an invented system 'sys_gen', a malformed line, and files that must be ignored."""
     base = root / "baseline_results"
-    _write_jsonl(base / "2024" / "20240112_qa_sys_gen.jsonl.gz", [
-        json.dumps({"question_id": "20240112_0", "prediction": "4.25 percent", "score": "0.9"}),
-        "{not json",
-        json.dumps({"question_id": "20240112_1", "prediction": "Vandermere Council"}),
-        json.dumps({"question_id": "20240112_2"}),                 # no prediction
-    ])
-    _write_jsonl(base / "2024" / "20240126_qa_sys_gen.jsonl", [
-        json.dumps({"question_id": "20240126_0", "prediction": "Tomas Verhoeven"}),
-        json.dumps({"question_id": "20240112_0", "prediction": "a later week reusing the id"}),
-    ])
-    _write_jsonl(base / "2024" / "20240126_qa_nota_sys_gen.jsonl.gz",   # another system's file
-                 [json.dumps({"question_id": "20240126_1", "prediction": "otter"})])
-    _write_jsonl(base / "2024" / "20240126_qa_sys_gen_extra.jsonl", [json.dumps({"question_id": "x", "prediction": "y"})])
+    _write_jsonl(
+        base / "2024" / "20240112_qa_sys_gen.jsonl.gz",
+        [
+            json.dumps({"question_id": "20240112_0", "prediction": "4.25 percent", "score": "0.9"}),
+            "{not json",
+            json.dumps({"question_id": "20240112_1", "prediction": "Vandermere Council"}),
+            json.dumps({"question_id": "20240112_2"}),  # no prediction
+        ],
+    )
+    _write_jsonl(
+        base / "2024" / "20240126_qa_sys_gen.jsonl",
+        [
+            json.dumps({"question_id": "20240126_0", "prediction": "Tomas Verhoeven"}),
+            json.dumps({"question_id": "20240112_0", "prediction": "a later week reusing the id"}),
+        ],
+    )
+    _write_jsonl(
+        base / "2024" / "20240126_qa_nota_sys_gen.jsonl.gz",  # another system's file
+        [json.dumps({"question_id": "20240126_1", "prediction": "otter"})],
+    )
+    _write_jsonl(
+        base / "2024" / "20240126_qa_sys_gen_extra.jsonl", [json.dumps({"question_id": "x", "prediction": "y"})]
+    )
     return root
 
 
@@ -117,8 +128,12 @@ def _session(settings):
 def test_gold_passage_prefers_gold_urls_then_search_order(loaded_settings):
     db, session = _session(loaded_settings)
     try:
-        q = Q("x", "Who is the head coach of the Kestrel Bay Harriers?", ("Tomas Verhoeven",),
-              meta={"search_result_urls": [STANNARD, TITLE_PUSH]})
+        q = Q(
+            "x",
+            "Who is the head coach of the Kestrel Bay Harriers?",
+            ("Tomas Verhoeven",),
+            meta={"search_result_urls": [STANNARD, TITLE_PUSH]},
+        )
         assert gold_passage(session, q).article.url == STANNARD
         q.meta["gold_urls"] = [TITLE_PUSH]
         row = gold_passage(session, q)
@@ -133,8 +148,13 @@ def test_gold_passage_never_returns_a_passage_published_after_the_question(loade
     db, session = _session(loaded_settings)
     try:
         # The answer is only in articles of 2024-02-13 and later.
-        q = Q("y", "Who is the new head coach of the Harriers?", ("Ines Okafor",), asked=dt.date(2024, 2, 12),
-              meta={"gold_urls": [RESIGNS], "search_result_urls": [WINNING_START, RESIGNS]})
+        q = Q(
+            "y",
+            "Who is the new head coach of the Harriers?",
+            ("Ines Okafor",),
+            asked=dt.date(2024, 2, 12),
+            meta={"gold_urls": [RESIGNS], "search_result_urls": [WINNING_START, RESIGNS]},
+        )
         assert gold_passage(session, q) is None
         q.asked = dt.date(2024, 2, 13)  # published that day: allowed
         row = gold_passage(session, q)
@@ -155,10 +175,32 @@ def _bench_main():
 
 
 def _bench_argv(settings, tmp_path: Path, out: Path) -> list[str]:
-    return ["--home", str(settings.home), "--database-url", settings.db_url, "--encoder", "hash",
-            "--from", "2024-01-01", "--to", "2024-03-31", "--readers", "fe=first-entity", "--gold-for", "fe",
-            "--passages", "3", "--top-k", "5", "--baselines", "sys_gen,absent_gen",
-            "--data", str(_baselines(tmp_path / "rtqa")), "--out", str(out)]
+    return [
+        "--home",
+        str(settings.home),
+        "--database-url",
+        settings.db_url,
+        "--encoder",
+        "hash",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-03-31",
+        "--readers",
+        "fe=first-entity",
+        "--gold-for",
+        "fe",
+        "--passages",
+        "3",
+        "--top-k",
+        "5",
+        "--baselines",
+        "sys_gen,absent_gen",
+        "--data",
+        str(_baselines(tmp_path / "rtqa")),
+        "--out",
+        str(out),
+    ]
 
 
 def test_bench_readers_end_to_end_on_the_sample(loaded_settings, tmp_path, capsys):
@@ -191,7 +233,7 @@ def test_bench_readers_end_to_end_on_the_sample(loaded_settings, tmp_path, capsy
     assert 0.0 <= result["retrieval"]["recall@3"] <= result["retrieval"]["recall@5"] <= 1.0
 
     # The gold passages were published by their question's date.
-    from app.db.tables import Passage
+    from store.tables import Passage
 
     db, session = _session(loaded_settings)
     try:
@@ -213,6 +255,7 @@ def test_bench_readers_end_to_end_on_the_sample(loaded_settings, tmp_path, capsy
 
 def test_bench_readers_baselines_only_needs_no_index(sqlite_settings, sample_root, tmp_path):
     from app.bootstrap import open_database
+
     main = _bench_main()
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records
@@ -224,8 +267,21 @@ def test_bench_readers_baselines_only_needs_no_index(sqlite_settings, sample_roo
     finally:
         db.close()
     out = tmp_path / "b.json"
-    argv = ["--home", str(sqlite_settings.home), "--from", "2024-01-01", "--to", "2024-01-31", "--baselines-only",
-            "--baselines", "sys_gen", "--data", str(_baselines(tmp_path / "rtqa")), "--out", str(out)]
+    argv = [
+        "--home",
+        str(sqlite_settings.home),
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-31",
+        "--baselines-only",
+        "--baselines",
+        "sys_gen",
+        "--data",
+        str(_baselines(tmp_path / "rtqa")),
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["retrieval"] is None
@@ -239,8 +295,12 @@ def test_bench_readers_baselines_only_needs_no_index(sqlite_settings, sample_roo
 def test_bench_readers_rejects_bad_arguments(capsys):
     main = _bench_main()
 
-    for argv in (["--readers", "nope"], ["--passages", "30", "--top-k", "20"], ["--from", "2023-02-30"],
-                 ["--readers", "first-entity", "--gold-for", "gemma"]):
+    for argv in (
+        ["--readers", "nope"],
+        ["--passages", "30", "--top-k", "20"],
+        ["--from", "2023-02-30"],
+        ["--readers", "first-entity", "--gold-for", "gemma"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2

@@ -1,5 +1,6 @@
 """bench/bench_ceiling.py: where the answers are, on the shipped sample through the served pipeline
 (hash encoder, first-entity reader, hybrid retriever), with figures that must bound each other."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,8 +20,10 @@ def _bench():
 def test_first_hit_skips_the_date_prefix_and_counts_from_one():
     bench = _bench()
     day = dt.date(2023, 6, 12)
-    passages = [ReaderPassage("", "Monday, June 12, 2023. The Heat flew home.", day),
-                ReaderPassage("", "Monday, June 12, 2023. The Denver Nuggets won.", day)]
+    passages = [
+        ReaderPassage("", "Monday, June 12, 2023. The Heat flew home.", day),
+        ReaderPassage("", "Monday, June 12, 2023. The Denver Nuggets won.", day),
+    ]
     assert bench.first_hit(["Denver Nuggets"], passages) == 2
     assert bench.first_hit(["Monday"], passages) is None  # only in the date every passage starts with
 
@@ -48,8 +51,21 @@ def test_bench_ceiling_on_the_sample_bounds_hold(loaded_settings, monkeypatch, t
     monkeypatch.setenv("SQA_ENCODER", "hash")
     monkeypatch.setenv("SQA_READER", "first-entity")
     out = tmp_path / "ceiling.json"
-    assert _bench().main(["--home", str(loaded_settings.home), "--windows", "2024-01-01:2024-03-31",
-                          "--deep", "60", "--out", str(out)]) == 0
+    assert (
+        _bench().main(
+            [
+                "--home",
+                str(loaded_settings.home),
+                "--windows",
+                "2024-01-01:2024-03-31",
+                "--deep",
+                "60",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "retriever hybrid, reader first-entity" in printed and "where an answer string is" in printed
     [m] = json.loads(out.read_text())["windows"].values()

@@ -1,6 +1,7 @@
 """bench/bench_quality.py end to end on the shipped sample: the served pipeline (hash encoder,
 first-entity reader, the default hybrid retriever) over one window, figures that agree with the
 answers it printed, and a rerun that reuses every cached answer."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -31,8 +32,7 @@ def served_env(loaded_settings, monkeypatch):
 def test_bench_quality_on_the_sample_measures_the_served_pipeline(served_env, tmp_path, capsys):
     main = _main()
     out = tmp_path / "quality.json"
-    argv = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31", "--baseline", "",
-            "--out", str(out)]
+    argv = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31", "--baseline", "", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "retriever hybrid, reader first-entity" in printed
@@ -95,7 +95,7 @@ def test_bench_quality_measures_an_older_index_state(served_env, tmp_path, capsy
     from sqlalchemy import select
 
     from app.bootstrap import open_database
-    from app.db.tables import IndexSnapshot
+    from store.tables import IndexSnapshot
 
     db = open_database(served_env, migrate=False)
     try:
@@ -118,9 +118,8 @@ def test_bench_quality_measures_an_older_index_state(served_env, tmp_path, capsy
     assert "no index snapshot 'nope'" in capsys.readouterr().err
 
 
-def test_bench_quality_counts_the_answers_a_reader_sees_only_in_a_headline(served_env, tmp_path, capsys,
-                                                                             monkeypatch):
-    """A reader that prints each article's headline (models.context.add_titles, as the trained Gemma
+def test_bench_quality_counts_the_answers_a_reader_sees_only_in_a_headline(served_env, tmp_path, capsys, monkeypatch):
+    """A reader that prints each article's headline (models.reader_context.add_titles, as the trained Gemma
     versions do) sees more answers than the same reader without them, and the difference is what the
     bench reports as seen in a headline only. Both read the first 12 words of each passage."""
     from models.gemma import reader_context
@@ -130,8 +129,14 @@ def test_bench_quality_counts_the_answers_a_reader_sees_only_in_a_headline(serve
     base = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31", "--baseline", ""]
     results = {}
     for titles in (False, True):
-        monkeypatch.setattr(FirstEntityReader, "context", raising=False, value=lambda self, q, passages, t=titles:
-                            reader_context(q, passages, n_passages=3, max_passage_words=12, titles=t))
+        monkeypatch.setattr(
+            FirstEntityReader,
+            "context",
+            raising=False,
+            value=lambda self, q, passages, t=titles: reader_context(
+                q, passages, n_passages=3, max_passage_words=12, titles=t
+            ),
+        )
         assert main([*base, "--out", str(tmp_path / f"{titles}.json")]) == 0
         [window] = json.loads((tmp_path / f"{titles}.json").read_text())["windows"].values()
         results[titles] = window["reader_reads_answer"]
@@ -156,12 +161,18 @@ def test_bench_quality_splits_the_published_system_by_what_our_reader_reads(serv
 
     data = tmp_path / "data" / "baseline_results" / "2024"
     data.mkdir(parents=True)
-    lines = [json.dumps({"question_id": qid, "prediction": p["answers"][0] if qid in read else "no such thing"})
-             for qid, p in preds.items()]
+    lines = [
+        json.dumps({"question_id": qid, "prediction": p["answers"][0] if qid in read else "no such thing"})
+        for qid, p in preds.items()
+    ]
     with gzip.open(data / "20240105_qa_fake_gen.jsonl.gz", "wt") as f:
         f.write("\n".join(lines) + "\n")
-    assert main([*base, "--baseline", "fake_gen", "--data", str(tmp_path / "data"),
-                 "--out", str(tmp_path / "second.json")]) == 0
+    assert (
+        main(
+            [*base, "--baseline", "fake_gen", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "second.json")]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "EM 100.0 where our reader reads an answer, 0.0 on the rest" in printed
     [window] = json.loads((tmp_path / "second.json").read_text())["windows"].values()
@@ -183,23 +194,31 @@ def test_recent_news_holds_an_answer_published_in_the_days_before_the_question(s
     """RecentNews: an article published on the question's date or up to N days before counts for N;
     one published a day earlier, or after the question, does not; answers match as whole words."""
     from app.bootstrap import open_database
-    from app.db.tables import Article
+    from store.tables import Article
 
     RecentNews = load_script("bench/bench_quality.py").RecentNews
     asked = dt.date(2023, 4, 14)
-    articles = [("Jon Rahm won the Masters.", asked - dt.timedelta(days=7)),
-                ("The Denver Nuggets won the title.", asked - dt.timedelta(days=31)),
-                ("Miami beat Boston.", asked + dt.timedelta(days=1)),
-                ("Chicagoland weather.", asked)]
+    articles = [
+        ("Jon Rahm won the Masters.", asked - dt.timedelta(days=7)),
+        ("The Denver Nuggets won the title.", asked - dt.timedelta(days=31)),
+        ("Miami beat Boston.", asked + dt.timedelta(days=1)),
+        ("Chicagoland weather.", asked),
+    ]
     db = open_database(sqlite_settings)
     try:
         with db.sessions() as session:
-            session.add_all([Article(url=f"https://example.com/{i}", text=text, published=day, content_hash=str(i))
-                             for i, (text, day) in enumerate(articles)])
+            session.add_all(
+                [
+                    Article(url=f"https://example.com/{i}", text=text, published=day, content_hash=str(i))
+                    for i, (text, day) in enumerate(articles)
+                ]
+            )
             session.commit()
         with db.sessions() as session:
+
             def q(*answers):
                 return SimpleNamespace(asked=asked, answers=answers)
+
             news = RecentNews(session, [q("x")])
             assert news.holds(q("Jon Rahm"), 7) and news.holds(q("jon rahm."), 30)
             assert not news.holds(q("Jon Rahm"), 6)  # a day too early

@@ -1,4 +1,5 @@
 """bench/bench_reconcile.py: the learned pick between proposed answers, and a run on the shipped sample."""
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,16 @@ def test_learned_pick_finds_the_rule_its_training_window_follows():
         out = []
         for i in range(n):
             right_first = i % 3 == 0
-            gens = [f"{prefix} right {i}" if right_first else f"{prefix} wrong {i}",
-                    f"{prefix} wrong {i}b" if right_first else f"{prefix} right {i}", ""]
-            out.append(_record(f"{prefix}{i}", f"{prefix} right {i}", gens,
-                               [-0.2, -1.5, -9] if right_first else [-1.5, -0.2, -9]))
+            gens = [
+                f"{prefix} right {i}" if right_first else f"{prefix} wrong {i}",
+                f"{prefix} wrong {i}b" if right_first else f"{prefix} right {i}",
+                "",
+            ]
+            out.append(
+                _record(
+                    f"{prefix}{i}", f"{prefix} right {i}", gens, [-0.2, -1.5, -9] if right_first else [-1.5, -0.2, -9]
+                )
+            )
         return out
 
     train, test = window("a", 30), window("b", 30)
@@ -52,23 +59,30 @@ def test_answer_rows_merge_an_answer_two_windows_wrote_and_keep_candidates_apart
     assert list(dict(bench.answer_rows(r, with_candidates=False))) == ["Denver", "Miami"]
 
 
-def test_bench_reconcile_on_the_sample_runs_the_served_pipeline_and_resumes(loaded_settings, monkeypatch, tmp_path,
-                                                                            capsys):
+def test_bench_reconcile_on_the_sample_runs_the_served_pipeline_and_resumes(
+    loaded_settings, monkeypatch, tmp_path, capsys
+):
     monkeypatch.setenv("SQA_HOME", str(loaded_settings.home))
     monkeypatch.setenv("SQA_DATABASE_URL", loaded_settings.db_url)
     monkeypatch.setenv("SQA_ENCODER", "hash")
     monkeypatch.setenv("SQA_READER", "first-entity")
     bench = _bench()
     out = tmp_path / "reconcile.json"
-    argv = ["--home", str(loaded_settings.home), "--windows", "2024-01-01:2024-01-31,2024-02-01:2024-03-31",
-            "--out", str(out)]
+    argv = [
+        "--home",
+        str(loaded_settings.home),
+        "--windows",
+        "2024-01-01:2024-01-31,2024-02-01:2024-03-31",
+        "--out",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     printed = capsys.readouterr().out
     assert "reader first-entity" in printed
     result = json.loads(out.read_text())
     records = [json.loads(line) for line in (tmp_path / "reconcile.json.partial.jsonl").read_text().splitlines()]
     assert len(records) == 13 and all(len(r["gens"]) == 3 for r in records)
-    for label, rows in result["windows"].items():
+    for rows in result["windows"].values():
         served, oracle = rows["served answer (window 1)"], rows["oracle: best of windows and candidates"]
         assert oracle[0] >= rows["oracle: best window"][0] >= served[0]
     assert bench.main(argv) == 0  # a rerun reuses every record

@@ -1,4 +1,5 @@
 """Drift measures on hand-made inputs, mergeable profiles, and their files."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,12 +9,24 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from evaluation.drift import (DRIFT_MEASURES, MonthProfile, build_profile, drift_between, entity_counts,
-                              load_profile, parse_features, profile_files, profile_vectors, save_profile,
-                              tokenize_words)
+from evaluation.drift import (
+    MonthProfile,
+    build_profile,
+    drift_between,
+    entity_counts,
+    load_profile,
+    profile_files,
+    profile_vectors,
+    save_profile,
+    tokenize_words,
+)
+from settings import DRIFT_MEASURES, parse_drift_features
 
-TEXTS = ["The mayor of Port Calder won 1,200 votes.", "Port Calder's harbour reopened on Monday.",
-         "Rain is expected in Kestrel Bay."]
+TEXTS = [
+    "The mayor of Port Calder won 1,200 votes.",
+    "Port Calder's harbour reopened on Monday.",
+    "Rain is expected in Kestrel Bay.",
+]
 
 
 def vectors(n: int, dim: int = 16, seed: int = 0, shift: float = 0.0, axis: int = 0) -> np.ndarray:
@@ -29,15 +42,21 @@ def profile(month: str, texts, vecs, kinds=("words",)) -> MonthProfile:
 
 def test_tokenize_words_lowercases_and_drops_numbers_and_punctuation():
     assert tokenize_words("Port Calder's mayor won 1,200 votes (52%) -- in 2024!") == [
-        "port", "calder's", "mayor", "won", "votes", "in"]
+        "port",
+        "calder's",
+        "mayor",
+        "won",
+        "votes",
+        "in",
+    ]
 
 
 def test_parse_features_orders_and_refuses_unknown_kinds():
-    assert parse_features("entities, words") == ("words", "entities")
+    assert parse_drift_features("entities, words") == ("words", "entities")
     with pytest.raises(ValueError, match="'topics' is unknown"):
-        parse_features("words,topics")
+        parse_drift_features("words,topics")
     with pytest.raises(ValueError, match="no drift features"):
-        parse_features(" , ")
+        parse_drift_features(" , ")
 
 
 def test_drift_between_identical_corpora_is_zero():
@@ -117,8 +136,14 @@ def test_merge_keeps_only_kinds_every_profile_has_and_refuses_repeats():
 
 
 def test_save_profile_then_load_round_trips_without_pickles(tmp_path):
-    p = build_profile("2024-01", vectors(4), TEXTS + ["Ünïcode wörds too"], ("words",), encoder="hash-16",
-                      meta={"shard_file": "shards/2024-01.abcd.faiss"})
+    p = build_profile(
+        "2024-01",
+        vectors(4),
+        TEXTS + ["Ünïcode wörds too"],
+        ("words",),
+        encoder="hash-16",
+        meta={"shard_file": "shards/2024-01.abcd.faiss"},
+    )
     npz, js = save_profile(p, tmp_path / "profiles" / "2024-01")
     assert npz.name == "2024-01.npz" and js.name == "2024-01.json.gz"
     np.load(npz, allow_pickle=False).close()  # plain arrays only
@@ -157,8 +182,9 @@ class FakeEntities:
 
 def test_entity_counts_normalise_strings_and_report_progress():
     seen = []
-    counts = entity_counts(["Calder  votes", "calder and Kestrel", "none here"], FakeEntities(), batch_size=2,
-                           progress=seen.append)
+    counts = entity_counts(
+        ["Calder  votes", "calder and Kestrel", "none here"], FakeEntities(), batch_size=2, progress=seen.append
+    )
     assert counts == Counter({"calder": 1, "kestrel": 1})
     assert seen == [2, 3]
 

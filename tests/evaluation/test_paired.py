@@ -1,4 +1,5 @@
 """evaluation/paired.py: discordant counts, the exact McNemar test and bootstrap intervals of EM."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,12 @@ from evaluation.paired import describe_paired, em_interval, mcnemar_p, paired_em
 
 def _systems(both: int, only_a: int, only_b: int, neither: int) -> tuple[dict, dict]:
     a, b, i = {}, {}, 0
-    for right_a, right_b, count in ((True, True, both), (True, False, only_a), (False, True, only_b),
-                                    (False, False, neither)):
+    for right_a, right_b, count in (
+        (True, True, both),
+        (True, False, only_a),
+        (False, True, only_b),
+        (False, False, neither),
+    ):
         for _ in range(count):
             a[f"q{i}"], b[f"q{i}"] = right_a, right_b
             i += 1
@@ -38,8 +43,8 @@ def test_paired_em_a_lopsided_split_is_significant_and_its_interval_excludes_zer
 def test_mcnemar_p_is_the_exact_binomial_test():
     assert mcnemar_p(0, 0) == 1.0
     assert mcnemar_p(3, 3) == pytest.approx(1.0)
-    assert mcnemar_p(0, 5) == pytest.approx(2 * 0.5 ** 5)  # the two-sided tail of 5 of 5
-    assert mcnemar_p(1, 9) == pytest.approx(2 * (1 + 10) / 2 ** 10)
+    assert mcnemar_p(0, 5) == pytest.approx(2 * 0.5**5)  # the two-sided tail of 5 of 5
+    assert mcnemar_p(1, 9) == pytest.approx(2 * (1 + 10) / 2**10)
     with pytest.raises(ValueError, match=">= 0"):
         mcnemar_p(-1, 2)
 

@@ -1,4 +1,5 @@
 """Split strategies (random, length, adversarial, temporal) and their summary table."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from evaluation.splits import (SplitScore, adversarial_splits, error_reduction, length_split, random_splits,
-                               run_splits, summarise, temporal_split)
+from evaluation.splits import (
+    SplitScore,
+    adversarial_splits,
+    error_reduction,
+    length_split,
+    random_splits,
+    run_splits,
+    summarise,
+    temporal_split,
+)
 
 
 def test_random_splits_partition_the_pool_and_differ_between_repeats():
@@ -54,8 +63,10 @@ def test_bad_fractions_and_tiny_pools_are_refused():
 
 
 def test_summarise_reports_estimate_spread_error_reduction_and_difference_from_temporal():
-    scores = run_splits(random_splits(20, k=2) + temporal_split(20, 5),
-                        lambda s: (30.0 + s.repeat * 10 if s.strategy == "random" else 20.0, 10.0))
+    scores = run_splits(
+        random_splits(20, k=2) + temporal_split(20, 5),
+        lambda s: (30.0 + s.repeat * 10 if s.strategy == "random" else 20.0, 10.0),
+    )
     rows = {r["strategy"]: r for r in summarise(scores)}
     assert rows["random"]["estimate"] == pytest.approx(35.0)
     assert rows["random"]["std"] == pytest.approx(np.std([30, 40], ddof=1))

@@ -1,16 +1,16 @@
 """The temporal grid on a hand-made example whose DS, AS, lags and corners are computed here."""
+
 from __future__ import annotations
 
 import json
 import math
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import numpy as np
 import pytest
 from scipy.stats import wilcoxon
 
-from evaluation.temporal import (TemporalGrid, quarter_index, quarter_of, quarter_range,
-                                 wilcoxon_method, wilcoxon_p)
+from evaluation.temporal import TemporalGrid, quarter_index, quarter_of, quarter_range, wilcoxon_method, wilcoxon_p
 
 Q1, Q2, Q3 = "2022Q1", "2022Q2", "2022Q3"
 
@@ -20,9 +20,13 @@ Q1, Q2, Q3 = "2022Q1", "2022Q2", "2022Q3"
 #                  state Q2      1.00    0.75  0.25     (Q2 on Q1 is lag +1: outside the triangle)
 #                  state Q3       -       -    0.75
 SCORES = {
-    (Q1, Q1): (1.0, 0.5), (Q2, Q1): (1.0, 1.0),
-    (Q1, Q2): (0.0, 0.5), (Q2, Q2): (1.0, 0.5),
-    (Q1, Q3): (0.0, 0.0), (Q2, Q3): (0.5, 0.0), (Q3, Q3): (1.0, 0.5),
+    (Q1, Q1): (1.0, 0.5),
+    (Q2, Q1): (1.0, 1.0),
+    (Q1, Q2): (0.0, 0.5),
+    (Q2, Q2): (1.0, 0.5),
+    (Q1, Q3): (0.0, 0.0),
+    (Q2, Q3): (0.5, 0.0),
+    (Q3, Q3): (1.0, 0.5),
 }
 
 
@@ -30,8 +34,15 @@ def _rows(scores=SCORES):
     rows = []
     for (state, test), (recent, past) in scores.items():
         for name, subset, f1 in (("a", "recent", recent), ("b", "past", past)):
-            rows.append({"question_id": f"{name}{test}", "test_quarter": test, "state_quarter": state,
-                         "subset": subset, "metrics": {"f1": f1, "em": float(f1 == 1.0)}})
+            rows.append(
+                {
+                    "question_id": f"{name}{test}",
+                    "test_quarter": test,
+                    "state_quarter": state,
+                    "subset": subset,
+                    "metrics": {"f1": f1, "em": float(f1 == 1.0)},
+                }
+            )
     return rows
 
 
@@ -43,7 +54,7 @@ def grid() -> TemporalGrid:
 def test_quarter_helpers_round_trip():
     assert quarter_of(date(2023, 2, 14)) == "2023Q1"
     assert quarter_of("2022-12-31") == "2022Q4"
-    assert quarter_of(datetime(2022, 7, 1, tzinfo=timezone.utc)) == "2022Q3"
+    assert quarter_of(datetime(2022, 7, 1, tzinfo=UTC)) == "2022Q3"
     assert quarter_range("2022Q3", "2023Q2") == ["2022Q3", "2022Q4", "2023Q1", "2023Q2"]
     assert quarter_index("2023Q1") - quarter_index("2022Q3") == 2
     with pytest.raises(ValueError, match="YYYYQn"):
@@ -139,7 +150,7 @@ def test_grid_by_quarter_uses_state_at_lag(grid):
 def test_grid_summary_is_strict_json(grid):
     summary = grid.summary()
     text = json.dumps(summary, allow_nan=False)
-    assert summary["by_subset"]["all"]["f1"]["matrix"][2][0] is None      # empty cell -> null
+    assert summary["by_subset"]["all"]["f1"]["matrix"][2][0] is None  # empty cell -> null
     assert json.loads(text)["by_subset"]["recent"]["f1"]["lag_table"]["0"] == 1.0
     assert summary["primary_metric"] == "f1" and summary["subsets"] == ["past", "recent"]
 

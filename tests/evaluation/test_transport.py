@@ -1,4 +1,5 @@
 """Transportability (tau_p, tau_var) and the drift-to-drop regression."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from evaluation.transport import (DropModel, PeriodScore, fit_drop_model, predict_quarter, tau_p, tau_var,
-                                  transportability, walk_forward)
+from evaluation.transport import (
+    DropModel,
+    PeriodScore,
+    fit_drop_model,
+    predict_quarter,
+    tau_p,
+    tau_var,
+    transportability,
+    walk_forward,
+)
 
 
 def test_tau_p_is_the_ratio_to_the_source_and_nan_for_a_zero_source():
@@ -60,17 +69,46 @@ def test_predict_quarter_weights_months_by_questions():
 
 
 def _months(f1_by_month: dict[str, float | None], drift: dict[str, float]) -> list[PeriodScore]:
-    quarter = {"01": "Q1", "02": "Q1", "03": "Q1", "04": "Q2", "05": "Q2", "06": "Q2",
-               "07": "Q3", "08": "Q3", "09": "Q3"}
-    return [PeriodScore(m, m[:4] + quarter[m[5:]], drift[m], f1, 10 if f1 is not None else 0)
-            for m, f1 in f1_by_month.items()]
+    quarter = {
+        "01": "Q1",
+        "02": "Q1",
+        "03": "Q1",
+        "04": "Q2",
+        "05": "Q2",
+        "06": "Q2",
+        "07": "Q3",
+        "08": "Q3",
+        "09": "Q3",
+    }
+    return [
+        PeriodScore(m, m[:4] + quarter[m[5:]], drift[m], f1, 10 if f1 is not None else 0)
+        for m, f1 in f1_by_month.items()
+    ]
 
 
 def test_walk_forward_predicts_each_quarter_from_earlier_quarters_only():
-    drift = {"2023-01": 0.0, "2023-02": 0.0, "2023-03": 0.0, "2023-04": 0.1, "2023-05": 0.1, "2023-06": 0.1,
-             "2023-07": 0.2, "2023-08": 0.2, "2023-09": 0.2}
-    f1 = {"2023-01": 20.0, "2023-02": 20.0, "2023-03": 20.0, "2023-04": 18.0, "2023-05": 18.0, "2023-06": 18.0,
-          "2023-07": 16.0, "2023-08": 16.0, "2023-09": None}
+    drift = {
+        "2023-01": 0.0,
+        "2023-02": 0.0,
+        "2023-03": 0.0,
+        "2023-04": 0.1,
+        "2023-05": 0.1,
+        "2023-06": 0.1,
+        "2023-07": 0.2,
+        "2023-08": 0.2,
+        "2023-09": 0.2,
+    }
+    f1 = {
+        "2023-01": 20.0,
+        "2023-02": 20.0,
+        "2023-03": 20.0,
+        "2023-04": 18.0,
+        "2023-05": 18.0,
+        "2023-06": 18.0,
+        "2023-07": 16.0,
+        "2023-08": 16.0,
+        "2023-09": None,
+    }
     rows = walk_forward(_months(f1, drift), "2023Q1")
     assert [r["quarter"] for r in rows] == ["2023Q2", "2023Q3"]
     # Q2 is predicted from Q1's months only, whose drift is 0: no drop predicted.

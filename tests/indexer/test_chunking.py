@@ -1,4 +1,5 @@
 """Chunking: dated 6-sentence passages, the word budget, and that passages cover the text in order."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -19,7 +20,7 @@ PREFIX = "Thursday, February 7, 2019. "
 def _body(passage: str, day: dt.date = DAY) -> str:
     prefix = format_long(day) + ". "
     assert passage.startswith(prefix)
-    return passage[len(prefix):]
+    return passage[len(prefix) :]
 
 
 def _sentences(n: int, words: int = 4) -> str:
@@ -68,7 +69,11 @@ def test_split_passages_line_break_ends_a_sentence():
     text = "Harbour reopens\nThe ferry runs again. Fares are unchanged.\n\nPhoto: the quay"
     passages = split_passages(text, DAY, sentences_per_passage=1)
     assert [_body(p) for p in passages] == [
-        "Harbour reopens", "The ferry runs again.", "Fares are unchanged.", "Photo: the quay"]
+        "Harbour reopens",
+        "The ferry runs again.",
+        "Fares are unchanged.",
+        "Photo: the quay",
+    ]
 
 
 def test_split_passages_keeps_opening_quote_with_its_sentence():

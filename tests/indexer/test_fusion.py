@@ -1,13 +1,14 @@
 """Fusing dense and BM25 rankings."""
-from __future__ import annotations
 
-import pytest
+from __future__ import annotations
 
 import datetime as dt
 import math
 
+import pytest
+
 from indexer.dates import day_number
-from indexer.fusion import reciprocal_rank_fusion, recency_prior, weighted_fusion
+from indexer.fusion import recency_prior, reciprocal_rank_fusion, weighted_fusion
 from indexer.ids import make_id
 
 

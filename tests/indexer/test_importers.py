@@ -1,4 +1,5 @@
 """Importers: exact counts of kept and skipped records on small fixtures, and the shipped sample."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -78,7 +79,11 @@ def test_read_realtimeqa_bad_fixture_exact_counts():
     articles, questions, report = read_realtimeqa(BAD)
     assert [q.qid for q in questions] == ["20230106_0", "20230106_1", "20230113_0"]
     assert [a.url for a in articles] == [
-        "https://news.example/gold", "https://news.example/a", "https://news.example/late", "https://news.example/b"]
+        "https://news.example/gold",
+        "https://news.example/a",
+        "https://news.example/late",
+        "https://news.example/b",
+    ]
     assert report.skipped == BAD_SKIPS
     assert (report.questions_read, report.articles_read, report.duplicates) == (6, 7, 1)
     assert len(report.examples) == 7
@@ -174,10 +179,17 @@ def test_read_realtimeqa_duplicate_question_id_is_skipped_with_own_week_urls(tmp
     week = tmp_path / "past" / "2023"
     shutil.copytree(BAD / "past" / "2023", week)
     # The real data reuses 20230414_20 a week later for another question; do the same here.
-    _write(week / "20230120_qa.jsonl", ['{"question_id": "20230113_0", "question_date": "2023/01/19", '
-                                        '"question_sentence": "Other?", "choices": ["x", "y"], "answer": ["0"]}'])
-    _write(week / "20230120_gcs.jsonl", ['{"question_id": "20230113_0", "search_result": '
-                                         '[{"url": "https://news.example/other"}]}'])
+    _write(
+        week / "20230120_qa.jsonl",
+        [
+            '{"question_id": "20230113_0", "question_date": "2023/01/19", '
+            '"question_sentence": "Other?", "choices": ["x", "y"], "answer": ["0"]}'
+        ],
+    )
+    _write(
+        week / "20230120_gcs.jsonl",
+        ['{"question_id": "20230113_0", "search_result": [{"url": "https://news.example/other"}]}'],
+    )
     _, questions, report = read_realtimeqa(tmp_path)
     (q,) = [q for q in questions if q.qid == "20230113_0"]
     assert q.asked == D(2023, 1, 12) and q.meta["search_result_urls"] == ["https://news.example/b"]
@@ -237,8 +249,12 @@ def test_read_streamingqa_fixture_exact_counts():
     articles, questions, report = read_streamingqa(SQA / "questions.jsonl", SQA / "articles.jsonl")
     assert [q.qid for q in questions] == ["sqa-2", "sqa-1", "sqa-3"]
     assert [a.url for a in articles] == ["https://news.example/a1", "id:art-2", "https://news.example/a5"]
-    assert report.skipped == {"malformed json line": 2, "question: no answer": 1,
-                              "article: empty text": 1, "article: bad publish date": 1}
+    assert report.skipped == {
+        "malformed json line": 2,
+        "question: no answer": 1,
+        "article: empty text": 1,
+        "article: bad publish date": 1,
+    }
     assert (report.questions_read, report.articles_read, report.duplicates) == (4, 6, 1)
 
 
@@ -248,8 +264,12 @@ def test_read_streamingqa_answers_merged_and_days_in_utc():
     assert by_id["sqa-1"].answers == ("Ada Brook", "A. Brook")
     assert by_id["sqa-3"].answers == ("the Tarn", "Tarn River")
     assert by_id["sqa-1"].asked == D(2020, 3, 1) and by_id["sqa-2"].asked == D(2020, 2, 29)
-    assert by_id["sqa-1"].meta == {"evidence_id": "art-1", "evidence_date": "2020-02-29",
-                                   "recent_or_past": "recent", "written_or_generated": "written"}
+    assert by_id["sqa-1"].meta == {
+        "evidence_id": "art-1",
+        "evidence_date": "2020-02-29",
+        "recent_or_past": "recent",
+        "written_or_generated": "written",
+    }
     assert {q.subset for q in questions} == {"streamingqa"}
     assert {a.source for a in articles} == {"streamingqa"}
     assert articles[1].published == D(2020, 3, 1)  # unix seconds
@@ -270,12 +290,15 @@ def test_read_articles_jsonl_dedupes_by_url_keeping_longest_text():
 
 
 def test_read_articles_jsonl_window_and_missing_url(tmp_path):
-    path = _write(tmp_path / "a.jsonl.gz", [
-        '{"url": "u1", "text": "x", "published": "2020-01-31"}',
-        '{"url": "u2", "text": "x", "published": "2020/02/01"}',
-        '{"text": "no url and no id", "published": "2020-02-02"}',
-        '{"url": "u3", "text": "x"}',
-    ])
+    path = _write(
+        tmp_path / "a.jsonl.gz",
+        [
+            '{"url": "u1", "text": "x", "published": "2020-01-31"}',
+            '{"url": "u2", "text": "x", "published": "2020/02/01"}',
+            '{"text": "no url and no id", "published": "2020-02-02"}',
+            '{"url": "u3", "text": "x"}',
+        ],
+    )
     articles, report = read_articles_jsonl(path, since=D(2020, 2, 1), source="test")
     assert [(a.url, a.published, a.source) for a in articles] == [("u2", D(2020, 2, 1), "test")]
     assert report.skipped == {"article: no url": 1, "article: no publish date": 1}

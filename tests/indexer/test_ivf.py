@@ -1,5 +1,6 @@
 """IVF shards: chosen by size, recorded in the manifest and reloaded exactly, date-filtered search
 that never returns a passage after as_of and keeps recall against exact search under a 1% filter."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 
 from indexer.dates import day_number
-from indexer.errors import IndexIntegrityError
 from indexer.ids import id_day, ids_from, ids_through, make_ids
+from indexer.index_errors import IndexIntegrityError
 from indexer.ivf import FLAT, ShardPolicy, ShardSpec, filtered_nprobe, ivf_spec
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard, ShardedIndex
@@ -86,8 +87,9 @@ def test_ivf_shard_filtered_recall_at_one_percent(corpus):
         truth = exact(vectors, ids, queries, as_of)
         _, found = shard.search(queries, 10, as_of)
         assert recall(found, truth) >= 0.95, share
-        fixed = faiss.SearchParametersIVF(sel=faiss.IDSelectorRange(0, ids_through(as_of), True),
-                                          nprobe=shard.spec.nprobe)
+        fixed = faiss.SearchParametersIVF(
+            sel=faiss.IDSelectorRange(0, ids_through(as_of), True), nprobe=shard.spec.nprobe
+        )
         _, found_fixed = shard._index.search(queries, 10, params=fixed)
         assert recall(found_fixed, truth) < 0.9, share
 
@@ -96,18 +98,32 @@ def test_ivf_shard_filtered_recall_at_one_percent(corpus):
 def test_ivf_search_never_returns_a_passage_after_as_of(corpus, kind):
     vectors, ids, queries = corpus
     # A history shard before 2022-10 (IVF of `kind`), then three month shards of ~330 passages (flat).
-    policy = ShardPolicy(ivf_min=1000, compressed_min=10**9 if kind == "ivf-flat" else 1000,
-                         codec="pq" if kind == "ivf-pq" else "sq8")
-    spans = [("history-2022-10", FIRST, D(2022, 9, 30)), ("2022-10", D(2022, 10, 1), D(2022, 10, 31)),
-             ("2022-11", D(2022, 11, 1), D(2022, 11, 30)), ("2022-12", D(2022, 12, 1), D(2022, 12, 31))]
+    policy = ShardPolicy(
+        ivf_min=1000, compressed_min=10**9 if kind == "ivf-flat" else 1000, codec="pq" if kind == "ivf-pq" else "sq8"
+    )
+    spans = [
+        ("history-2022-10", FIRST, D(2022, 9, 30)),
+        ("2022-10", D(2022, 10, 1), D(2022, 10, 31)),
+        ("2022-11", D(2022, 11, 1), D(2022, 11, 30)),
+        ("2022-12", D(2022, 12, 1), D(2022, 12, 31)),
+    ]
     shards = []
     for key, lo, hi in spans:
         keep = (ids >= ids_from(lo)) & (ids < ids_through(hi))
         shards.append(MonthShard.build(key, vectors[keep], ids[keep], spec=policy.spec_for(int(keep.sum()), DIM)))
     assert shards[0].spec.kind == kind and shards[1].spec == FLAT  # ~330 passages a month: flat
     index = ShardedIndex(shards)
-    for as_of in (D(2019, 12, 31), FIRST, D(2020, 1, 15), D(2021, 6, 30), D(2022, 9, 30), D(2022, 10, 1),
-                  D(2022, 11, 17), LAST, D(2024, 1, 1)):
+    for as_of in (
+        D(2019, 12, 31),
+        FIRST,
+        D(2020, 1, 15),
+        D(2021, 6, 30),
+        D(2022, 9, 30),
+        D(2022, 10, 1),
+        D(2022, 11, 17),
+        LAST,
+        D(2024, 1, 1),
+    ):
         scores, found = index.search(queries, as_of, 10)
         got = found[found >= 0]
         assert all(id_day(int(i)) <= as_of for i in got), as_of

@@ -1,4 +1,5 @@
 """BM25 shards: exact-term retrieval, the same date filter as the vectors, files beside the shards."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 
 from indexer.dates import day_number
-from indexer.errors import IndexIntegrityError
 from indexer.ids import id_day, make_ids
+from indexer.index_errors import IndexIntegrityError
 from indexer.lexical import Bm25Shard, LexicalIndex, tokenize
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.shards import MonthShard, ShardedIndex
@@ -34,14 +35,20 @@ def test_bm25_finds_an_exact_term_passage_the_hash_encoder_misses():
     """A rare name mentioned once in a long passage: BM25 ranks it first, the dense (hash) encoder last."""
     as_of = D(2024, 2, 20)
     texts = [
-        ("Tuesday, February 20, 2024. Today the city council met to discuss who is responsible for the budget "
-         "and who founded the new committee."),
-        ("Tuesday, February 20, 2024. Who is the mayor today? The council says the mayor is the one who founded "
-         "the party."),
+        (
+            "Tuesday, February 20, 2024. Today the city council met to discuss who is responsible for the budget "
+            "and who founded the new committee."
+        ),
+        (
+            "Tuesday, February 20, 2024. Who is the mayor today? The council says the mayor is the one who founded "
+            "the party."
+        ),
         "Monday, February 19, 2024. Today is a holiday and the council is closed, who knows for how long.",
-        ("Thursday, February 1, 2024. Officials confirmed the harbour works will finish in spring. Engineers from "
-         "Velmora Dynamics, a firm started in the northern valley decades ago by an inventor named Quillon "
-         "Ashgrove, supplied the cranes, the pumps and the floating barriers for the new quay."),
+        (
+            "Thursday, February 1, 2024. Officials confirmed the harbour works will finish in spring. Engineers from "
+            "Velmora Dynamics, a firm started in the northern valley decades ago by an inventor named Quillon "
+            "Ashgrove, supplied the cranes, the pumps and the floating barriers for the new quay."
+        ),
     ]
     ids = make_ids(np.array([day_number(D(2024, 2, d)) for d in (20, 20, 19, 1)]), np.arange(4))
     question = "Who founded Velmora Dynamics?"
@@ -63,20 +70,29 @@ def test_bm25_search_respects_the_date_filter():
     all_ids = np.concatenate(all_ids)
     index = LexicalIndex(shards)
     has_term = np.array(["storm" in t for t in all_texts])
-    for as_of in (D(2023, 12, 31), D(2024, 1, 1), D(2024, 1, 14), D(2024, 2, 1), D(2024, 2, 28), D(2024, 3, 10),
-                  D(2025, 1, 1)):
+    for as_of in (
+        D(2023, 12, 31),
+        D(2024, 1, 1),
+        D(2024, 1, 14),
+        D(2024, 2, 1),
+        D(2024, 2, 28),
+        D(2024, 3, 10),
+        D(2025, 1, 1),
+    ):
         scores, ids = index.search(["storm warnings"], as_of, 50)
         got = ids[0][ids[0] >= 0]
         assert all(id_day(int(i)) <= as_of for i in got)
         published = np.array([id_day(int(i)) <= as_of for i in all_ids])
         assert len(got) == min(50, int((has_term & published).sum())), as_of  # every match, never more
         assert (np.diff(scores[0][: len(got)]) <= 0).all()
-        assert np.isneginf(scores[0][len(got):]).all()
+        assert np.isneginf(scores[0][len(got) :]).all()
 
 
 def test_bm25_search_pads_when_no_word_matches():
     texts, ids = month_corpus(1, 20, seed=0)
-    scores, found = LexicalIndex([Bm25Shard.build("2024-01", texts, ids)]).search(["zebra", "", "the"], D(2024, 1, 31), 5)
+    scores, found = LexicalIndex([Bm25Shard.build("2024-01", texts, ids)]).search(
+        ["zebra", "", "the"], D(2024, 1, 31), 5
+    )
     assert (found == -1).all() and np.isneginf(scores).all()
 
 

@@ -1,4 +1,5 @@
 """Date-filtered search over month shards, checked against brute force over the same subset."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,7 +11,6 @@ import pytest
 
 from indexer import shards as shards_module
 from indexer.dates import day_number
-from indexer.errors import IndexIntegrityError
 from indexer.ids import (
     ID_SHIFT,
     SEQ_LIMIT,
@@ -22,6 +22,7 @@ from indexer.ids import (
     make_id,
     make_ids,
 )
+from indexer.index_errors import IndexIntegrityError
 from indexer.shards import MonthShard, ShardedIndex
 
 DIM = 16
@@ -72,7 +73,7 @@ def make_corpus(seed: int = 0):
         else:
             days[FIRST_DAY_COUNT] = lo  # always a passage on the span's first and last day
         days[FIRST_DAY_COUNT + 1] = hi
-        shard_ids = make_ids(days, seqs[used:used + n])
+        shard_ids = make_ids(days, seqs[used : used + n])
         used += n
         shard_vectors = unit(rng, n)
         built.append(MonthShard.build(key, shard_vectors, shard_ids))
@@ -339,7 +340,7 @@ def test_sharded_index_rejects_bad_arguments(corpus):
     with pytest.raises(ValueError, match=r"shape \(nq, 16\)"):
         index.search(q[0], D(2023, 1, 1), 3)
     with pytest.raises(TypeError, match="as_of must be a datetime.date"):
-        index.search(q, dt.datetime(2023, 1, 1, tzinfo=dt.timezone.utc), 3)
+        index.search(q, dt.datetime(2023, 1, 1, tzinfo=dt.UTC), 3)
     with pytest.raises(TypeError, match="as_of must be a datetime.date"):
         index.search(q, 3, D(2023, 1, 1))  # arguments swapped
 

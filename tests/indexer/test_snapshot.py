@@ -1,4 +1,5 @@
 """Snapshots on disk: shard files, manifests, verification on open, garbage collection."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,11 +57,15 @@ def test_write_shard_writes_an_immutable_named_file(tmp_path, shards):
     assert again.file != entry.file  # a rewrite never replaces a file a snapshot may use
     assert entry.sha256 == again.sha256
     assert (entry.count, entry.dim, entry.min_day, entry.max_day) == (
-        30, DIM, shards[1].min_day.isoformat(), shards[1].max_day.isoformat()
+        30,
+        DIM,
+        shards[1].min_day.isoformat(),
+        shards[1].max_day.isoformat(),
     )
     assert temp_files(tmp_path) == []
-    loaded = MonthShard.load(tmp_path / entry.file, entry.key, entry.count, DIM, min_day=shards[1].min_day,
-                             max_day=shards[1].max_day)
+    loaded = MonthShard.load(
+        tmp_path / entry.file, entry.key, entry.count, DIM, min_day=shards[1].min_day, max_day=shards[1].max_day
+    )
     assert np.array_equal(loaded.ids(), shards[1].ids())
 
 
@@ -193,8 +198,9 @@ def test_open_snapshot_rejects_missing_file(written):
 def test_open_snapshot_rejects_wrong_count(written):
     index_dir, manifest, _ = written
     entry = manifest.shards[0]
-    wrong = dataclasses.replace(manifest, shards=(dataclasses.replace(entry, count=entry.count + 1),
-                                                  *manifest.shards[1:]))
+    wrong = dataclasses.replace(
+        manifest, shards=(dataclasses.replace(entry, count=entry.count + 1), *manifest.shards[1:])
+    )
     with pytest.raises(IndexIntegrityError, match=f"shard {entry.key} .* holds 40 vectors, the manifest says 41"):
         ShardCache().open_snapshot(index_dir, wrong, expected_encoder=ENCODER, expected_dim=DIM)
 
@@ -253,8 +259,15 @@ def test_garbage_files_finds_unreferenced_files_only(tmp_path, written, shards):
     ],
 )
 def test_shard_entry_rejects_bad_fields(change, message):
-    good = dict(key="2023-01", file="shards/2023-01.0a1b2c3d.faiss", sha256="a" * 64, count=3,
-                min_day="2023-01-01", max_day="2023-01-31", dim=DIM)
+    good = dict(
+        key="2023-01",
+        file="shards/2023-01.0a1b2c3d.faiss",
+        sha256="a" * 64,
+        count=3,
+        min_day="2023-01-01",
+        max_day="2023-01-31",
+        dim=DIM,
+    )
     assert ShardEntry(**good).span == (D(2023, 1, 1), D(2023, 1, 31))
     with pytest.raises(ValueError, match=message):
         ShardEntry(**(good | change))

@@ -3,6 +3,7 @@
 `DictStore` below is a second implementation with no file system behind it (as an object store
 would be); writing, opening, searching and garbage-collecting a snapshot through it must give
 what the folder gives."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,14 +11,14 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from indexer.errors import IndexIntegrityError
-from indexer.lexical import Bm25Shard
-from indexer.manifest import Manifest, read_manifest, write_manifest
-from indexer.snapshot import ShardCache, garbage_files, write_shard
-from indexer.shards import MonthShard
-from indexer.storage import IndexStore, LocalStore, StoredFile, as_store, check_name
 from indexer.dates import day_number
 from indexer.ids import make_ids
+from indexer.index_errors import IndexIntegrityError
+from indexer.lexical import Bm25Shard
+from indexer.manifest import Manifest, read_manifest, write_manifest
+from indexer.shards import MonthShard
+from indexer.snapshot import ShardCache, garbage_files, write_shard
+from indexer.storage import IndexStore, LocalStore, StoredFile, as_store, check_name
 from models.encoders import HashEncoder
 
 DIM = 16
@@ -77,7 +78,8 @@ def test_a_snapshot_through_a_store_without_files_searches_like_one_in_a_folder(
     manifest, name, sha = _snapshot(store)
     folder_manifest, folder_name, _ = _snapshot(tmp_path)
     assert sorted(store.files) == sorted(
-        [e.file for e in manifest.shards] + [e.bm25.file for e in manifest.shards] + [name])
+        [e.file for e in manifest.shards] + [e.bm25.file for e in manifest.shards] + [name]
+    )
     assert read_manifest(store, name, expected_sha256=sha) == manifest
 
     dense = ShardCache().open_snapshot(store, manifest, expected_encoder="hash-16", expected_dim=DIM)
@@ -114,8 +116,12 @@ def test_garbage_collection_through_a_store_keeps_what_a_kept_snapshot_names():
     assert gone == sorted([old.shards[0].file, old.shards[0].bm25.file, old_name])
     for n in gone:
         store.delete(n)
-    assert ShardCache().open_snapshot(store, read_manifest(store, new_name), expected_encoder=None,
-                                      expected_dim=None).ntotal == 60
+    assert (
+        ShardCache()
+        .open_snapshot(store, read_manifest(store, new_name), expected_encoder=None, expected_dim=None)
+        .ntotal
+        == 60
+    )
 
 
 @pytest.mark.parametrize("bad", ["", "/etc/passwd", "../outside", "shards/../../x", "shards\\x"])

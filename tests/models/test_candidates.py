@@ -1,12 +1,12 @@
 """The candidate ranker: entity candidates from annotated passages, a learned choice among them."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from models.candidates import (CandidateRanker, MajorityAnswer, RankerItem, annotated, candidates, mean_f1,
-                               question_type)
+from models.candidates import CandidateRanker, MajorityAnswer, RankerItem, annotated, candidates, mean_f1, question_type
 
 PEOPLE = ["Ada Brand", "Otto Fell", "Mira Quade", "Ivo Stern", "Lena Roth", "Pia Lund"]
 PLACES = ["Kestrel Bay", "Port Calder", "Lowmoor", "Greyfen", "Marrowby", "Vandermere"]
@@ -18,9 +18,13 @@ def _item(i: int, rng: random.Random) -> RankerItem:
     question = f"Who opened the museum in {place}?" if who else f"Where did {person} open the museum?"
     answer = person if who else place
     decoy = rng.choice([p for p in PEOPLE if p != person])
-    record = {"sentences": [["museum", "opened", "the", *place.lower().split(), *person.lower().split()],
-                            ["weather", "was", "fine", *decoy.lower().split()]],
-              "mentions": [[decoy, "PERSON", 1], [place, "GPE", 0], [person, "PERSON", 0], ["Tuesday", "DATE", 1]]}
+    record = {
+        "sentences": [
+            ["museum", "opened", "the", *place.lower().split(), *person.lower().split()],
+            ["weather", "was", "fine", *decoy.lower().split()],
+        ],
+        "mentions": [[decoy, "PERSON", 1], [place, "GPE", 0], [person, "PERSON", 0], ["Tuesday", "DATE", 1]],
+    }
     return RankerItem(f"q{i}", question, (answer,), (annotated(record, rank=0, score=0.5, days_old=3),))
 
 
@@ -48,8 +52,12 @@ def test_ranker_learns_which_entity_type_answers_which_question():
 
 
 def test_ranker_needs_positive_and_negative_candidates_and_a_fit():
-    item = RankerItem("q", "Who?", ("Nobody Here",), (annotated(
-        {"sentences": [["x"]], "mentions": [["Ada Brand", "PERSON", 0]]}, rank=0, score=1.0, days_old=0),))
+    item = RankerItem(
+        "q",
+        "Who?",
+        ("Nobody Here",),
+        (annotated({"sentences": [["x"]], "mentions": [["Ada Brand", "PERSON", 0]]}, rank=0, score=1.0, days_old=0),),
+    )
     with pytest.raises(ValueError, match="match a gold answer"):
         CandidateRanker().fit([item])
     with pytest.raises(RuntimeError, match="fit"):

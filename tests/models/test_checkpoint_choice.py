@@ -1,5 +1,6 @@
 """Which validated model a training keeps: the best, or (keep_within) the earliest close to it; and
 (max_steps) where a run stops."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -31,7 +32,7 @@ class Toy(torch.nn.Module):
         (Path(folder) / "w.json").write_text(json.dumps(self.w.item()))
 
     @classmethod
-    def load(cls, folder: Path, device: str = "cpu") -> "Toy":
+    def load(cls, folder: Path, device: str = "cpu") -> Toy:
         toy = cls()
         toy.w.data.fill_(json.loads((Path(folder) / "w.json").read_text()))
         return toy

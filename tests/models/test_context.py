@@ -1,11 +1,12 @@
 """Sentence selection: what a generator reads of the ranked passages."""
+
 import datetime as dt
 
 import pytest
 
-from models.context import add_titles, clean_title, content_terms, select_context, split_passage
 from models.gemma import build_prompt, reader_context
 from models.reader_base import ReaderPassage
+from models.reader_context import add_titles, clean_title, content_terms, select_context, split_passage
 
 DAY = dt.date(2023, 6, 12)
 PREFIX = "Monday, June 12, 2023. "
@@ -41,8 +42,10 @@ def test_a_late_answer_sentence_is_kept_where_the_first_words_lose_it():
 
 def test_the_budget_is_shared_and_order_and_dates_are_kept():
     day2 = dt.date(2023, 6, 10)
-    ps = [passage(FILLER + " Nikola Jokic was named finals MVP."),
-          passage(FILLER + " The Nuggets won the NBA championship in five games.", day=day2)]
+    ps = [
+        passage(FILLER + " Nikola Jokic was named finals MVP."),
+        passage(FILLER + " The Nuggets won the NBA championship in five games.", day=day2),
+    ]
     out = select_context("Who won the NBA championship and who was MVP?", ps, budget_words=50, max_passages=2)
     assert sum(len(p.text.split()) for p in out) <= 50
     assert [p.published for p in out] == [DAY, day2]  # ranked order, each with its own date
@@ -81,13 +84,23 @@ def test_bad_sizes_are_refused(budget, depth):
 
 # --- headlines --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw, clean", [
-    ("Meet Commander Moonikin Campos, the Artemis I mannequin | CNN", "Meet Commander Moonikin Campos, the Artemis I mannequin."),
-    ("Trump charged with 34 felony counts - The New York Times", "Trump charged with 34 felony counts."),
-    ("  Who   won the NBA title?  ", "Who won the NBA title?"),
-    ("Dolphins - Bills: what we learned in a wild game that went to overtime", "Dolphins - Bills: what we learned in a wild game that went to overtime."),
-    ("", ""),
-])
+
+@pytest.mark.parametrize(
+    "raw, clean",
+    [
+        (
+            "Meet Commander Moonikin Campos, the Artemis I mannequin | CNN",
+            "Meet Commander Moonikin Campos, the Artemis I mannequin.",
+        ),
+        ("Trump charged with 34 felony counts - The New York Times", "Trump charged with 34 felony counts."),
+        ("  Who   won the NBA title?  ", "Who won the NBA title?"),
+        (
+            "Dolphins - Bills: what we learned in a wild game that went to overtime",
+            "Dolphins - Bills: what we learned in a wild game that went to overtime.",
+        ),
+        ("", ""),
+    ],
+)
 def test_clean_title_drops_the_site_and_ends_as_a_sentence(raw, clean):
     assert clean_title(raw) == clean
 
@@ -97,9 +110,11 @@ def test_a_headline_stands_after_the_date_once_per_article():
     second = passage("Jokic was the Finals MVP.", title="Nuggets win first NBA title | CNN")
     other = passage("Rain fell.", title="Storm hits Florida")
     out = add_titles([first, second, other])
-    assert [p.text for p in out] == [PREFIX + "Nuggets win first NBA title. Denver beat Miami 94-89.",
-                                     PREFIX + "Jokic was the Finals MVP.",
-                                     PREFIX + "Storm hits Florida. Rain fell."]
+    assert [p.text for p in out] == [
+        PREFIX + "Nuggets win first NBA title. Denver beat Miami 94-89.",
+        PREFIX + "Jokic was the Finals MVP.",
+        PREFIX + "Storm hits Florida. Rain fell.",
+    ]
     assert [p.title for p in out] == [first.title, second.title, other.title]
 
 
@@ -118,6 +133,7 @@ def test_reader_context_adds_headlines_on_top_of_the_passage_words():
     # With sentence selection the headline is a sentence like the others: it is kept when it bears
     # on the question and the budget is small.
     long = passage(FILLER, title="Storm hits Florida with record rain")
-    kept = reader_context("Which state did the storm hit?", [long], n_passages=1, max_passage_words=100,
-                          context_words=20, titles=True)
+    kept = reader_context(
+        "Which state did the storm hit?", [long], n_passages=1, max_passage_words=100, context_words=20, titles=True
+    )
     assert "Storm hits Florida with record rain." in kept[0].text

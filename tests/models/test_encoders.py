@@ -24,10 +24,13 @@ def test_hash_encoder_is_deterministic_normalised_and_lexical():
     assert q @ a[0] > q @ a[1]
 
 
-@pytest.mark.parametrize("spec, fragment", [
-    ("hash:colour=red", "unknown hash encoder option"),
-    ("/no/such/folder", "neither 'minilm', 'hash', a trained version nor an existing model folder"),
-])
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("hash:colour=red", "unknown hash encoder option"),
+        ("/no/such/folder", "neither 'minilm', 'hash', a trained version nor an existing model folder"),
+    ],
+)
 def test_load_encoder_rejects_bad_specs(spec, fragment):
     with pytest.raises(ValueError, match=fragment):
         load_encoder(spec)
@@ -51,13 +54,16 @@ class _RecordingEncoder:
         return np.ones((len(texts), self.dim), dtype=np.float32) / 4
 
 
-@pytest.mark.parametrize("dated, expected", [
-    (None, "Who won?"),  # the packaged MiniLM and every encoder that says nothing: the bare question
-    (False, "Who won?"),
-    (True, "Today is Tuesday, April 4, 2023. Who won?"),  # a version trained on dated questions
-])
+@pytest.mark.parametrize(
+    "dated, expected",
+    [
+        (None, "Who won?"),  # the packaged MiniLM and every encoder that says nothing: the bare question
+        (False, "Who won?"),
+        (True, "Today is Tuesday, April 4, 2023. Who won?"),  # a version trained on dated questions
+    ],
+)
 def test_the_dense_retriever_asks_the_encoder_in_the_form_it_reads(dated, expected):
-    from app.services.retrieval import DenseRetriever
+    from serving.retrieval import DenseRetriever
 
     encoder = _RecordingEncoder(dated)
     index = SimpleNamespace(search=lambda q, as_of, k: (np.zeros((1, k), np.float32), np.full((1, k), -1)))
@@ -74,7 +80,9 @@ def _version(tmp_path, **info) -> DualEncoder:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("info, dated", [({}, True), ({"query_format": "dated"}, True), ({"query_format": "bare"}, False)])
+@pytest.mark.parametrize(
+    "info, dated", [({}, True), ({"query_format": "dated"}, True), ({"query_format": "bare"}, False)]
+)
 def test_a_trained_version_says_which_question_form_it_reads(tmp_path, info, dated):
     # versions saved before query_format existed were all trained on dated questions
     enc = _version(tmp_path, **info)

@@ -21,11 +21,15 @@ def passage(day: dt.date, body: str) -> ReaderPassage:
     return ReaderPassage("a title the prompt leaves out", f"{format_long(day)}. {body}", day)
 
 
-NBA = passage(dt.date(2023, 6, 13), "The Denver Nuggets won the NBA championship on Monday night, beating the Miami "
-              "Heat 94-89 in Game 5. Nikola Jokic was named the Finals MVP.")
+NBA = passage(
+    dt.date(2023, 6, 13),
+    "The Denver Nuggets won the NBA championship on Monday night, beating the Miami "
+    "Heat 94-89 in Game 5. Nikola Jokic was named the Finals MVP.",
+)
 
 
 # --- the prompt -------------------------------------------------------------------------------------
+
 
 def test_build_prompt_writes_the_team_format_in_passage_order():
     first = passage(dt.date(2023, 6, 13), "Nuggets win.")
@@ -34,7 +38,8 @@ def test_build_prompt_writes_the_team_format_in_passage_order():
         "Passage: Tuesday, June 13, 2023. Nuggets win.\n"
         "Passage: Friday, June 2, 2023. Heat lose again.\n"  # one line per passage, spaces collapsed
         "Question (asked on Wednesday, June 14, 2023): Who won the title?\n"
-        "Short answer:")
+        "Short answer:"
+    )
 
 
 def test_build_prompt_cuts_each_passage_to_max_words_counting_the_date():
@@ -47,10 +52,21 @@ def test_build_prompt_without_passages_is_the_question_alone():
     assert build_prompt("Q?", AS_OF, [], 100) == "Question (asked on Wednesday, June 14, 2023): Q?\nShort answer:"
 
 
-@pytest.mark.parametrize("generated, done", [
-    ("Denver", False), ("Denver Nuggets\n", True), ("\n", False), ("\nDenver", False), ("\nDenver\nThe", True),
-    ("\u2022\n", False), ("\u2022\nDenver", False), ("\u2022\nDenver\n", True), ("--\n\"\n", False), ("42\n", True),
-])
+@pytest.mark.parametrize(
+    "generated, done",
+    [
+        ("Denver", False),
+        ("Denver Nuggets\n", True),
+        ("\n", False),
+        ("\nDenver", False),
+        ("\nDenver\nThe", True),
+        ("\u2022\n", False),
+        ("\u2022\nDenver", False),
+        ("\u2022\nDenver\n", True),
+        ('--\n"\n', False),
+        ("42\n", True),
+    ],
+)
 def test_generation_ends_after_the_first_line_with_a_word(generated, done):
     assert gemma.ends_first_line(generated) is done
 
@@ -62,6 +78,7 @@ def test_build_example_targets_the_answer_and_a_newline():
 
 
 # --- the reader, with fakes -------------------------------------------------------------------------
+
 
 class FakeTokenizer:
     """Records the prompt; decodes whatever was generated as a base model's run-on answer."""
@@ -94,7 +111,7 @@ class BeamTokenizer(FakeTokenizer):
         self.beams = beams
 
     def batch_decode(self, rows, skip_special_tokens=True):
-        return self.beams[:len(rows)]
+        return self.beams[: len(rows)]
 
 
 class Scored:
@@ -107,8 +124,9 @@ class Scored:
     def output(sequences, steps: int):
         import torch
 
-        return types.SimpleNamespace(sequences=sequences, scores=tuple(torch.zeros(sequences.shape[0], 9)
-                                                                        for _ in range(steps)))
+        return types.SimpleNamespace(
+            sequences=sequences, scores=tuple(torch.zeros(sequences.shape[0], 9) for _ in range(steps))
+        )
 
     def compute_transition_scores(self, sequences, scores, beam_indices=None, normalize_logits=False):
         import torch
@@ -176,13 +194,16 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids if i > 1)
 
 
-@pytest.mark.parametrize("generated, logprobs, expected", [
-    ("Paris\nX", [-0.1, 0, 0, 0, 0, -2.0, -3.0], -0.1),       # the newline and what follows left out
-    ("\nParis\n", [-1.0, -0.2, 0, 0, 0, 0, -5.0], -1.2),      # a leading newline is part of the line
-    ("Rome", [-0.3, -0.3, 0, 0], -0.6),                         # no newline: everything generated
-    ("Rome\x01\x00\x00", [-0.3, 0, 0, 0, -9.0, -9.0, -9.0], -0.3),  # end of text, then padding: left out
-    ("", [], 0.0),
-])
+@pytest.mark.parametrize(
+    "generated, logprobs, expected",
+    [
+        ("Paris\nX", [-0.1, 0, 0, 0, 0, -2.0, -3.0], -0.1),  # the newline and what follows left out
+        ("\nParis\n", [-1.0, -0.2, 0, 0, 0, 0, -5.0], -1.2),  # a leading newline is part of the line
+        ("Rome", [-0.3, -0.3, 0, 0], -0.6),  # no newline: everything generated
+        ("Rome\x01\x00\x00", [-0.3, 0, 0, 0, -9.0, -9.0, -9.0], -0.3),  # end of text, then padding: left out
+        ("", [], 0.0),
+    ],
+)
 def test_line_probability_scores_the_first_worded_line(generated, logprobs, expected):
     ids = [ord(c) for c in generated]
     assert gemma.line_probability(CharTokenizer(), ids, logprobs) == pytest.approx(math.exp(expected))
@@ -225,7 +246,7 @@ class EchoTokenizer(FakeTokenizer):
         self.greedy, self.beams = greedy, beams
 
     def batch_decode(self, rows, skip_special_tokens=True):
-        return [self.greedy] if len(rows) == 1 else self.beams[:len(rows)]
+        return [self.greedy] if len(rows) == 1 else self.beams[: len(rows)]
 
 
 def test_echoes_question_is_an_answer_made_only_of_the_questions_words():
@@ -237,7 +258,9 @@ def test_echoes_question_is_an_answer_made_only_of_the_questions_words():
 def test_an_echo_of_the_question_is_searched_again_and_the_best_grounded_other_beam_wins():
     model = EchoModel()
     beams = [" NBA\n", " Boston Celtics\n", " Denver Nuggets\n", " Nuggets\n"]  # echo, not read, the answer
-    answer = GemmaReader(model, EchoTokenizer(" NBA\n", beams), n_passages=1, echo_beams=4).generate(NBA_Q, AS_OF, [NBA])
+    answer = GemmaReader(model, EchoTokenizer(" NBA\n", beams), n_passages=1, echo_beams=4).generate(
+        NBA_Q, AS_OF, [NBA]
+    )
     assert answer.text == "Denver Nuggets"
     greedy, search = model.calls
     assert "num_beams" not in greedy and search["num_beams"] == 4 and search["num_return_sequences"] == 4
@@ -245,12 +268,14 @@ def test_an_echo_of_the_question_is_searched_again_and_the_best_grounded_other_b
 
 def test_an_echo_stays_when_no_other_beam_is_grounded_and_other_answers_are_not_searched_again():
     model = EchoModel()
-    answer = GemmaReader(model, EchoTokenizer(" NBA\n", [" NBA\n", " Lakers\n"]), n_passages=1,
-                         echo_beams=2).generate(NBA_Q, AS_OF, [NBA])
+    answer = GemmaReader(model, EchoTokenizer(" NBA\n", [" NBA\n", " Lakers\n"]), n_passages=1, echo_beams=2).generate(
+        NBA_Q, AS_OF, [NBA]
+    )
     assert answer.text == "NBA" and len(model.calls) == 2
     model = EchoModel()
     answer = GemmaReader(model, EchoTokenizer(" Denver Nuggets\n", []), n_passages=1, echo_beams=4).generate(
-        NBA_Q, AS_OF, [NBA])
+        NBA_Q, AS_OF, [NBA]
+    )
     assert answer.text == "Denver Nuggets" and len(model.calls) == 1  # no echo: greedy alone
     model = EchoModel()
     answer = GemmaReader(model, EchoTokenizer(" NBA\n", beams=[]), n_passages=1).generate(NBA_Q, AS_OF, [NBA])
@@ -278,6 +303,7 @@ def test_load_reader_names_gemma_among_the_backends():
 
 
 # --- the converted folder, with a fake package ------------------------------------------------------
+
 
 class FakeSaver:
     def __init__(self, filename: str, fail: bool = False) -> None:
@@ -318,8 +344,9 @@ def test_gemma_folder_converts_once_and_deletes_the_gguf(tmp_path, fake_package)
 
 
 def test_gemma_folder_leaves_nothing_after_a_failed_conversion(tmp_path, fake_package, monkeypatch):
-    monkeypatch.setattr(gemma, "_load_gguf", lambda path: (FakeSaver("model.safetensors", fail=True),
-                                                           FakeSaver("tokenizer.json")))
+    monkeypatch.setattr(
+        gemma, "_load_gguf", lambda path: (FakeSaver("model.safetensors", fail=True), FakeSaver("tokenizer.json"))
+    )
     cache = tmp_path / "cache"
     with pytest.raises(OSError, match="disk full"):
         gemma_folder(cache)
@@ -345,6 +372,7 @@ def test_gemma_folder_names_the_package_to_install(tmp_path, monkeypatch):
 
 
 # --- the real model ---------------------------------------------------------------------------------
+
 
 def _forbid_conversion(mp: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
@@ -380,10 +408,18 @@ def test_gemma_reader_answers_a_dated_question_from_one_passage(gemma_reader):
 
 @pytest.mark.integration
 def test_gemma_reader_finds_the_answer_among_three_passages(gemma_reader):
-    others = [passage(dt.date(2023, 6, 12), "Stock markets in Asia rose on Monday as investors awaited the Federal "
-                      "Reserve's decision on interest rates."),
-              passage(dt.date(2023, 6, 11), "Wildfire smoke from Canada drifted across the northeastern United States, "
-                      "prompting air quality alerts in New York.")]
+    others = [
+        passage(
+            dt.date(2023, 6, 12),
+            "Stock markets in Asia rose on Monday as investors awaited the Federal "
+            "Reserve's decision on interest rates.",
+        ),
+        passage(
+            dt.date(2023, 6, 11),
+            "Wildfire smoke from Canada drifted across the northeastern United States, "
+            "prompting air quality alerts in New York.",
+        ),
+    ]
     answer = gemma_reader.generate(NBA_Q, AS_OF, [others[0], NBA, others[1]])
     assert "denver nuggets" in answer.text.lower()
 
@@ -432,8 +468,13 @@ def test_a_bfloat16_reader_answers_what_the_float32_one_answers(gemma_cache):
         _forbid_conversion(mp)
         reader = GemmaReader.load(cache_dir=gemma_cache, precision="bfloat16")
     assert reader.precision == "bfloat16" and next(reader.model.parameters()).dtype == torch.bfloat16
-    others = [passage(dt.date(2023, 6, 12), "Stock markets in Asia rose on Monday as investors awaited the Federal "
-                      "Reserve's decision on interest rates.")]
+    others = [
+        passage(
+            dt.date(2023, 6, 12),
+            "Stock markets in Asia rose on Monday as investors awaited the Federal "
+            "Reserve's decision on interest rates.",
+        )
+    ]
     for vocabulary in ("full", "read"):
         reader.vocabulary = vocabulary
         answer = reader.generate(NBA_Q, AS_OF, [others[0], NBA])

@@ -1,5 +1,6 @@
 """A soup of LoRA runs (models.gemma_train.soup_state / soup_config / write_soup): one LoRA whose
 weight change is the mean of the members', checked through peft itself on a small model."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def _lora(base_state, r, alpha, seed):
     torch.manual_seed(0)
     net = Tiny()
     net.load_state_dict(base_state)
-    model = get_peft_model(net, LoraConfig(r=r, lora_alpha=alpha, target_modules=["q_proj", "down_proj"],
-                                           lora_dropout=0.0))
+    model = get_peft_model(
+        net, LoraConfig(r=r, lora_alpha=alpha, target_modules=["q_proj", "down_proj"], lora_dropout=0.0)
+    )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -71,12 +73,15 @@ def test_a_soup_keeps_the_members_settings_with_n_times_the_rank_and_alpha():
     assert (soup.lora_r, soup.lora_alpha, soup.n_passages, soup.titles) == (48, 96, 5, True)
 
 
-@pytest.mark.parametrize("configs, message", [
-    ([GemmaConfig()], "at least two"),
-    ([GemmaConfig(), GemmaConfig(method="last-layers")], "trained with 'last-layers'"),
-    ([GemmaConfig(), GemmaConfig(n_passages=5)], "differs from the first in n_passages"),
-    ([GemmaConfig(), GemmaConfig(lora_r=8)], "differs from the first in lora_r"),
-])
+@pytest.mark.parametrize(
+    "configs, message",
+    [
+        ([GemmaConfig()], "at least two"),
+        ([GemmaConfig(), GemmaConfig(method="last-layers")], "trained with 'last-layers'"),
+        ([GemmaConfig(), GemmaConfig(n_passages=5)], "differs from the first in n_passages"),
+        ([GemmaConfig(), GemmaConfig(lora_r=8)], "differs from the first in lora_r"),
+    ],
+)
 def test_versions_that_do_not_average_are_refused(configs, message):
     with pytest.raises(ValueError, match=message):
         soup_config(configs)
@@ -95,8 +100,13 @@ def test_write_soup_writes_the_tensors_and_config_a_version_folder_holds(tmp_pat
     for i in range(2):
         f = tmp_path / f"v{i}"
         f.mkdir()
-        save_file({"m.lora_A.default.weight": torch.full((2, 3), float(i + 1)),
-                   "m.lora_B.default.weight": torch.full((4, 2), 1.0)}, f / WEIGHTS_FILE)
+        save_file(
+            {
+                "m.lora_A.default.weight": torch.full((2, 3), float(i + 1)),
+                "m.lora_B.default.weight": torch.full((4, 2), 1.0),
+            },
+            f / WEIGHTS_FILE,
+        )
         (f / CONFIG_FILE).write_text(json.dumps(GemmaConfig(lora_r=2, lora_alpha=4).to_json()))
         folders.append(f)
     config = write_soup(folders, tmp_path / "soup")

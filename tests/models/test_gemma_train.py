@@ -1,13 +1,14 @@
 """The trainable Gemma reader: prompt fitting, answer-only labels and loss, what trains, save/load,
 batched generation (a tiny random Gemma 3 and a character tokenizer), then the real packaged model."""
+
 from __future__ import annotations
 
 import datetime as dt
 import json
 import math
+from unittest.mock import patch
 
 import pytest
-from unittest.mock import patch
 import torch
 
 import models.gemma_train as gemma_train
@@ -24,12 +25,16 @@ def passage(day: dt.date, body: str) -> ReaderPassage:
     return ReaderPassage("a title", f"{format_long(day)}. {body}", day)
 
 
-NBA = passage(dt.date(2023, 6, 13), "The Denver Nuggets won the NBA championship on Monday night, beating the Miami "
-              "Heat 94-89 in Game 5. Nikola Jokic was named the Finals MVP.")
+NBA = passage(
+    dt.date(2023, 6, 13),
+    "The Denver Nuggets won the NBA championship on Monday night, beating the Miami "
+    "Heat 94-89 in Game 5. Nikola Jokic was named the Finals MVP.",
+)
 FILLER = passage(dt.date(2023, 6, 12), " ".join(f"filler{i}" for i in range(120)))
 
 
 # --- a tiny Gemma 3 and a character tokenizer ---------------------------------------------------------
+
 
 class CharTokenizer:
     """One id per character (ord + 4), <bos> = 2, <pad> = 0, <eos> = 1: what GemmaModel asks of a tokenizer."""
@@ -55,15 +60,28 @@ def tiny_lm(seed: int = 0):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
-    cfg = Gemma3TextConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=1024,
-                           max_position_embeddings=2048, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    cfg = Gemma3TextConfig(
+        vocab_size=260,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=1024,
+        max_position_embeddings=2048,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     return Gemma3ForCausalLM(cfg).eval()
 
 
 def tiny(config: GemmaConfig | None = None, seed: int = 0) -> GemmaModel:
     """float32 unless the config says otherwise: the exactness tests compare with float32 references."""
-    return GemmaModel(tiny_lm(seed), CharTokenizer(), config or GemmaConfig(max_length=400, lora_r=4, precision="float32"))
+    return GemmaModel(
+        tiny_lm(seed), CharTokenizer(), config or GemmaConfig(max_length=400, lora_r=4, precision="float32")
+    )
 
 
 ITEMS = [("Who won the NBA championship?", AS_OF, [FILLER, NBA]), ("Who was named MVP?", AS_OF, [NBA])]
@@ -71,6 +89,7 @@ ANSWERS = ["Denver Nuggets", "Nikola Jokic"]
 
 
 # --- the prompt ---------------------------------------------------------------------------------------
+
 
 def words(text: str) -> int:
     return len(text.split())
@@ -98,8 +117,9 @@ def test_fit_prompt_without_room_keeps_one_word_a_passage():
 
 def test_fit_prompt_with_titles_reads_the_headlines_as_served_and_cuts_only_the_passage_words():
     titled = [ReaderPassage("Storm hits Florida", FILLER.text, FILLER.published), NBA]
-    served = build_prompt("Q?", AS_OF, reader_context("Q?", titled, n_passages=2, max_passage_words=100,
-                                                      titles=True), None)
+    served = build_prompt(
+        "Q?", AS_OF, reader_context("Q?", titled, n_passages=2, max_passage_words=100, titles=True), None
+    )
     assert fit_prompt("Q?", AS_OF, titled, 100, 1000, words, titles=True) == served
     assert "Storm hits Florida." in served and "a title." in served
     cut = fit_prompt("Q?", AS_OF, titled, 100, 60, words, titles=True)
@@ -107,6 +127,7 @@ def test_fit_prompt_with_titles_reads_the_headlines_as_served_and_cuts_only_the_
 
 
 # --- labels and loss --------------------------------------------------------------------------------
+
 
 def test_encode_examples_labels_only_the_answer_after_the_served_prompt():
     model = tiny()
@@ -235,6 +256,7 @@ def test_config_refuses_an_unknown_method_and_round_trips_through_json():
 
 # --- save and load ----------------------------------------------------------------------------------
 
+
 @pytest.fixture()
 def tiny_base(monkeypatch):
     """GemmaModel.load builds its base as the tiny model (same seed: the same frozen weights)."""
@@ -270,8 +292,9 @@ def test_save_writes_only_the_trained_tensors_and_load_restores_them_exactly(tmp
     model.eval()
     ids, mask, _ = model.encode_examples(ITEMS, ANSWERS)
     with torch.no_grad():
-        assert torch.equal(model.net(input_ids=ids, attention_mask=mask).logits,
-                           loaded.net(input_ids=ids, attention_mask=mask).logits)
+        assert torch.equal(
+            model.net(input_ids=ids, attention_mask=mask).logits, loaded.net(input_ids=ids, attention_mask=mask).logits
+        )
 
 
 def test_a_soup_of_saved_runs_loads_and_trains_on_as_one_lora_of_the_summed_rank(tmp_path, tiny_base):
@@ -331,6 +354,7 @@ def test_load_refuses_tensors_of_another_method(tmp_path, tiny_base):
 
 
 # --- generation and serving --------------------------------------------------------------------------
+
 
 def test_generate_in_a_batch_answers_as_one_at_a_time():
     model = tiny(GemmaConfig(max_new_tokens=6, lora_r=4)).eval()
@@ -397,15 +421,19 @@ def test_the_served_head_reads_a_compact_input_even_with_frozen_weights():
 
 def _examples() -> list[TrainExample]:
     """ITEMS with their ANSWERS, as training examples."""
-    return [TrainExample(str(i), q, a_of, (ans,), tuple(ps)) for i, ((q, a_of, ps), ans)
-            in enumerate(zip(ITEMS, ANSWERS))]
+    return [
+        TrainExample(str(i), q, a_of, (ans,), tuple(ps)) for i, ((q, a_of, ps), ans) in enumerate(zip(ITEMS, ANSWERS))
+    ]
 
 
 def test_trainer_scores_validation_before_the_first_step(tmp_path):
     examples = _examples()
-    trainer = ReaderTrainer(tiny(GemmaConfig(max_new_tokens=4, lora_r=4)), "gemma",
-                            TrainConfig(lr=1e-3, batch_size=2, max_epochs=2, eval_every=1, eval_at_start=True),
-                            tmp_path / "run")
+    trainer = ReaderTrainer(
+        tiny(GemmaConfig(max_new_tokens=4, lora_r=4)),
+        "gemma",
+        TrainConfig(lr=1e-3, batch_size=2, max_epochs=2, eval_every=1, eval_at_start=True),
+        tmp_path / "run",
+    )
     result = trainer.train(examples, examples)
     assert [h["step"] for h in result.history] == [0, 1, 2]
     assert result.history[1]["s_per_step"] > 0
@@ -435,7 +463,9 @@ def test_the_served_confidence_is_the_models_probability_of_the_line_it_wrote():
     question, as_of, passages = ITEMS[1]
     answer = reader.generate(question, as_of, passages)
     tok = CharTokenizer()
-    prompt = tok(build_prompt(question, as_of, reader.context(question, passages), None), return_tensors="pt")["input_ids"]
+    prompt = tok(build_prompt(question, as_of, reader.context(question, passages), None), return_tensors="pt")[
+        "input_ids"
+    ]
     generated = tok(answer.raw, add_special_tokens=False)["input_ids"]
     ids = torch.cat([prompt, torch.tensor([generated])], dim=1)
     with torch.no_grad():
@@ -446,7 +476,7 @@ def test_the_served_confidence_is_the_models_probability_of_the_line_it_wrote():
 
 
 def test_greedy_within_picks_the_best_allowed_token_and_copies_from_what_was_read():
-    from models.gemma import GemmaReader, answer_vocabulary, greedy_within
+    from models.gemma import GemmaReader, greedy_within
 
     lm, tok = tiny_lm(), CharTokenizer()
     ids = tok(build_prompt(*ITEMS[0], 100), return_tensors="pt")
@@ -478,14 +508,23 @@ def test_answer_vocabulary_holds_the_words_read_in_their_cases_and_nothing_else(
 
 # --- the real packaged model --------------------------------------------------------------------------
 
-OTHERS = [passage(dt.date(2023, 6, 12), "Stock markets in Asia rose on Monday as investors awaited the Federal "
-                  "Reserve's decision on interest rates."),
-          passage(dt.date(2023, 6, 11), "Wildfire smoke from Canada drifted across the northeastern United States, "
-                  "prompting air quality alerts in New York.")]
-TOY = [("Who was named the Finals MVP?", [OTHERS[0], NBA], "Nikola Jokic"),
-       ("Which team lost the NBA Finals?", [NBA, OTHERS[1]], "Miami Heat"),
-       ("What was the final score of Game 5?", [NBA], "94-89"),
-       ("Where did the wildfire smoke come from?", [OTHERS[1], OTHERS[0]], "Canada")]
+OTHERS = [
+    passage(
+        dt.date(2023, 6, 12),
+        "Stock markets in Asia rose on Monday as investors awaited the Federal Reserve's decision on interest rates.",
+    ),
+    passage(
+        dt.date(2023, 6, 11),
+        "Wildfire smoke from Canada drifted across the northeastern United States, "
+        "prompting air quality alerts in New York.",
+    ),
+]
+TOY = [
+    ("Who was named the Finals MVP?", [OTHERS[0], NBA], "Nikola Jokic"),
+    ("Which team lost the NBA Finals?", [NBA, OTHERS[1]], "Miami Heat"),
+    ("What was the final score of Game 5?", [NBA], "94-89"),
+    ("Where did the wildfire smoke come from?", [OTHERS[1], OTHERS[0]], "Canada"),
+]
 
 
 @pytest.mark.integration
@@ -523,10 +562,21 @@ def _timed_trainer(tmp_path, *, step_s: float, validate_s: float, eval_at_start:
     """A trainer on a clock that moves only by what each step and each validation are said to cost."""
     examples = _examples()
     now = [0.0]
-    trainer = ReaderTrainer(tiny(GemmaConfig(max_new_tokens=2, lora_r=4)), "gemma",
-                            TrainConfig(lr=1e-3, batch_size=1, max_epochs=50, eval_every=10, patience=100,
-                                        max_minutes=1, eval_at_start=eval_at_start),
-                            tmp_path / "run", clock=lambda: now[0])
+    trainer = ReaderTrainer(
+        tiny(GemmaConfig(max_new_tokens=2, lora_r=4)),
+        "gemma",
+        TrainConfig(
+            lr=1e-3,
+            batch_size=1,
+            max_epochs=50,
+            eval_every=10,
+            patience=100,
+            max_minutes=1,
+            eval_at_start=eval_at_start,
+        ),
+        tmp_path / "run",
+        clock=lambda: now[0],
+    )
     loss, evaluate = trainer.batch_loss, trainer.evaluate
 
     def step(batch):

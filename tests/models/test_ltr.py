@@ -1,4 +1,5 @@
 """The feature re-ranker (models/ltr.py): its features, what it learns, and its JSON version file."""
+
 from __future__ import annotations
 
 import json
@@ -13,15 +14,28 @@ QUESTION = "Which team won the NBA championship in Denver this week?"
 
 
 def _cand(text, *, age=3, score=0.5, article=1, title="", hit=False):
-    return {"input": f"{title}. {text}" if title else text, "title": title, "age": age, "score": score,
-            "article": article, "hit": hit}
+    return {
+        "input": f"{title}. {text}" if title else text,
+        "title": title,
+        "age": age,
+        "score": score,
+        "article": article,
+        "hit": hit,
+    }
 
 
 def test_features_follow_the_question_the_rank_the_age_and_the_article():
-    cands = [_cand("Rain is expected in Seattle on Friday.", age=1, score=0.9, article=1),
-             _cand("The Denver Nuggets won the NBA championship, beating the Heat.", age=4, score=0.7, article=2,
-                   title="Nuggets win NBA championship"),
-             _cand("More on the NBA championship parade in Denver.", age=4, score=0.6, article=2)]
+    cands = [
+        _cand("Rain is expected in Seattle on Friday.", age=1, score=0.9, article=1),
+        _cand(
+            "The Denver Nuggets won the NBA championship, beating the Heat.",
+            age=4,
+            score=0.7,
+            article=2,
+            title="Nuggets win NBA championship",
+        ),
+        _cand("More on the NBA championship parade in Denver.", age=4, score=0.6, article=2),
+    ]
     x = candidate_features(QUESTION, cands)
     f = {name: x[:, i] for i, name in enumerate(FEATURES)}
     assert x.shape == (3, len(FEATURES))
@@ -45,11 +59,23 @@ def _items(n, seed):
     for q in range(n):
         topic = f"Zorbex{q} Quantel{q}"
         question = f"Who leads {topic} after the vote?"
-        cands = [_cand(f"Unrelated report {q}-{j} about the weather and markets.", age=rng.randint(0, 30),
-                       score=1 - j / 10, article=100 * q + j) for j in range(8)]
+        cands = [
+            _cand(
+                f"Unrelated report {q}-{j} about the weather and markets.",
+                age=rng.randint(0, 30),
+                score=1 - j / 10,
+                article=100 * q + j,
+            )
+            for j in range(8)
+        ]
         at = rng.randrange(8)
-        cands[at] = _cand(f"Ana Ruiz leads {topic} after the vote on Monday.", age=rng.randint(0, 30),
-                          score=1 - at / 10, article=100 * q + at, hit=True)
+        cands[at] = _cand(
+            f"Ana Ruiz leads {topic} after the vote on Monday.",
+            age=rng.randint(0, 30),
+            score=1 - at / 10,
+            article=100 * q + at,
+            hit=True,
+        )
         items.append({"query": question, "cands": cands})
     return items
 
@@ -73,8 +99,9 @@ def test_it_learns_to_put_the_answering_passage_first_and_reloads_the_same(tmp_p
     again = FeatureReranker.load(tmp_path / "v1")
     assert again.name == "v1" and again.info["recency_weight"] == 0.0
     item = test[0]
-    assert np.array_equal(again.score_candidates(item["query"], item["cands"]),
-                          model.score_candidates(item["query"], item["cands"]))
+    assert np.array_equal(
+        again.score_candidates(item["query"], item["cands"]), model.score_candidates(item["query"], item["cands"])
+    )
 
 
 def test_it_refuses_items_it_cannot_learn_from_and_a_file_of_other_features(tmp_path):

@@ -1,4 +1,5 @@
 """The ONNX Runtime backend of the encoder gives torch's vectors (float) or close ones (int8)."""
+
 from __future__ import annotations
 
 import pickle
@@ -11,9 +12,12 @@ from models.onnx_encoder import FLOAT_FILE, INT8_FILE, OnnxTower, export_onnx
 
 pytestmark = pytest.mark.integration
 
-TEXTS = ["Today is Monday, June 5, 2023. Who won the NBA championship?",
-         "Monday, June 12, 2023. The Denver Nuggets beat the Miami Heat 94-89 to win their first title. " * 4,
-         "Rates", "The Federal Reserve left interest rates unchanged after ten increases in a row."]
+TEXTS = [
+    "Today is Monday, June 5, 2023. Who won the NBA championship?",
+    "Monday, June 12, 2023. The Denver Nuggets beat the Miami Heat 94-89 to win their first title. " * 4,
+    "Rates",
+    "The Federal Reserve left interest rates unchanged after ten increases in a row.",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The "ranker" reader kind: JSON save/load that predicts exactly as before, and a reader that
 annotates the passages it is given with the packaged spaCy and answers their best entity."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,12 +26,22 @@ def _synthetic(i: int, rng: random.Random) -> RankerItem:
     who = i % 2 == 0
     question = f"Who opened the museum in {place}?" if who else f"Where did {person} open the museum?"
     decoy = rng.choice([p for p in PEOPLE if p != person])
-    record = {"sentences": [["museum", "opened", "the", *place.lower().split(), *person.lower().split()],
-                            ["weather", "was", "fine", *decoy.lower().split()]],
-              "mentions": [[decoy, "PERSON", 1], [place, "GPE", 0], [person, "PERSON", 0], ["Tuesday", "DATE", 1]]}
-    return RankerItem(f"q{i}", question, (person if who else place,), (
-        annotated(record, rank=0, score=rng.random(), days_old=rng.randrange(30)),
-        annotated(record, rank=1, score=rng.random(), days_old=rng.randrange(30))))
+    record = {
+        "sentences": [
+            ["museum", "opened", "the", *place.lower().split(), *person.lower().split()],
+            ["weather", "was", "fine", *decoy.lower().split()],
+        ],
+        "mentions": [[decoy, "PERSON", 1], [place, "GPE", 0], [person, "PERSON", 0], ["Tuesday", "DATE", 1]],
+    }
+    return RankerItem(
+        f"q{i}",
+        question,
+        (person if who else place,),
+        (
+            annotated(record, rank=0, score=rng.random(), days_old=rng.randrange(30)),
+            annotated(record, rank=1, score=rng.random(), days_old=rng.randrange(30)),
+        ),
+    )
 
 
 def _fitted(use_score: bool = False) -> tuple[CandidateRanker, list[RankerItem]]:
@@ -46,16 +57,26 @@ def _passage(text: str, day: dt.date = DAY) -> ReaderPassage:
 
 
 # A toy news world for the real-spaCy tests: who was appointed where.
-APPOINTMENTS = [("Ines Okafor", "Harriers"), ("Tomas Berg", "Falcons"), ("Maria Lopez", "Broncos"),
-                ("David Chen", "Rovers"), ("Sarah Miller", "Tigers"), ("James Walker", "Eagles")]
+APPOINTMENTS = [
+    ("Ines Okafor", "Harriers"),
+    ("Tomas Berg", "Falcons"),
+    ("Maria Lopez", "Broncos"),
+    ("David Chen", "Rovers"),
+    ("Sarah Miller", "Tigers"),
+    ("James Walker", "Eagles"),
+]
 
 
 def _toy(i: int) -> tuple[str, list[ReaderPassage], str]:
     person, team = APPOINTMENTS[i % len(APPOINTMENTS)]
     other, _ = APPOINTMENTS[(i + 1) % len(APPOINTMENTS)]
-    ps = [_passage(f"The {team} named {person} as head coach on Tuesday. The club said 300 fans came to "
-                   f"the stadium in Chicago."),
-          _passage(f"{other} spoke to reporters in London about the new season.")]
+    ps = [
+        _passage(
+            f"The {team} named {person} as head coach on Tuesday. The club said 300 fans came to "
+            f"the stadium in Chicago."
+        ),
+        _passage(f"{other} spoke to reporters in London about the new season."),
+    ]
     return f"Who did the {team} name as head coach?", ps, person
 
 
@@ -65,8 +86,16 @@ def toy_model() -> RankerModel:
     items = []
     for i in range(12):
         question, ps, answer = _toy(i)
-        items.append(ranker_item(question, DAY, annotate_passages(nlp, passage_bodies(ps)),
-                                 [p.published for p in ps], qid=f"t{i}", answers=(answer,)))
+        items.append(
+            ranker_item(
+                question,
+                DAY,
+                annotate_passages(nlp, passage_bodies(ps)),
+                [p.published for p in ps],
+                qid=f"t{i}",
+                answers=(answer,),
+            )
+        )
     return RankerModel(CandidateRanker(use_score=False).fit(items), RankerConfig(n_passages=10))
 
 

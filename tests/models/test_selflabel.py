@@ -1,5 +1,6 @@
 """Self-labeled question generation with the real packaged spaCy model (the model is the point
 here, so there is no fake): question forms, the rejection rules, limits, determinism, the CLI."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -9,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
-from app.core.config import get_settings
 from models.selflabel import RULES, ArticleText, GenerationStats, generate_questions, load_nlp
 from models.selflabel.generate import _full_names
+from settings import get_settings
 
 DAY = dt.date(2023, 3, 14)
 
@@ -63,21 +64,37 @@ def test_selflabel_answers_a_surname_with_the_articles_full_name(nlp):
     later = "Team owner Greg Penner said Lopez had impressed the Denver Broncos board during interviews in February."
     questions, _ = generate(nlp, article(named, later))
     assert [(q.question, q.answer) for q in questions if q.sentence == later] == [
-        ("Who had impressed the Denver Broncos board during interviews in February?", "Maria Lopez")]
+        ("Who had impressed the Denver Broncos board during interviews in February?", "Maria Lopez")
+    ]
     # Two people of that surname: the surname stays; a longer form of one name is the same person.
     assert _full_names([nlp(named), nlp(later)]) == {"lopez": "Maria Lopez", "penner": "Greg Penner"}
     assert "lopez" not in _full_names([nlp(named), nlp("Singer Jennifer Lopez attended the game."), nlp(later)])
     assert _full_names([nlp("President Joe Biden met Joe Biden's advisers.")]) == {"biden": "Joe Biden"}
 
 
-@pytest.mark.parametrize("sentence, label, question, answer", [
-    ("The Seattle city council approved the new budget in March 2023.", "DATE",
-     "When did the Seattle city council approve the new budget?", "March 2023"),
-    ("About 300 workers will lose their jobs at the Boeing plant in Everett.", "CARDINAL",
-     "How many workers will lose their jobs at the Boeing plant in Everett?", "About 300"),
-    (GOOD_SENTENCES[3], "MONEY", "How much did the Seattle city council approve for the new Marsh Library on Tuesday?",
-     "$4.5 million"),
-])
+@pytest.mark.parametrize(
+    "sentence, label, question, answer",
+    [
+        (
+            "The Seattle city council approved the new budget in March 2023.",
+            "DATE",
+            "When did the Seattle city council approve the new budget?",
+            "March 2023",
+        ),
+        (
+            "About 300 workers will lose their jobs at the Boeing plant in Everett.",
+            "CARDINAL",
+            "How many workers will lose their jobs at the Boeing plant in Everett?",
+            "About 300",
+        ),
+        (
+            GOOD_SENTENCES[3],
+            "MONEY",
+            "How much did the Seattle city council approve for the new Marsh Library on Tuesday?",
+            "$4.5 million",
+        ),
+    ],
+)
 @pytest.mark.integration
 def test_selflabel_wh_word_follows_the_entity_label(nlp, sentence, label, question, answer):
     questions, _ = generate(nlp, article(sentence))
@@ -92,18 +109,24 @@ def test_selflabel_fronts_a_place_with_do_support_and_deduplicates(nlp):
     # the first copy gives one of the two forms, the second copy the other, the third only duplicates
     assert sorted((q.question, q.answer) for q in questions) == [
         ("Where did Governor Jay Inslee open the new Northwind Foods office on Tuesday?", "Seattle"),
-        ("Who opened the new Northwind Foods office in Seattle on Tuesday?", "Jay Inslee")]
+        ("Who opened the new Northwind Foods office in Seattle on Tuesday?", "Jay Inslee"),
+    ]
     assert stats.rejected["duplicate"] == 3
 
 
-@pytest.mark.parametrize("sentence, reason", [
-    ("He said the Seattle Seahawks would play their home games at Lumen Field from April 2024.", "pronoun_subject"),
-    ('"We are getting closer, but we are not there yet," Governor Jay Inslee told reporters in Olympia.',
-     "direct_speech"),
-    ("Getty Images photo of Governor Jay Inslee at the Boeing factory in Everett last week.", "boilerplate"),
-    ("Who will replace Maria Lopez as head coach of the Denver Broncos next season?", "not_a_statement"),
-    ("Maria Lopez won.", "sentence_length"),
-])
+@pytest.mark.parametrize(
+    "sentence, reason",
+    [
+        ("He said the Seattle Seahawks would play their home games at Lumen Field from April 2024.", "pronoun_subject"),
+        (
+            '"We are getting closer, but we are not there yet," Governor Jay Inslee told reporters in Olympia.',
+            "direct_speech",
+        ),
+        ("Getty Images photo of Governor Jay Inslee at the Boeing factory in Everett last week.", "boilerplate"),
+        ("Who will replace Maria Lopez as head coach of the Denver Broncos next season?", "not_a_statement"),
+        ("Maria Lopez won.", "sentence_length"),
+    ],
+)
 @pytest.mark.integration
 def test_selflabel_rejects_whole_sentences_and_counts_the_reason(nlp, sentence, reason):
     questions, stats = generate(nlp, article(sentence))
@@ -112,19 +135,26 @@ def test_selflabel_rejects_whole_sentences_and_counts_the_reason(nlp, sentence, 
     assert stats.sentences == 1 and stats.candidates == 0
 
 
-@pytest.mark.parametrize("sentence, reason, refused", [
-    ("Governor Jay Inslee visited the Boeing factory in Everett on Wednesday.", "relative_date", "Wednesday"),
-    ("Governor Jay Inslee opened the new Seattle Reserve Bank office in Seattle on Tuesday.",
-     "answer_in_question", "Seattle"),
-])
+@pytest.mark.parametrize(
+    "sentence, reason, refused",
+    [
+        ("Governor Jay Inslee visited the Boeing factory in Everett on Wednesday.", "relative_date", "Wednesday"),
+        (
+            "Governor Jay Inslee opened the new Seattle Reserve Bank office in Seattle on Tuesday.",
+            "answer_in_question",
+            "Seattle",
+        ),
+    ],
+)
 @pytest.mark.integration
 def test_selflabel_rejects_bad_answers_and_counts_the_reason(nlp, sentence, reason, refused):
     for seed in range(4):  # whichever candidate the seed picks, the refused answer never comes out
         questions, stats = generate(nlp, article(sentence), seed=seed)
         assert refused not in {q.answer for q in questions}
         assert stats.rejected.get(reason, 0) >= 1
-        assert stats.candidates == stats.accepted + sum(n for r, n in stats.rejected.items()
-                                                        if RULES[r].startswith("(c)"))
+        assert stats.candidates == stats.accepted + sum(
+            n for r, n in stats.rejected.items() if RULES[r].startswith("(c)")
+        )
 
 
 @pytest.mark.integration
@@ -168,6 +198,7 @@ def test_selflabel_skips_articles_without_text(nlp):
 
 # ---- the CLI, over the shipped sample loaded into a database ---------------------------------------
 
+
 @pytest.fixture
 def sqa(monkeypatch, loaded_settings):
     monkeypatch.setenv("SQA_HOME", str(loaded_settings.home))
@@ -194,12 +225,15 @@ def test_cli_selflabel_prints_dated_questions_and_rejections(sqa):
     assert all(m.group(1).startswith("2024-01") for m in map(LINE.match, month.output.splitlines()) if m)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("--month", "2024-13"), "month '2024-13' is not a month (use YYYY-MM)"),
-    (("--month", "24-01"), "is not a month"),
-    (("--until", "2024-02-30"), "--until '2024-02-30' is not a date"),
-    (("--month", "2024-01", "--until", "2024-02-01"), "give at most one of --month or --until"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--month", "2024-13"), "month '2024-13' is not a month (use YYYY-MM)"),
+        (("--month", "24-01"), "is not a month"),
+        (("--until", "2024-02-30"), "--until '2024-02-30' is not a date"),
+        (("--month", "2024-01", "--until", "2024-02-01"), "give at most one of --month or --until"),
+    ],
+)
 def test_cli_selflabel_bad_input_exits_2(sqa, args, fragment):
     r = sqa("selflabel", *args)
     assert r.exit_code == 2, r.output

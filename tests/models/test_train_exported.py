@@ -1,5 +1,6 @@
 """Training a Gemma reader from an exported data set (`python -m models.train_exported`), as a GPU
 machine without the store runs it: a tiny random Gemma 3 stands in for the packaged one."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,15 +23,23 @@ DAY = dt.date(2023, 6, 14)
 def export(folder, n_train: int = 6, kind: str = "gemma"):
     """What workers.train.run_export_job writes: the examples and the job's settings."""
     folder.mkdir()
-    ex = [TrainExample(f"q{i}", "Who won the NBA championship?", DAY, ("Denver Nuggets",), (NBA,), "self")
-          for i in range(n_train)]
+    ex = [
+        TrainExample(f"q{i}", "Who won the NBA championship?", DAY, ("Denver Nuggets",), (NBA,), "self")
+        for i in range(n_train)
+    ]
     save_examples(folder / "train.jsonl", ex)
     save_examples(folder / "val.jsonl", ex[:2])
-    job = {"kind": kind, "label": "2023-06-15", "trained_until": "2023-06-15", "spec": {"kind": kind, "lr": 0.0},
-           "data": {"train": n_train, "val": 2, "gold": 0, "self_labeled": n_train},
-           "model": GemmaConfig(max_length=400, lora_r=4, precision="float32").to_json(),
-           "train": dataclasses.asdict(TrainConfig(lr=1e-3, batch_size=2, max_epochs=1, eval_every=100,
-                                                   eval_at_start=True))}
+    job = {
+        "kind": kind,
+        "label": "2023-06-15",
+        "trained_until": "2023-06-15",
+        "spec": {"kind": kind, "lr": 0.0},
+        "data": {"train": n_train, "val": 2, "gold": 0, "self_labeled": n_train},
+        "model": GemmaConfig(max_length=400, lora_r=4, precision="float32").to_json(),
+        "train": dataclasses.asdict(
+            TrainConfig(lr=1e-3, batch_size=2, max_epochs=1, eval_every=100, eval_at_start=True)
+        ),
+    }
     (folder / te.JOB_FILE).write_text(json.dumps(job))
     return folder
 
@@ -52,8 +61,13 @@ def test_train_exported_writes_a_version_folder_with_the_overrides(tmp_path, tin
     data = export(tmp_path / "data")
     out = tmp_path / "version"
     seen: list[str] = []
-    info = te.train_exported(data, out, overrides={"batch_size": 3, "max_epochs": 2},
-                             model_overrides={"lora_r": 2}, progress=lambda f, m: seen.append(m))
+    info = te.train_exported(
+        data,
+        out,
+        overrides={"batch_size": 3, "max_epochs": 2},
+        model_overrides={"lora_r": 2},
+        progress=lambda f, m: seen.append(m),
+    )
     assert sorted(p.name for p in out.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE, INFO_FILE])
     assert info == read_reader_info(out)
     assert info["kind"] == "gemma" and info["trained_until"] == "2023-06-15" and info["label"] == "2023-06-15"
@@ -120,8 +134,12 @@ def test_the_export_s_precision_trains_unless_the_command_line_names_another(tmp
     assert te.main([str(data), "--out", str(tmp_path / "v1"), "--device", "cpu", "--epochs", "1"]) == 0
     assert read_reader_info(tmp_path / "v1")["precision"] == "float32"
     assert json.loads((tmp_path / "v1" / CONFIG_FILE).read_text())["precision"] == "float32"
-    assert te.main([str(data), "--out", str(tmp_path / "v2"), "--device", "cpu", "--epochs", "1",
-                    "--precision", "bfloat16"]) == 0
+    assert (
+        te.main(
+            [str(data), "--out", str(tmp_path / "v2"), "--device", "cpu", "--epochs", "1", "--precision", "bfloat16"]
+        )
+        == 0
+    )
     assert read_reader_info(tmp_path / "v2")["precision"] == "bfloat16"
     assert json.loads((tmp_path / "v2" / CONFIG_FILE).read_text())["precision"] == "bfloat16"
     assert tiny_base[1].training_precision == "bfloat16"
@@ -150,8 +168,10 @@ def test_main_trains_the_last_layers_with_their_smaller_learning_rate(tmp_path, 
     assert te.main([str(data), "--out", str(tmp_path / "v"), "--method", "last-layers", "--last-layers", "3"]) == 0
     info = read_reader_info(tmp_path / "v")
     assert info["trained_elsewhere"]["train"]["lr"] == 2e-5 and info["spec"]["lr"] == 2e-5
-    assert info["spec"]["method"] == "last-layers" and info["model_overrides"] == {"method": "last-layers",
-                                                                                 "last_layers": 3}
+    assert info["spec"]["method"] == "last-layers" and info["model_overrides"] == {
+        "method": "last-layers",
+        "last_layers": 3,
+    }
     config = json.loads((tmp_path / "v" / CONFIG_FILE).read_text())
     assert (config["method"], config["last_layers"]) == ("last-layers", 3)
     from safetensors.torch import load_file
@@ -176,8 +196,10 @@ def test_n_passages_trains_and_serves_the_first_n_of_an_export_of_more(tmp_path,
     data = tmp_path / "data"
     data.mkdir()
     others = tuple(dataclasses.replace(NBA, title=f"Other {i}") for i in range(3))
-    ex = [TrainExample(f"q{i}", "Who won the NBA championship?", DAY, ("Denver Nuggets",), (NBA, *others), "self")
-          for i in range(4)]
+    ex = [
+        TrainExample(f"q{i}", "Who won the NBA championship?", DAY, ("Denver Nuggets",), (NBA, *others), "self")
+        for i in range(4)
+    ]
     save_examples(data / "train.jsonl", ex)
     save_examples(data / "val.jsonl", ex[:2])
     job = json.loads((export(tmp_path / "job") / te.JOB_FILE).read_text())

@@ -1,5 +1,6 @@
 """The re-ranker export's format and `python -m models.train_exported_reranker`'s refusals (no model
 is loaded here; tests/workers/test_train_reranker.py trains from a real export)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,12 @@ def _cand(text: str, hit: bool, age: int = 3, score: float = 0.5) -> dict:
 
 ITEMS = {
     "train": [
-        {"query": "q1", "asked": "2023-02-01", "source": "gold",
-         "cands": [_cand("a", True), _cand("b", True), _cand("c", True), _cand("d", False), _cand("e", False)]},
+        {
+            "query": "q1",
+            "asked": "2023-02-01",
+            "source": "gold",
+            "cands": [_cand("a", True), _cand("b", True), _cand("c", True), _cand("d", False), _cand("e", False)],
+        },
         {"query": "q2", "asked": "2023-02-02", "source": "self", "cands": [_cand("a", True)]},  # no negative
         {"query": "q3", "asked": "2023-02-03", "source": "self", "cands": [_cand("d", False)]},  # no positive
     ],
@@ -31,7 +36,12 @@ def test_an_export_keeps_what_training_can_use_and_every_held_back_candidate(tmp
     job, train, val = read_export(tmp_path / "x")
     assert job["trained_until"] == "2023-04-01" and json.loads((tmp_path / "x" / EXPORT_FILE).read_text()) == job
     [q1] = train
-    assert [c["input"] for c in q1["cands"]][:2] == ["a", "b"] and [c["hit"] for c in q1["cands"]] == [True, True, False, False]
+    assert [c["input"] for c in q1["cands"]][:2] == ["a", "b"] and [c["hit"] for c in q1["cands"]] == [
+        True,
+        True,
+        False,
+        False,
+    ]
     assert [c["input"] for c in val[0]["cands"]] == ["d", "f"] and val[0]["cands"][0]["age"] == 3
 
 
@@ -65,8 +75,12 @@ def test_a_version_whose_gain_the_fitted_prior_makes_alone_is_not_worth_serving(
     from models.reranker import prior_alone, ranking_figures, worth_serving
 
     # the first stage ranks five old misses above the fresh answer
-    items = [{"cands": [{"hit": False, "age": 300, "score": 0.9 - i / 10} for i in range(5)]
-              + [{"hit": True, "age": 1, "score": 0.3}]}]
+    items = [
+        {
+            "cands": [{"hit": False, "age": 300, "score": 0.9 - i / 10} for i in range(5)]
+            + [{"hit": True, "age": 1, "score": 0.3}]
+        }
+    ]
     first = ranking_figures(items, None)
     useless = [[0.0] * 6]  # a model that tells the candidates apart no better than chance
     figures = ranking_figures(items, useless, recency=1.0)

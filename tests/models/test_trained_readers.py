@@ -1,6 +1,7 @@
 """FiD and the extractive span reader: shapes, training on a toy set, exact reload, time checks.
 
 These use the packaged MiniLM weights (small configs keep each test to a few seconds)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -15,10 +16,16 @@ from models.trained import load_trained_reader, read_reader_info, write_reader_i
 from models.training import ReaderTrainer, TrainConfig, TrainExample
 
 DAY = dt.date(2024, 2, 7)
-P1 = ReaderPassage("Harriers appoint coach", "Wednesday, February 7, 2024. The Kestrel Bay Harriers named "
-                   "Ines Okafor as head coach on Tuesday.", DAY)
-P2 = ReaderPassage("Rail contract", "Wednesday, February 7, 2024. Vandermere awarded the light-rail contract "
-                   "to Hallam & Pryce Engineering.", DAY)
+P1 = ReaderPassage(
+    "Harriers appoint coach",
+    "Wednesday, February 7, 2024. The Kestrel Bay Harriers named Ines Okafor as head coach on Tuesday.",
+    DAY,
+)
+P2 = ReaderPassage(
+    "Rail contract",
+    "Wednesday, February 7, 2024. Vandermere awarded the light-rail contract to Hallam & Pryce Engineering.",
+    DAY,
+)
 Q1, A1 = "Who is the head coach of the Kestrel Bay Harriers?", "Ines Okafor"
 Q2, A2 = "Which company won the Vandermere light-rail contract?", "Hallam & Pryce Engineering"
 
@@ -61,8 +68,12 @@ def test_recase_returns_the_passage_spelling():
 @pytest.mark.integration
 def test_fid_learns_toy_set_and_reloads_exactly(tmp_path):
     model = FiDModel.warm_start(FiDConfig(n_passages=2, max_passage_tokens=48, max_answer_tokens=8))
-    trainer = ReaderTrainer(model, "fid", TrainConfig(lr=5e-4, batch_size=2, max_epochs=40, warmup_steps=1,
-                                                      eval_every=40, patience=5), tmp_path / "run")
+    trainer = ReaderTrainer(
+        model,
+        "fid",
+        TrainConfig(lr=5e-4, batch_size=2, max_epochs=40, warmup_steps=1, eval_every=40, patience=5),
+        tmp_path / "run",
+    )
     result = trainer.train(examples(), examples())
     assert result.best["em"] == 100.0, result.history
     reader = FiDReader(FiDModel.load(trainer.best_dir))
@@ -96,8 +107,12 @@ def test_span_answer_positions_find_every_occurrence():
 @pytest.mark.integration
 def test_extractive_learns_toy_set_and_reloads(tmp_path):
     model = SpanModel.warm_start(SpanConfig(n_passages=2, max_passage_tokens=64))
-    trainer = ReaderTrainer(model, "extractive", TrainConfig(lr=3e-4, batch_size=2, max_epochs=15, warmup_steps=1,
-                                                             eval_every=15, patience=5), tmp_path / "run")
+    trainer = ReaderTrainer(
+        model,
+        "extractive",
+        TrainConfig(lr=3e-4, batch_size=2, max_epochs=15, warmup_steps=1, eval_every=15, patience=5),
+        tmp_path / "run",
+    )
     result = trainer.train(examples(), examples())
     assert result.best["em"] == 100.0, result.history
     reader = ExtractiveReader(SpanModel.load(trainer.best_dir))

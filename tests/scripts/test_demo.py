@@ -1,15 +1,15 @@
 """scripts/demo.py's choice of questions: ones whose evidence the index holds, one a month."""
+
 from __future__ import annotations
 
 import datetime as dt
 
 import pytest
-
 from sqlalchemy import select
 
 from app.bootstrap import open_database
-from app.db.tables import Article, Question
 from evaluation.metrics import answer_in_evidence, answer_in_text
+from store.tables import Article, Question
 from tests.conftest import load_script
 
 
@@ -42,8 +42,9 @@ def test_with_own_articles_it_asks_only_questions_whose_own_article_holds_the_an
     in the index (another story that happens to hold "4") does not make a question answerable."""
     questions, articles = _stored(loaded_settings)
     first = min(questions, key=lambda q: (q.asked, q.qid))
-    holding = next(a for a in articles
-                   if a.published <= first.asked and answer_in_evidence(first.answers[0], first.text, a.text))
+    holding = next(
+        a for a in articles if a.published <= first.asked and answer_in_evidence(first.answers[0], first.text, a.text)
+    )
 
     def lacking(q):
         return next(a for a in articles if not answer_in_text(q.answers[0], a.text))

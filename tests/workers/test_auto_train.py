@@ -1,6 +1,7 @@
 """Training after ingestion (workers/auto_train.py): what it decides to do, that it reads nothing
 dated on or after the ingested month, and, with the real Gemma, that a version is activated only when
 it answers the held-back month better than the serving reader."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,19 +12,26 @@ import pytest
 import torch
 
 from app.bootstrap import open_context
-from app.services.reader_registry import active_version, get_version, register_version
 from models.trained import read_reader_info
-from workers.auto_train import AUTO_TRAIN, AutoTrainConfig, after_ingest, describe, held_back_questions, plan
-from workers.train import current_retrieval_key
-
+from serving.reader_registry import active_version, get_version, register_version
 from tests.conftest import SAMPLE
+from workers.auto_train import AUTO_TRAIN, after_ingest, describe, held_back_questions, plan
+from workers.config import AutoTrainConfig
+from workers.train import current_retrieval_key
 
 
 def _register(ctx, version, kind, until, *, activate=True):
     (ctx.models_dir / version).mkdir(parents=True, exist_ok=True)
     with ctx.sessions() as session, session.begin():
-        register_version(session, version=version, kind=kind, path=version, trained_until=until,
-                         activate=activate, models_dir=ctx.models_dir)
+        register_version(
+            session,
+            version=version,
+            kind=kind,
+            path=version,
+            trained_until=until,
+            activate=activate,
+            models_dir=ctx.models_dir,
+        )
 
 
 def test_plan_follows_the_registry(loaded_settings):
@@ -64,14 +72,15 @@ def test_held_back_questions_of_a_news_only_store_are_self_labeled(settings):
         articles, _, _ = read_realtimeqa(SAMPLE)
         store_records(ctx.sessions, articles, [])  # news only: no question
         ingest(ctx.sessions, build_encoder(settings), ctx.ingest, IngestParams(through=dt.date(2024, 3, 1)))
-        rows, source = held_back_questions(ctx, dt.date(2024, 2, 1), dt.date(2024, 3, 1),
-                                           AutoTrainConfig(check_questions=5))
+        rows, source = held_back_questions(
+            ctx, dt.date(2024, 2, 1), dt.date(2024, 3, 1), AutoTrainConfig(check_questions=5)
+        )
     assert source == "self-labeled" and 0 < len(rows) <= 5
     assert all(dt.date(2024, 2, 1) <= asked < dt.date(2024, 3, 1) and answers for _, asked, answers in rows)
 
 
 def test_cli_ingest_says_what_it_did_about_training(sqa, monkeypatch):
-    from app.core.config import get_settings
+    from settings import get_settings
 
     assert sqa("import", "realtimeqa", str(SAMPLE)).exit_code == 0
     r = sqa("ingest", "--through", "2024-02")
@@ -97,9 +106,13 @@ def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_pr
     until = dt.date(2024, 3, 1)
     with open_context(settings) as ctx:
         cfg = AutoTrainConfig(max_minutes=0.05, check_questions=4, rerank=False, seeds=1)
-        done = ctx.runner.run_new(AUTO_TRAIN, {"until": str(until)},
-                                  lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
-                                  result_key="auto_train", message=describe)
+        done = ctx.runner.run_new(
+            AUTO_TRAIN,
+            {"until": str(until)},
+            lambda job: after_ingest(ctx, job, until=until, cfg=cfg),
+            result_key="auto_train",
+            message=describe,
+        )
         assert done["action"] == "train" and done["check"]["month"] == "2024-02"
         new, serving = done["check"]["new"], done["check"]["serving"]
         held, _ = held_back_questions(ctx, dt.date(2024, 2, 1), until, cfg)  # the sample's February: fewer than 4
@@ -117,12 +130,22 @@ def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_pr
 
 
 def test_describe_shows_the_mrr_that_breaks_a_recall_tie():
-    done = {"reranker": {"action": "trained", "version": "reranker-2023-04-01-abc123", "activated": True,
-                         "validation": {"recall@5": 42.0, "mrr": 0.372}, "first_stage": {"recall@5": 42.0, "mrr": 0.349}},
-            "action": "skip", "reason": "no questions"}
+    done = {
+        "reranker": {
+            "action": "trained",
+            "version": "reranker-2023-04-01-abc123",
+            "activated": True,
+            "validation": {"recall@5": 42.0, "mrr": 0.372},
+            "first_stage": {"recall@5": 42.0, "mrr": 0.349},
+        },
+        "action": "skip",
+        "reason": "no questions",
+    }
     line = describe(done)
-    assert line.startswith("re-ranker reranker-2023-04-01-abc123 activated (held-back recall@5 42.0, MRR 0.372 "
-                           "vs first stage 42.0, MRR 0.349); ")
+    assert line.startswith(
+        "re-ranker reranker-2023-04-01-abc123 activated (held-back recall@5 42.0, MRR 0.372 "
+        "vs first stage 42.0, MRR 0.349); "
+    )
     assert line.endswith("reader skipped: no questions")
 
 
@@ -156,9 +179,12 @@ def test_a_first_training_is_capped_at_its_first_validation_and_a_fine_tune_is_n
 
     ctx, job = new_job(loaded_settings, AUTO_TRAIN)
     cfg = AutoTrainConfig(max_minutes=5, rerank=False)
-    with patch("workers.auto_train.plan", return_value={"action": action, "parent": "gemma-old"}), \
-            patch("workers.train.run_train_job", side_effect=capture), \
-            patch("workers.train.run_finetune_job", side_effect=capture), pytest.raises(Handed):
+    with (
+        patch("workers.auto_train.plan", return_value={"action": action, "parent": "gemma-old"}),
+        patch("workers.train.run_train_job", side_effect=capture),
+        patch("workers.train.run_finetune_job", side_effect=capture),
+        pytest.raises(Handed),
+    ):
         after_ingest(ctx, job, until=dt.date(2024, 3, 1), cfg=cfg)
     (spec,) = specs
     assert spec.kind == "gemma" and spec.max_minutes == 5
@@ -174,17 +200,22 @@ def _fake_runs(clock, specs, key="key-1"):
         assert activate is False and until == dt.date(2024, 3, 1)
         specs.append(spec)
         clock[0] += 9 * 60
-        return gemma_run(ctx.models_dir, ctx.sessions, f"gemma-2024-03-01-{len(specs):02d}000{spec.seed}",
-                         seed=spec.seed, until="2024-03-01",
-                         info={"spec": dataclasses.asdict(spec), "data": {"retrieval": key},
-                               "train_seconds": 9 * 60})
+        return gemma_run(
+            ctx.models_dir,
+            ctx.sessions,
+            f"gemma-2024-03-01-{len(specs):02d}000{spec.seed}",
+            seed=spec.seed,
+            until="2024-03-01",
+            info={"spec": dataclasses.asdict(spec), "data": {"retrieval": key}, "train_seconds": 9 * 60},
+        )
 
     return fake_run
 
 
 @pytest.mark.parametrize(("seeds", "budget", "runs"), [(2, 30, 2), (2, 10, 1), (1, 30, 1), (3, 30, 3), (3, 25, 2)])
 def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_soup(
-        loaded_settings, new_job, seeds, budget, runs):
+    loaded_settings, new_job, seeds, budget, runs
+):
     """`train_seeds`: each run (9 minutes on a fake clock) is the same spec with the next seed; another
     starts only if what is left of the budget is at least the runs' mean; two or more are averaged
     into a registered soup (real LoRA tensors: tests/gemma_runs.py), one is returned as it is."""
@@ -198,10 +229,13 @@ def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_
     ctx = dataclasses.replace(ctx, load_reader_folder=loaded.append)  # the soup is loaded before it is stored
     clock, specs = [1000.0], []
     spec = ReaderJobSpec.for_gemma(max_minutes=budget, seed=4, validate_first=False)
-    with patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs)), \
-            patch("workers.train.current_retrieval_key", return_value="key-1"):
-        version, members = train_seeds(ctx, job, until=dt.date(2024, 3, 1), spec=spec, seeds=seeds,
-                                       clock=lambda: clock[0])
+    with (
+        patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs)),
+        patch("workers.train.current_retrieval_key", return_value="key-1"),
+    ):
+        version, members = train_seeds(
+            ctx, job, until=dt.date(2024, 3, 1), spec=spec, seeds=seeds, clock=lambda: clock[0]
+        )
     assert [s.seed for s in specs] == list(range(4, 4 + runs))
     assert all(dataclasses.replace(s, seed=4) == spec for s in specs)  # nothing else differs: each resumes alike
     assert members == [f"gemma-2024-03-01-{k + 1:02d}000{4 + k}" for k in range(runs)]
@@ -222,7 +256,7 @@ def test_a_rerun_takes_the_runs_and_the_soup_a_stopped_job_saved_over_the_same_p
     again; runs saved over other passages (a new ingest or re-ranker since) are trained again."""
     from unittest.mock import patch
 
-    from app.services.reader_registry import list_versions
+    from serving.reader_registry import list_versions
     from workers.auto_train import train_seeds
     from workers.train import ReaderJobSpec
 
@@ -233,8 +267,10 @@ def test_a_rerun_takes_the_runs_and_the_soup_a_stopped_job_saved_over_the_same_p
 
     def rerun(key, seeds=2, budget=30):
         spec = ReaderJobSpec.for_gemma(max_minutes=budget, seed=0, validate_first=False)
-        with patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs, key)), \
-                patch("workers.train.current_retrieval_key", return_value=key):
+        with (
+            patch("workers.train.run_train_job", side_effect=_fake_runs(clock, specs, key)),
+            patch("workers.train.current_retrieval_key", return_value=key),
+        ):
             return train_seeds(ctx, job, until=until, spec=spec, seeds=seeds, clock=lambda: clock[0])
 
     first, (run0,) = rerun("key-1", seeds=1)  # as if the job stopped after its first run
@@ -261,14 +297,27 @@ def test_a_saved_run_is_only_a_first_training_of_this_very_spec_cut_and_passages
 
     ctx, _ = new_job(loaded_settings, AUTO_TRAIN)
     spec = ReaderJobSpec.for_gemma(max_minutes=30, seed=0, validate_first=False)
-    saved = dataclasses.replace(spec, max_minutes=20) if change == "budget" else \
-        dataclasses.replace(spec, seed=1) if change == "seed" else spec
-    info = {"spec": dataclasses.asdict(saved),
-            "data": {"retrieval": "other" if change == "key" else "key-1"},
-            **({"imported_from": "/elsewhere"} if change == "imported" else {}),
-            **({"soup_of": ["a", "b"]} if change == "soup" else {})}
-    version = gemma_run(ctx.models_dir, ctx.sessions, "gemma-2024-03-01-abcdef", seed=0,
-                        until="2024-02-29" if change == "until" else "2024-03-01", info=info)
+    saved = (
+        dataclasses.replace(spec, max_minutes=20)
+        if change == "budget"
+        else dataclasses.replace(spec, seed=1)
+        if change == "seed"
+        else spec
+    )
+    info = {
+        "spec": dataclasses.asdict(saved),
+        "data": {"retrieval": "other" if change == "key" else "key-1"},
+        **({"imported_from": "/elsewhere"} if change == "imported" else {}),
+        **({"soup_of": ["a", "b"]} if change == "soup" else {}),
+    }
+    version = gemma_run(
+        ctx.models_dir,
+        ctx.sessions,
+        "gemma-2024-03-01-abcdef",
+        seed=0,
+        until="2024-02-29" if change == "until" else "2024-03-01",
+        info=info,
+    )
     with ctx.sessions() as session, session.begin():
         row = get_version(session, version)
         row.active = change == "active"
@@ -279,16 +328,25 @@ def test_a_saved_run_is_only_a_first_training_of_this_very_spec_cut_and_passages
         row.active, row.parent_version, row.trained_until = False, None, dt.date(2024, 3, 1)
     path = ctx.models_dir / version / "reader.json"
     plain = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("imported_from", "soup_of")}
-    path.write_text(json.dumps({**plain, "spec": dataclasses.asdict(spec),
-                                "data": {"retrieval": "key-1"}}))
+    path.write_text(json.dumps({**plain, "spec": dataclasses.asdict(spec), "data": {"retrieval": "key-1"}}))
     found = saved_run(ctx, until=dt.date(2024, 3, 1), spec=spec, key="key-1")
     assert found is not None and found[0] == version
 
 
 def test_describe_names_the_runs_of_a_soup():
-    done = {"action": "train", "version": "gemma-2023-04-01-cccccc", "activated": True,
-            "soup_of": ["gemma-2023-04-01-aaaaaa", "gemma-2023-04-01-bbbbbb"],
-            "check": {"month": "2023-03", "questions": "gold", "new": {"n": 40, "em": 35.0, "f1": 40.0},
-                      "serving": {"n": 40, "em": 20.0, "f1": 25.0}}}
-    assert describe(done).startswith("reader gemma-2023-04-01-cccccc (the soup of 2 runs: gemma-2023-04-01-aaaaaa, "
-                                     "gemma-2023-04-01-bbbbbb) activated: on 40 gold questions of 2023-03")
+    done = {
+        "action": "train",
+        "version": "gemma-2023-04-01-cccccc",
+        "activated": True,
+        "soup_of": ["gemma-2023-04-01-aaaaaa", "gemma-2023-04-01-bbbbbb"],
+        "check": {
+            "month": "2023-03",
+            "questions": "gold",
+            "new": {"n": 40, "em": 35.0, "f1": 40.0},
+            "serving": {"n": 40, "em": 20.0, "f1": 25.0},
+        },
+    }
+    assert describe(done).startswith(
+        "reader gemma-2023-04-01-cccccc (the soup of 2 runs: gemma-2023-04-01-aaaaaa, "
+        "gemma-2023-04-01-bbbbbb) activated: on 40 gold questions of 2023-03"
+    )

@@ -1,16 +1,17 @@
 """The Ray backfill (`sqa ingest --executor ray`): a local Ray cluster encodes the months, and the
 index equals the one the local path builds (same shards, ids and vectors); a rerun encodes only
 what is missing."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from app.bootstrap import build_encoder, ingest_config, open_database
-from app.services.index_state import IndexState
-from models.encoders import HashEncoder
-from tests.conftest import SAMPLE
 from indexer.importers import read_realtimeqa
+from models.encoders import HashEncoder
+from serving.index_state import IndexState
+from tests.conftest import SAMPLE
 from workers.imports import store_records
 from workers.ingest import IngestParams, ingest
 
@@ -44,8 +45,10 @@ def _home(settings):
 def _index(settings, db) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     state = IndexState(db.sessions, settings.index_dir, encoder="hash-384", dim=384)
     state.refresh()
-    return {s.key: (s.ids(), np.vstack([s._index.reconstruct(int(i)) for i in s.ids()]))
-            for s in state.current().index.shards}
+    return {
+        s.key: (s.ids(), np.vstack([s._index.reconstruct(int(i)) for i in s.ids()]))
+        for s in state.current().index.shards
+    }
 
 
 def test_a_ray_backfill_builds_the_index_the_local_path_builds(local_ray, make_settings, tmp_path):

@@ -1,4 +1,5 @@
 """`sqa estimate`: split strategies on the shipped sample, the item cache, and clear errors."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,6 @@ import json
 import pytest
 
 from workers.estimate import EstimateConfig, parse_pool
-
 
 
 def test_parse_pool_accepts_lists_and_ranges():
@@ -39,8 +39,21 @@ def test_cli_estimate_on_the_sample_prints_the_table_and_reuses_its_cache(sqa, s
     assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
     assert sqa("ingest", "--through", "2024-03").exit_code == 0
     out = tmp_path / "estimate.json"
-    args = ("estimate", "--pool", "2024Q1", "--split", "random,length,adversarial", "--k", "2",
-            "--test-fraction", "0.3", "--passages", "4", "--out", str(out))
+    args = (
+        "estimate",
+        "--pool",
+        "2024Q1",
+        "--split",
+        "random,length,adversarial",
+        "--k",
+        "2",
+        "--test-fraction",
+        "0.3",
+        "--passages",
+        "4",
+        "--out",
+        str(out),
+    )
     r = sqa(*args)
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
@@ -70,8 +83,11 @@ def test_the_item_cache_is_kept_apart_per_retriever(make_settings):
     def cache_path(settings, snapshot_id, passages):  # as a job's context derives it from the settings
         return cache_for(settings.work_dir, retriever_key(settings), snapshot_id, passages)
 
-    paths = {cache_path(make_settings(retriever=r, fusion=f), "snap-1", 10)
-             for r, f in [("dense", "rrf"), ("bm25", "rrf"), ("hybrid", "rrf"), ("hybrid", "weighted")]}
+    paths = {
+        cache_path(make_settings(retriever=r, fusion=f), "snap-1", 10)
+        for r, f in [("dense", "rrf"), ("bm25", "rrf"), ("hybrid", "rrf"), ("hybrid", "weighted")]
+    }
     assert len(paths) == 4  # passages found by one retriever never stand in for another's
     assert cache_path(make_settings(retriever="dense"), "snap-1", 10) == cache_path(
-        make_settings(retriever="dense", fusion="weighted"), "snap-1", 10)  # fusion matters only to hybrid
+        make_settings(retriever="dense", fusion="weighted"), "snap-1", 10
+    )  # fusion matters only to hybrid

@@ -1,4 +1,5 @@
 """Recent/past classification of evaluation questions (no model, no database)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -6,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.evaluate import EvalConfig, classify_subset, reader_sample
+from workers.config import EvalConfig
+from workers.evaluate import classify_subset, reader_sample
 
 D = dt.date
 
@@ -23,13 +25,16 @@ ARTICLES = {
 }
 
 
-@pytest.mark.parametrize("meta, expected", [
-    ({"recent_or_past": "past"}, "past"),  # StreamingQA says it
-    ({"gold_urls": ["gold-new"]}, "recent"),
-    ({"search_result_urls": ["old-hit", "new-miss"]}, "past"),  # only the old article holds the answer
-    ({"search_result_urls": ["new-miss", "future-hit"]}, "unknown"),  # later evidence does not count
-    ({}, "unknown"),
-])
+@pytest.mark.parametrize(
+    "meta, expected",
+    [
+        ({"recent_or_past": "past"}, "past"),  # StreamingQA says it
+        ({"gold_urls": ["gold-new"]}, "recent"),
+        ({"search_result_urls": ["old-hit", "new-miss"]}, "past"),  # only the old article holds the answer
+        ({"search_result_urls": ["new-miss", "future-hit"]}, "unknown"),  # later evidence does not count
+        ({}, "unknown"),
+    ],
+)
 def test_classify_subset_uses_evidence_before_the_question(meta, expected):
     assert classify_subset(question(meta), ARTICLES) == expected
 

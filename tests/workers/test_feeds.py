@@ -1,6 +1,7 @@
 """The feed poller against a real HTTP server on 127.0.0.1: RSS content:encoded, Atom, summary-only
 feeds whose pages are fetched, malformed feeds, conditional GETs, 5xx with retries and backoff,
 timeouts, size limits, per-host politeness and idempotent intake."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,10 +11,10 @@ import pytest
 from sqlalchemy import func, select
 
 from app.bootstrap import open_database
-from app.db.tables import Article, Feed, LiveQueueItem
-from app.services.errors import ConflictError, InvalidInputError, NotFoundError
-from tests.feed_server import feed_server  # noqa: F401  (the fixture)
-from workers.feeds import FeedConfig, FeedPoller, add_feed, feed_status, list_feeds, remove_feed
+from serving.errors import ConflictError, InvalidInputError, NotFoundError
+from store.tables import Article, Feed, LiveQueueItem
+from workers.config import FeedConfig
+from workers.feed_poller import FeedPoller, add_feed, feed_status, list_feeds, remove_feed
 
 FAST = FeedConfig(interval_s=300, host_delay_s=0, timeout_s=2.0, retries=1, retry_backoff_s=0.01, poll_s=0.01)
 
@@ -54,17 +55,28 @@ def test_feed_poller_stores_rss_content_encoded_entries(db, feed_server):
     result = poll(db)
     assert (result["feeds"], result["ok"], result["new"], result["skipped"]) == (1, 1, 2, 1)
     bridge = stored(db)[feed_server.url("/news/bridge-reopens")]
-    assert "counterweight cables" in bridge.text and "Odile Brannock thanked residents for their patience & said" \
-        in bridge.text
+    assert (
+        "counterweight cables" in bridge.text
+        and "Odile Brannock thanked residents for their patience & said" in bridge.text
+    )
     assert "<p>" not in bridge.text and "trackReader" not in bridge.text
     assert bridge.published == dt.date(2024, 3, 6)  # 23:30 at -05:00 is March 6 in UTC
     assert (bridge.title, bridge.source, bridge.authors, bridge.language) == (
-        "Harbour bridge reopens after repairs", "gazette", ["Ines Halvorsen"], "en")
+        "Harbour bridge reopens after repairs",
+        "gazette",
+        ["Ines Halvorsen"],
+        "en",
+    )
     assert [r.path for r in feed_server.requests] == ["/rss.xml"]  # full content: no page fetched
     assert feed_server.requests[0].user_agent == "streaming-qa feed poller"
     row = feed_row(db, feed_server.url("/rss.xml"))
     assert (row.title, row.last_status, row.failures, row.last_new, row.articles_total) == (
-        "Port Calder Gazette", 200, 0, 2, 2)
+        "Port Calder Gazette",
+        200,
+        0,
+        2,
+        2,
+    )
     assert "skipped 1 entry" in row.last_error and "no http(s) link" in row.last_error
     assert row.next_fetch_at - row.last_fetch_at == dt.timedelta(seconds=300)
     with db.sessions() as s:
@@ -132,7 +144,12 @@ def test_feed_poller_sends_a_conditional_get_and_a_304_changes_nothing(db, feed_
     assert {u: (a.version, a.content_hash) for u, a in stored(db).items()} == before
     row = feed_row(db, url)
     assert (row.etag, row.last_modified, row.last_status, row.last_new, row.articles_total) == (
-        '"v1"', stamp, 304, 2, 2)
+        '"v1"',
+        stamp,
+        304,
+        2,
+        2,
+    )
     assert row.last_fetch_at > first.last_fetch_at
 
 
@@ -253,8 +270,17 @@ def test_add_feed_refuses_bad_urls_and_duplicates(db):
         assert [f.url for f in list_feeds(s)] == ["https://news.example/rss"]
         [status] = feed_status(s)
     assert status["url"] == "https://news.example/rss" and status["source"] == "example"
-    assert {"last_fetch_at", "last_ok_at", "last_status", "last_error", "failures", "last_new", "articles_total",
-            "next_fetch_at", "title"} <= set(status)
+    assert {
+        "last_fetch_at",
+        "last_ok_at",
+        "last_status",
+        "last_error",
+        "failures",
+        "last_new",
+        "articles_total",
+        "next_fetch_at",
+        "title",
+    } <= set(status)
 
 
 def test_remove_feed_keeps_its_articles_and_refuses_an_unknown_url(db, feed_server):

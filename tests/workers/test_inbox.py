@@ -1,5 +1,6 @@
 """The inbox watcher: a new or grown JSONL file goes to the live queue at once, a file read before is
 not read again, and a missing folder is an error the loop survives."""
+
 from __future__ import annotations
 
 import json
@@ -8,20 +9,31 @@ import pytest
 from sqlalchemy import func, select
 
 from app.bootstrap import inbox_config, open_database, worker_services
-from app.db.tables import Article, LiveQueueItem
+from store.tables import Article, LiveQueueItem
 from workers.inbox import InboxWatcher
-from workers.live import LivePublisher
+from workers.live_publisher import LivePublisher
 
 
 def line(i: int, text: str = "") -> str:
-    return json.dumps({"url": f"https://inbox.example/{i}", "title": f"T{i}", "published": "2024-04-02",
-                       "text": text or f"Harbour story number {i}."}) + "\n"
+    return (
+        json.dumps(
+            {
+                "url": f"https://inbox.example/{i}",
+                "title": f"T{i}",
+                "published": "2024-04-02",
+                "text": text or f"Harbour story number {i}.",
+            }
+        )
+        + "\n"
+    )
 
 
 def counts(db) -> tuple[int, int]:
     with db.sessions() as s:
-        return (s.scalar(select(func.count()).select_from(Article)),
-                s.scalar(select(func.count()).select_from(LiveQueueItem)))
+        return (
+            s.scalar(select(func.count()).select_from(Article)),
+            s.scalar(select(func.count()).select_from(LiveQueueItem)),
+        )
 
 
 def test_inbox_watcher_reads_new_and_grown_files_once(settings, tmp_path):

@@ -1,5 +1,6 @@
 """Ingest: shards and snapshots agree with the database, re-ingest replaces, bad input changes nothing,
 and a process killed half-way leaves the previous snapshot serving and the month resumable."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,13 +15,13 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db.tables import IndexSnapshot, Job, Passage
 from app.bootstrap import build_encoder, ingest_config, open_database
-from app.services.errors import InvalidInputError, NoArticlesError
-from app.services.index_state import IndexState, latest_snapshot_row
 from indexer.importers import read_realtimeqa
 from indexer.manifest import read_manifest
 from models.encoders import HashEncoder
+from serving.errors import InvalidInputError, NoArticlesError
+from serving.index_state import IndexState, latest_snapshot_row
+from store.tables import IndexSnapshot, Job, Passage
 from tests.conftest import SAMPLE, load_sample
 from workers.imports import store_records
 from workers.ingest import ingest
@@ -65,7 +66,9 @@ def test_ingest_history_backfill_before_first_month(settings):
     db = open_database(settings)
     articles, questions, _ = read_realtimeqa(SAMPLE)
     store_records(db.sessions, articles, questions)
-    job = ingest(db.sessions, build_encoder(settings), ingest_config(settings), {"through": "2024-03", "from": "2024-02"})
+    job = ingest(
+        db.sessions, build_encoder(settings), ingest_config(settings), {"through": "2024-03", "from": "2024-02"}
+    )
     db.close()
     assert job.counts["planned"] == ["history-2024-02", "2024-02", "2024-03"]
     _, total = snapshot_agrees_with_database(settings)
@@ -85,11 +88,14 @@ def test_ingest_again_replaces_the_month_without_duplicates(settings):
     assert after == before
 
 
-@pytest.mark.parametrize("params, error, fragment", [
-    ({"month": "2031-01"}, NoArticlesError, "no articles published in 2031-01"),
-    ({"month": "2024-1"}, ValueError, "is not a month"),
-    ({}, InvalidInputError, "needs a month"),
-])
+@pytest.mark.parametrize(
+    "params, error, fragment",
+    [
+        ({"month": "2031-01"}, NoArticlesError, "no articles published in 2031-01"),
+        ({"month": "2024-1"}, ValueError, "is not a month"),
+        ({}, InvalidInputError, "needs a month"),
+    ],
+)
 def test_ingest_bad_request_changes_nothing(settings, params, error, fragment):
     load_sample(settings)
     before = snapshot_agrees_with_database(settings)
@@ -137,11 +143,23 @@ class CountingEncoder(HashEncoder):
 def test_ingest_killed_half_way_keeps_old_snapshot_and_resumes(settings):
     load_sample(settings, through="2024-02")
     old_row, old_total = snapshot_agrees_with_database(settings)
-    env = {**os.environ, "SQA_HOME": str(settings.home), "SQA_DATABASE_URL": settings.db_url,
-           "SQA_ENCODER": "hash:delay_ms=150", "SQA_CHECKPOINT_EVERY": "4", "SQA_ENCODE_BATCH_SIZE": "2",
-           "SQA_READER": "first-entity", "SQA_ENV": "test"}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ingest", "--month", "2024-03"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "SQA_HOME": str(settings.home),
+        "SQA_DATABASE_URL": settings.db_url,
+        "SQA_ENCODER": "hash:delay_ms=150",
+        "SQA_CHECKPOINT_EVERY": "4",
+        "SQA_ENCODE_BATCH_SIZE": "2",
+        "SQA_READER": "first-entity",
+        "SQA_ENV": "test",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "ingest", "--month", "2024-03"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     work = settings.work_dir
     deadline = time.monotonic() + 60
     while not list(work.glob("ingest-2024-03-*/emb-000001.npy")):

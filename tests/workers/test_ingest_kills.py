@@ -2,6 +2,7 @@
 keeps serving with files and database agreeing, and the run that finally completes builds the same
 month index as an uninterrupted one (the same passages of the same articles, the same vectors):
 no article lost or duplicated."""
+
 from __future__ import annotations
 
 import os
@@ -13,12 +14,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 from sqlalchemy import func, select
 
 from app.bootstrap import open_database
-from app.db.tables import Article, Job, Passage
-from app.services.index_state import IndexState
+from serving.index_state import IndexState
+from store.tables import Article, Job, Passage
 from tests.conftest import load_sample
 from tests.workers.test_ingest import snapshot_agrees_with_database
 
@@ -29,14 +29,27 @@ KILLS = 10
 
 def _env(settings) -> dict:
     # A slow hash encoder and small checkpoints, so that the month takes seconds and has many stages.
-    return {**os.environ, "SQA_HOME": str(settings.home), "SQA_DATABASE_URL": settings.db_url,
-            "SQA_ENCODER": "hash:delay_ms=60", "SQA_CHECKPOINT_EVERY": "4", "SQA_ENCODE_BATCH_SIZE": "2",
-            "SQA_READER": "first-entity", "SQA_ENV": "test", "SQA_AUTO_TRAIN": "false"}
+    return {
+        **os.environ,
+        "SQA_HOME": str(settings.home),
+        "SQA_DATABASE_URL": settings.db_url,
+        "SQA_ENCODER": "hash:delay_ms=60",
+        "SQA_CHECKPOINT_EVERY": "4",
+        "SQA_ENCODE_BATCH_SIZE": "2",
+        "SQA_READER": "first-entity",
+        "SQA_ENV": "test",
+        "SQA_AUTO_TRAIN": "false",
+    }
 
 
 def _ingest(settings) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "ingest", "--month", MONTH, "--no-train"], cwd=ROOT,
-                            env=_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "ingest", "--month", MONTH, "--no-train"],
+        cwd=ROOT,
+        env=_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def month_index(settings) -> dict[tuple[str, int], tuple[str, np.ndarray]]:
@@ -48,9 +61,14 @@ def month_index(settings) -> dict[tuple[str, int], tuple[str, np.ndarray]]:
         shard = next(s for s in state.current().index.shards if s.key == MONTH)
         ids = shard.ids()
         with db.sessions() as s:
-            rows = {r.faiss_id: r for r in s.execute(
-                select(Passage.faiss_id, Passage.ordinal, Passage.text, Article.url)
-                .join(Article, Article.id == Passage.article_id).where(Passage.faiss_id.in_(ids.tolist())))}
+            rows = {
+                r.faiss_id: r
+                for r in s.execute(
+                    select(Passage.faiss_id, Passage.ordinal, Passage.text, Article.url)
+                    .join(Article, Article.id == Passage.article_id)
+                    .where(Passage.faiss_id.in_(ids.tolist()))
+                )
+            }
         assert len(rows) == len(ids), "an indexed id has no passage row"
         out = {}
         for i in ids.tolist():
@@ -63,7 +81,9 @@ def month_index(settings) -> dict[tuple[str, int], tuple[str, np.ndarray]]:
         db.close()
 
 
-def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(production_settings, make_settings, tmp_path):
+def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(
+    production_settings, make_settings, tmp_path
+):
     settings = production_settings
     # The reference: the same month ingested once, uninterrupted, in a home of its own (timed).
     reference_settings = make_settings(home=tmp_path / "reference")

@@ -1,4 +1,5 @@
 """Ingest picks each shard's index type by size (SQA_IVF_*) and builds its BM25 file beside it."""
+
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
@@ -15,8 +16,9 @@ def test_ingest_builds_ivf_shards_above_the_threshold_and_serves_them(make_setti
         assert {e.index.kind for e in manifest.shards} == {"ivf-flat"}
         assert all(e.index.nlist >= 1 and e.bm25 is not None for e in manifest.shards)
         for as_of in ("2024-01-10", "2024-02-15", "2024-03-31"):
-            r = client.post("/v1/answers", json={"question": "Who is the mayor of Port Calder?", "as_of": as_of,
-                                                 "top_k": 20})
+            r = client.post(
+                "/v1/answers", json={"question": "Who is the mayor of Port Calder?", "as_of": as_of, "top_k": 20}
+            )
             assert r.status_code == 200, r.text
             published = [p["published"] for p in r.json()["passages"]]
             assert published and max(published) <= as_of

@@ -1,6 +1,7 @@
 """The scheduled jobs: the monthly ingest imports and indexes its month once, records an empty
 month as done and a failed one as failed (then runs it again); the quarterly evaluation runs once
 per quarter. Settings come from SQA_* environment variables, as in the worker."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -11,12 +12,12 @@ import types
 import pytest
 from sqlalchemy import select
 
-from app.core.config import get_settings
-from app.db.tables import Article, EvalRun, IndexSnapshot, Job
 from app.bootstrap import open_database
-from app.services.errors import InvalidInputError
 from app.bootstrap import scheduled_monthly_ingest as monthly_ingest
 from app.bootstrap import scheduled_quarterly_evaluation as quarterly_evaluation
+from serving.errors import InvalidInputError
+from settings import get_settings
+from store.tables import Article, EvalRun, IndexSnapshot, Job
 from workers.scheduled import NO_ACTIVE_READER, RANKER_REFIT, previous_month, previous_quarter, today_utc
 
 
@@ -119,7 +120,7 @@ def test_monthly_ingest_reads_an_inbox_folder(use_env, tmp_path):
 
 @pytest.mark.parametrize("policy", ["always", "on-drift"])
 def test_monthly_ingest_never_fine_tunes_an_active_ranker(use_env, tmp_path, policy):
-    from app.db.tables import ReaderModel
+    from store.tables import ReaderModel
 
     inbox = tmp_path / "inbox"
     write_inbox(inbox, [article(1, "2024-05-03"), article(2, "2024-05-20")])
@@ -155,6 +156,7 @@ def test_monthly_ingest_rejects_an_unknown_news_source(use_env):
 
 
 # ---- the quarterly evaluation ----------------------------------------------------------------------
+
 
 @pytest.fixture
 def fake_evaluation(monkeypatch):

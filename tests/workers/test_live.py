@@ -1,6 +1,7 @@
 """The live shard: pushed articles become searchable in a new snapshot without re-encoding anything,
 a changed article replaces its old passages, pieces merge, and the month ingest compacts the pieces
 into a month shard with the same ids and scores as a month ingested in one go."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,23 +12,28 @@ import pytest
 from sqlalchemy import func, select
 
 from app.bootstrap import build_encoder, ingest_config, open_database
-from app.db.intake import intake_articles
-from app.db.tables import LiveQueueItem, Passage
-from app.services.index_state import IndexState, latest_snapshot_row
 from indexer.manifest import read_manifest
 from indexer.records import ArticleRecord
 from indexer.shards import is_live_key
+from serving.index_state import IndexState, latest_snapshot_row
+from store.intake import intake_articles
+from store.tables import LiveQueueItem, Passage
 from tests.conftest import load_sample
+from workers.config import LiveConfig
 from workers.ingest import ingest
-from workers.live import LiveConfig, publish_live, queue_status
+from workers.live_publisher import publish_live, queue_status
 
 APRIL = dt.date(2024, 4, 10)
 
 
 def article(i: int, day: dt.date = APRIL, text: str | None = None) -> ArticleRecord:
-    return ArticleRecord(url=f"https://live.example/{i}", title=f"Story {i}",
-                         text=text or f"The harbour crane number {i} was painted bright orange{i} today. "
-                                      f"Workers in zone{i} cheered.", published=day, source="live")
+    return ArticleRecord(
+        url=f"https://live.example/{i}",
+        title=f"Story {i}",
+        text=text or f"The harbour crane number {i} was painted bright orange{i} today. Workers in zone{i} cheered.",
+        published=day,
+        source="live",
+    )
 
 
 class Store:
@@ -64,10 +70,12 @@ class Store:
         m = self.manifest()
         builds = [e.build for e in m.shards]
         with self.db.sessions() as s:
-            from app.db.tables import Article
+            from store.tables import Article
+
             art = s.scalar(select(Article.id).where(Article.url == article_url))
-            return sorted(s.scalars(select(Passage.faiss_id).where(Passage.article_id == art,
-                                                                   Passage.build_id.in_(builds))))
+            return sorted(
+                s.scalars(select(Passage.faiss_id).where(Passage.article_id == art, Passage.build_id.in_(builds)))
+            )
 
     def close(self):
         self.db.close()
@@ -149,14 +157,28 @@ def test_late_article_of_a_closed_month_goes_live_beside_its_month_shard(store):
 
 def test_changed_article_in_a_month_shard_is_pruned_from_it(store):
     with store.db.sessions() as s:
-        from app.db.tables import Article
-        url, day = s.execute(select(Article.url, Article.published).where(Article.published >= dt.date(2024, 2, 1))
-                             .order_by(Article.id).limit(1)).one()
+        from store.tables import Article
+
+        url, day = s.execute(
+            select(Article.url, Article.published)
+            .where(Article.published >= dt.date(2024, 2, 1))
+            .order_by(Article.id)
+            .limit(1)
+        ).one()
     old = store.passages(url)
     assert old
     month_file = store.manifest().shard(day.strftime("%Y-%m")).file
-    store.push([ArticleRecord(url=url, title="Corrected", text="A corrected story about the quay lights.",
-                              published=day, source="live")])
+    store.push(
+        [
+            ArticleRecord(
+                url=url,
+                title="Corrected",
+                text="A corrected story about the quay lights.",
+                published=day,
+                source="live",
+            )
+        ]
+    )
     store.publish()
     m = store.manifest()
     assert m.shard(day.strftime("%Y-%m")).file != month_file  # rewritten without the old version
@@ -186,7 +208,8 @@ def test_month_ingest_compacts_live_pieces_with_the_same_ids_and_scores(store, m
     try:
         load_sample(other.settings)
         with other.db.sessions() as s, s.begin():
-            from app.db.queries import upsert_articles
+            from store.queries import upsert_articles
+
             upsert_articles(s, records)
         ingest(other.db.sessions, other.encoder, other.cfg, {"month": "2024-04"})
 

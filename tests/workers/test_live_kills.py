@@ -2,6 +2,7 @@
 the live shard grows: every acknowledged article stays queued or searchable (never lost, never
 indexed twice or in two versions), the previous snapshot keeps serving after a kill, a rerun ends
 where an uninterrupted run does, and no search errs or returns a passage published after as_of."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,17 +21,17 @@ import numpy as np
 from sqlalchemy import func, select
 
 from app.bootstrap import open_database
-from app.db.tables import Article, Job, LiveQueueItem, Passage
-from app.services.index_state import IndexState, latest_snapshot_row
 from indexer.chunking import chunk_texts
 from indexer.ids import id_day
 from indexer.manifest import read_manifest
 from indexer.records import ArticleRecord
+from serving.index_state import IndexState, latest_snapshot_row
+from store.tables import Article, Job, LiveQueueItem, Passage
 from tests.conftest import load_sample
 from tests.workers.test_ingest import snapshot_agrees_with_database
 from tests.workers.test_live import Store
+from workers.config import LiveConfig
 from workers.ingest import ingest
-from workers.live import LiveConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLS = 10
@@ -42,9 +43,9 @@ DELAY_MS = 15  # the hash encoder sleeps this long per passage in the killed pro
 PUBLISH = f"""
 import datetime as dt
 from app.bootstrap import build_encoder, ingest_config, open_database
-from app.core.config import Settings
+from settings import Settings
 from indexer.chunking import chunk_texts
-from workers.live import LiveConfig, publish_live
+from workers.live_publisher import LiveConfig, publish_live
 settings = Settings()
 db = open_database(settings, migrate=False)
 encoder, cfg = build_encoder(settings), ingest_config(settings)
@@ -58,14 +59,23 @@ print("done", flush=True)
 
 
 def _env(settings, delay_ms: int = DELAY_MS) -> dict:
-    return {**os.environ, "SQA_HOME": str(settings.home), "SQA_DATABASE_URL": settings.db_url,
-            "SQA_ENCODER": f"hash:delay_ms={delay_ms}", "SQA_CHECKPOINT_EVERY": "4", "SQA_ENCODE_BATCH_SIZE": "2",
-            "SQA_READER": "first-entity", "SQA_ENV": "test", "SQA_AUTO_TRAIN": "false"}
+    return {
+        **os.environ,
+        "SQA_HOME": str(settings.home),
+        "SQA_DATABASE_URL": settings.db_url,
+        "SQA_ENCODER": f"hash:delay_ms={delay_ms}",
+        "SQA_CHECKPOINT_EVERY": "4",
+        "SQA_ENCODE_BATCH_SIZE": "2",
+        "SQA_READER": "first-entity",
+        "SQA_ENV": "test",
+        "SQA_AUTO_TRAIN": "false",
+    }
 
 
 def _start_publish(settings) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", PUBLISH], cwd=ROOT, env=_env(settings),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUBLISH], cwd=ROOT, env=_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     out, deadline = b"", time.monotonic() + 120
     while b"ready\n" not in out:  # read until warm, never blocking past the deadline
         assert time.monotonic() < deadline, "the publisher never got ready"
@@ -86,22 +96,28 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[bool, str]:
 
 # ---- the articles ----------------------------------------------------------------------------------
 
+
 def _text(tag: str, passages: int) -> str:
     """Sentences about `tag` that chunk into `passages` passages (six sentences a passage)."""
-    return " ".join(f"Dock report {tag} line {j}: crane{tag}q{j} lifted cargo{j} safely."
-                    for j in range(6 * passages - 3))
+    return " ".join(
+        f"Dock report {tag} line {j}: crane{tag}q{j} lifted cargo{j} safely." for j in range(6 * passages - 3)
+    )
 
 
 def _new(i: int, day: dt.date | None = None) -> ArticleRecord:
     day = day or dt.date(2024, 4, 1 + i % 28)
-    return ArticleRecord(url=f"https://kill.example/{i}", title=f"Dock {i}", text=_text(f"a{i}", 1 + i % 3),
-                         published=day, source="live")
+    return ArticleRecord(
+        url=f"https://kill.example/{i}", title=f"Dock {i}", text=_text(f"a{i}", 1 + i % 3), published=day, source="live"
+    )
 
 
 def _revised(rec: ArticleRecord, version: int) -> ArticleRecord:
     """Another version of `rec`: new text (another length), same URL and day."""
-    return dataclasses.replace(rec, title=f"{rec.title} (rev {version})",
-                               text=_text(f"{rec.url.rsplit('/', 1)[1]}r{version}", 1 + (version + len(rec.url)) % 3))
+    return dataclasses.replace(
+        rec,
+        title=f"{rec.title} (rev {version})",
+        text=_text(f"{rec.url.rsplit('/', 1)[1]}r{version}", 1 + (version + len(rec.url)) % 3),
+    )
 
 
 class History:
@@ -156,18 +172,25 @@ def _sample_articles(settings) -> list[ArticleRecord]:
     try:
         with db.sessions() as s:
             out = []
-            for first, last in ((dt.date(2024, 3, 1), dt.date(2024, 3, 31)),
-                                (dt.date(2024, 2, 1), dt.date(2024, 2, 29))):
-                a = s.scalars(select(Article).where(Article.published.between(first, last))
-                              .order_by(Article.id)).first()
-                out.append(ArticleRecord(url=a.url, title=a.title, text=a.text, published=a.published,
-                                         source=a.source or "sample"))
+            for first, last in (
+                (dt.date(2024, 3, 1), dt.date(2024, 3, 31)),
+                (dt.date(2024, 2, 1), dt.date(2024, 2, 29)),
+            ):
+                a = s.scalars(
+                    select(Article).where(Article.published.between(first, last)).order_by(Article.id)
+                ).first()
+                out.append(
+                    ArticleRecord(
+                        url=a.url, title=a.title, text=a.text, published=a.published, source=a.source or "sample"
+                    )
+                )
             return out
     finally:
         db.close()
 
 
 # ---- what serves -----------------------------------------------------------------------------------
+
 
 def _serving(settings):
     """The serving snapshot's passages: {article url: [(ordinal, text, faiss id)]}, the snapshot's ids
@@ -180,11 +203,16 @@ def _serving(settings):
         ids = np.concatenate([s.ids() for s in snap.index.shards])
         builds = [e.build for e in snap.manifest.shards]
         with db.sessions() as s:
-            rows = s.execute(select(Article.url, Passage.ordinal, Passage.text, Passage.faiss_id)
-                             .join(Article, Article.id == Passage.article_id)
-                             .where(Passage.build_id.in_(builds))).all()
-            queued = dict(s.execute(select(Article.url, LiveQueueItem.version)
-                                    .join(Article, Article.id == LiveQueueItem.article_id)).all())
+            rows = s.execute(
+                select(Article.url, Passage.ordinal, Passage.text, Passage.faiss_id)
+                .join(Article, Article.id == Passage.article_id)
+                .where(Passage.build_id.in_(builds))
+            ).all()
+            queued = dict(
+                s.execute(
+                    select(Article.url, LiveQueueItem.version).join(Article, Article.id == LiveQueueItem.article_id)
+                ).all()
+            )
             versions = dict(s.execute(select(Article.url, Article.version)).all())
         passages: dict[str, list] = {}
         for url, ordinal, text, fid in rows:
@@ -233,8 +261,10 @@ def _queued(settings) -> int:
 
 # ---- 1. the publisher killed at random points ------------------------------------------------------
 
-def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(production_settings, make_settings,
-                                                                          tmp_path):
+
+def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(
+    production_settings, make_settings, tmp_path
+):
     settings = production_settings
     load_sample(settings)
     sample = _sample_articles(settings)
@@ -268,7 +298,7 @@ def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(produ
         counts = store.push(pending.pop(0))
         assert counts.new == 40
         history.add(batches[0])
-        for attempt in range(3 * KILLS):
+        for attempt in range(3 * KILLS):  # noqa: B007  (read after the loop)
             if len(killed_at) == KILLS:
                 break
             waiting = _queued(settings)
@@ -279,8 +309,10 @@ def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(produ
             proc.send_signal(signal.SIGKILL)
             done, _ = _finish(proc)
             if not done:
-                killed_at.append(f"{pause:.2f}s into {waiting} queued"
-                                 f"{'' if store.manifest().snapshot_id == before else ' (after a commit)'}")
+                killed_at.append(
+                    f"{pause:.2f}s into {waiting} queued"
+                    f"{'' if store.manifest().snapshot_id == before else ' (after a commit)'}"
+                )
             check_acknowledged(settings, history)
             if pending:  # more pushes between the kills: new, changed, late articles
                 batch = pending.pop(0)
@@ -304,18 +336,29 @@ def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(produ
 
 # ---- 2. the month compaction killed half-way -------------------------------------------------------
 
+
 def _ingest_month(settings) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "ingest", "--month", "2024-04", "--no-train"], cwd=ROOT,
-                            env=_env(settings, delay_ms=40), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "ingest", "--month", "2024-04", "--no-train"],
+        cwd=ROOT,
+        env=_env(settings, delay_ms=40),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _live_ids(store: Store) -> dict[int, tuple[str, int, str]]:
     """The live pieces' passages: faiss id -> (url, ordinal, text)."""
     builds = [e.build for e in store.manifest().live]
     with store.db.sessions() as s:
-        return {r.faiss_id: (r.url, r.ordinal, r.text) for r in s.execute(
-            select(Passage.faiss_id, Article.url, Passage.ordinal, Passage.text)
-            .join(Article, Article.id == Passage.article_id).where(Passage.build_id.in_(builds)))}
+        return {
+            r.faiss_id: (r.url, r.ordinal, r.text)
+            for r in s.execute(
+                select(Passage.faiss_id, Article.url, Passage.ordinal, Passage.text)
+                .join(Article, Article.id == Passage.article_id)
+                .where(Passage.build_id.in_(builds))
+            )
+        }
 
 
 def test_month_compaction_killed_half_way_keeps_the_live_snapshot_serving(production_settings):
@@ -396,9 +439,14 @@ def test_month_compaction_killed_half_way_keeps_the_live_snapshot_serving(produc
         month_ids = set(next(s for s in state.current().index.shards if s.key == "2024-04").ids().tolist())
         assert set(live) <= month_ids  # the live pieces' ids, as they were
         with store.db.sessions() as s:
-            rows = {r.faiss_id: (r.url, r.ordinal, r.text) for r in s.execute(
-                select(Passage.faiss_id, Article.url, Passage.ordinal, Passage.text)
-                .join(Article, Article.id == Passage.article_id).where(Passage.faiss_id.in_(sorted(month_ids))))}
+            rows = {
+                r.faiss_id: (r.url, r.ordinal, r.text)
+                for r in s.execute(
+                    select(Passage.faiss_id, Article.url, Passage.ordinal, Passage.text)
+                    .join(Article, Article.id == Passage.article_id)
+                    .where(Passage.faiss_id.in_(sorted(month_ids)))
+                )
+            }
         assert {fid: row for fid, row in rows.items() if fid in live} == live
         live_urls = {url for url, _, _ in live.values()}
         assert {fid for fid, row in rows.items() if row[0] in live_urls} == set(live)  # nothing re-encoded
@@ -411,11 +459,13 @@ def test_month_compaction_killed_half_way_keeps_the_live_snapshot_serving(produc
 
 # ---- 3. searches while the live shard grows --------------------------------------------------------
 
+
 def test_queries_during_live_appends_get_no_errors(settings):
     load_sample(settings)
     store = Store(settings, LIVE)
-    state = IndexState(store.db.sessions, settings.index_dir, encoder=store.encoder.name, dim=store.encoder.dim,
-                       lexical=True)
+    state = IndexState(
+        store.db.sessions, settings.index_dir, encoder=store.encoder.name, dim=store.encoder.dim, lexical=True
+    )
     state.refresh()
     rng = random.Random(7)
     batches = [[_new(10 * b + j, dt.date(2024, 4, rng.randint(1, 28))) for j in range(3)] for b in range(20)]

@@ -5,6 +5,7 @@ The workers are real processes (multiprocessing, spawn) running `workers.schedul
 as the scheduler calls it (`wait_s`: they wait for each other). On PostgreSQL they coordinate with
 advisory locks (workers on several machines); on SQLite with file locks under SQA_HOME (one machine).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from app.bootstrap import open_context, open_database
-from app.db.tables import Job
+from store.tables import Job
 from workers.locks import AdvisoryLock, JobLock
 from workers.scheduled import MONTHLY_INGEST
 

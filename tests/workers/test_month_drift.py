@@ -1,5 +1,6 @@
 """Drift at ingest and on demand: month profiles from the serving snapshot, rows per reference,
 and an ingest that stands whatever the drift does."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -8,16 +9,15 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db.tables import MonthDrift
 from app.bootstrap import build_encoder, drift_config, ingest_config, open_database
-from app.services import reader_registry as registry
-from app.services.errors import InvalidInputError
 from evaluation.drift import load_profile
+from serving import reader_registry as registry
+from serving.errors import InvalidInputError
+from store.tables import MonthDrift
 from tests.conftest import load_sample
-from workers import drift as drift_mod
-from workers.drift import (ProfileStore, backfill_drift, compute_month_drift, profile_month,
-                           reference_months)
+from workers import month_drift as drift_mod
 from workers.ingest import ingest
+from workers.month_drift import ProfileStore, backfill_drift, compute_month_drift, profile_month, reference_months
 
 
 def rows_by_key(settings) -> dict[tuple[str, str], MonthDrift]:
@@ -47,8 +47,12 @@ def test_ingest_hook_stores_rows_for_each_ingested_month(settings):
     job = load_sample(settings)
     assert job.state == "succeeded"
     rows = rows_by_key(settings)
-    assert set(rows) == {("2024-02", "previous"), ("2024-02", "earlier"), ("2024-03", "previous"),
-                         ("2024-03", "earlier")}  # January has nothing before it and no reader is active
+    assert set(rows) == {
+        ("2024-02", "previous"),
+        ("2024-02", "earlier"),
+        ("2024-03", "previous"),
+        ("2024-03", "earlier"),
+    }  # January has nothing before it and no reader is active
     march = rows[("2024-03", "earlier")]
     assert (march.reference_first, march.reference_last, march.reader_version) == ("2024-01", "2024-02", None)
     assert march.encoder == "hash-384" and march.n_target == job.counts["2024-03"]["passages"]
@@ -57,8 +61,9 @@ def test_ingest_hook_stores_rows_for_each_ingested_month(settings):
     assert 0 < march.measures["unseen_words"] < 1 and march.measures["kl"] > 0
     assert job.counts["2024-03"]["drift"]["rows"] == 2
     profiles = settings.drift_dir / "profiles"
-    assert sorted(p.name for p in profiles.iterdir()) == [f"2024-0{m}.{ext}" for m in (1, 2, 3)
-                                                         for ext in ("json.gz", "npz")]
+    assert sorted(p.name for p in profiles.iterdir()) == [
+        f"2024-0{m}.{ext}" for m in (1, 2, 3) for ext in ("json.gz", "npz")
+    ]
 
 
 def test_ingest_hook_skips_the_history_shard_and_can_be_turned_off(make_settings):
@@ -112,16 +117,25 @@ def test_compute_month_drift_adds_training_rows_for_the_active_reader(settings):
     db = open_database(settings, migrate=False)
     try:
         with db.sessions() as s, s.begin():
-            registry.register_version(s, version="extractive-x-000001", kind="extractive", path="extractive-x-000001",
-                                      trained_until=dt.date(2024, 2, 1), activate=True, models_dir=settings.models_dir)
+            registry.register_version(
+                s,
+                version="extractive-x-000001",
+                kind="extractive",
+                path="extractive-x-000001",
+                trained_until=dt.date(2024, 2, 1),
+                activate=True,
+                models_dir=settings.models_dir,
+            )
         rows = compute_month_drift(db.sessions, settings.index_dir, "2024-03", drift_config(settings))
         assert [r["reference"] for r in rows] == ["previous", "earlier", "training"]
         training = rows[-1]
         assert (training["reference_first"], training["reference_last"]) == ("2024-01", "2024-01")
         assert training["reader_version"] == "extractive-x-000001"
         # January is both "previous" of February and the training set: the same measures.
-        feb = {r["reference"]: r for r in compute_month_drift(db.sessions, settings.index_dir, "2024-02",
-                                                             drift_config(settings))}
+        feb = {
+            r["reference"]: r
+            for r in compute_month_drift(db.sessions, settings.index_dir, "2024-02", drift_config(settings))
+        }
         assert feb["training"]["measures"] == pytest.approx(feb["previous"]["measures"])
     finally:
         db.close()

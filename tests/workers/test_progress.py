@@ -1,4 +1,5 @@
 """Job progress over weighted stages that repeat: a multi-month ingest reaches 100% with its last month."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Switching the index to another encoder: one new snapshot, the old one serving until it commits,
 resumable, passage rows shared, and a server that follows the switch without a restart."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -7,9 +8,9 @@ import datetime as dt
 import pytest
 
 from app.bootstrap import index_state, ingest_config, open_database
-from app.services.index_state import latest_snapshot_row
 from indexer.manifest import read_manifest
 from models.encoders import HashEncoder
+from serving.index_state import latest_snapshot_row
 from workers.reencode import reencode
 
 ADMIN = {"X-Admin-Token": "test-admin-token"}
@@ -40,8 +41,9 @@ def test_reencode_commits_one_snapshot_whose_every_shard_records_the_new_encoder
     row, after = _serving(loaded_settings)
     assert row.id == before_row.id + 1 and after.encoder == "hash-256" and after.dim == 256
     assert [e.key for e in after.shards] == [e.key for e in before.shards]
-    assert all(e.encoder == "hash-256" and e.rows == b.build and e.bm25 == b.bm25
-               for e, b in zip(after.shards, before.shards))
+    assert all(
+        e.encoder == "hash-256" and e.rows == b.build and e.bm25 == b.bm25 for e, b in zip(after.shards, before.shards)
+    )
     assert after.total == before.total
 
     # SQA_ENCODER=auto: the snapshot carries its own query encoder; the answer cites the new encoder
@@ -180,7 +182,7 @@ def test_cli_reencode_says_what_is_wrong(sqa):
 
 
 def test_auto_state_refuses_an_index_whose_encoder_cannot_be_found(loaded_settings):
-    from indexer.errors import IndexIntegrityError
+    from indexer.index_errors import IndexIntegrityError
 
     db = open_database(loaded_settings)
     try:

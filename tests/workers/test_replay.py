@@ -1,16 +1,18 @@
 """Replay and evaluation on the cup stream (tests/workers/conftest.py): one cup final a month, each
 won by someone new, and a question at the end of each month. The index of the quarter before cannot know the
 winner; the index of the question's own quarter can; a later index adds nothing (time filter)."""
+
 from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.db.tables import EvalResult, EvalRun, IndexSnapshot
-from app.main import create_app
 from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
-from workers.evaluate import EvalConfig, evaluate_current
+from app.main import create_app
+from store.tables import EvalResult, EvalRun, IndexSnapshot
+from workers.config import EvalConfig
+from workers.evaluate import evaluate_current
 from workers.imports import store_records
 from workers.replay import ReplayPlan, run_replay
 
@@ -21,8 +23,9 @@ def replayed(settings, cup_stream):
     store_records(db.sessions, *cup_stream)
     service = build_answer_service(settings, db, build_encoder(settings), build_reader(settings))
     cfg = EvalConfig(top_k=5, reader_passages=1)
-    run_id = run_replay(db.sessions, service, ingest_config(settings), ReplayPlan("2023-10", "2024-03"), cfg,
-                        settings.reports_dir)
+    run_id = run_replay(
+        db.sessions, service, ingest_config(settings), ReplayPlan("2023-10", "2024-03"), cfg, settings.reports_dir
+    )
     yield settings, db, service, cfg, run_id
     db.close()
 
@@ -38,7 +41,11 @@ def test_replay_grid_shows_the_index_update_and_no_future_leak(replayed):
     assert len(rows) == 6 * 3  # six questions, three quarter-end states
     lag = {}
     for r in rows:
-        d = int(r.state_quarter[:4]) * 4 + int(r.state_quarter[5]) - (int(r.test_quarter[:4]) * 4 + int(r.test_quarter[5]))
+        d = (
+            int(r.state_quarter[:4]) * 4
+            + int(r.state_quarter[5])
+            - (int(r.test_quarter[:4]) * 4 + int(r.test_quarter[5]))
+        )
         lag.setdefault(d, []).append(r)
     assert {r.recall for r in lag[-1]} == {0.0}  # the index of the quarter before cannot know the winner
     assert {r.recall for r in lag[0]} == {1.0}
@@ -64,8 +71,9 @@ def test_replay_resumes_without_answering_again(replayed):
     calls = []
     original = service.answer
     service.answer = lambda *a, **k: calls.append(a) or original(*a, **k)
-    again = run_replay(db.sessions, service, ingest_config(settings), ReplayPlan("2023-10", "2024-03"), cfg,
-                       settings.reports_dir)
+    again = run_replay(
+        db.sessions, service, ingest_config(settings), ReplayPlan("2023-10", "2024-03"), cfg, settings.reports_dir
+    )
     assert again == run_id
     assert 0 < len(calls) <= 8  # only the eight missing rows (fewer: later states reuse earlier answers)
     with db.sessions() as s:
@@ -153,4 +161,7 @@ def test_retrieval_only_rows_and_a_reader_without_confidence_store_nulls(replaye
     assert summary["trust"]["all"]["confidence"] == {}
     # each test quarter judged under its own quarter's state: every answer right there
     assert {q: t["grounded"]["em_grounded"] for q, t in summary["trust"].items()} == {
-        "2023Q4": 100.0, "2024Q1": 100.0, "all": 100.0}
+        "2023Q4": 100.0,
+        "2024Q1": 100.0,
+        "all": 100.0,
+    }

@@ -1,6 +1,7 @@
 """The scheduler: a run missed while the worker was down runs once on start (coalesced) within the
 misfire grace and is dropped outside it; jobs persist in the job store across restarts and keep a
 missed run; the worker stops cleanly on SIGTERM; the admin schedule routes."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -20,9 +21,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, func, select, table
 
 from app.api.routes import schedule
-from app.db.tables import Job
-from app.main import create_app
 from app.bootstrap import open_database, scheduler_config
+from app.main import create_app
+from store.tables import Job
 from workers import scheduled as jobs
 from workers.scheduler import WorkerScheduler, trigger_now
 from workers.scheduler import build_scheduler as build_from_config
@@ -36,8 +37,9 @@ def build_scheduler(settings, **kwargs):
 def scheduled_jobs(settings):
     return scheduled_from_config(scheduler_config(settings))
 
+
 ROOT = Path(__file__).resolve().parents[2]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 # February 29 only: the real jobs never fall due while a test runs.
 RARE = dict(ingest_cron="0 0 29 2 *", eval_cron="0 0 29 2 *")
 ADMIN = {"X-Admin-Token": "test-admin-token"}
@@ -59,8 +61,13 @@ def store_missed_probe(settings, runs: Path) -> None:
     on shutdown, paused or not."""
     sched = build_scheduler(settings, scheduler_cls=WorkerScheduler)
     sched.start(paused=True)
-    sched.add_job(PROBE_REF, IntervalTrigger(minutes=45, timezone=UTC), id="probe", args=[str(runs)],
-                  next_run_time=dt.datetime.now(UTC) - dt.timedelta(hours=2))
+    sched.add_job(
+        PROBE_REF,
+        IntervalTrigger(minutes=45, timezone=UTC),
+        id="probe",
+        args=[str(runs)],
+        next_run_time=dt.datetime.now(UTC) - dt.timedelta(hours=2),
+    )
     sched.shutdown()
 
 
@@ -159,14 +166,14 @@ def test_background_scheduler_loses_a_due_run_when_shut_down_paused(make_setting
 
 
 def test_build_scheduler_rejects_a_bad_cron(make_settings):
-    from app.services.errors import InvalidInputError
+    from serving.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="SQA_INGEST_CRON"):
         build_scheduler(make_settings(ingest_cron="every month"), scheduler_cls=BackgroundScheduler)
 
 
 def test_trigger_now_unknown_id_names_the_valid_ids():
-    from app.services.errors import NotFoundError
+    from serving.errors import NotFoundError
 
     with pytest.raises(NotFoundError, match="monthly-ingest, quarterly-evaluation"):
         trigger_now(None, "weekly-ingest")
@@ -174,10 +181,15 @@ def test_trigger_now_unknown_id_names_the_valid_ids():
 
 def test_run_worker_stops_cleanly_on_sigterm(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SQA_")}
-    env.update(SQA_HOME=str(tmp_path / "home"), SQA_ENV="test", SQA_ENCODER="hash", SQA_READER="first-entity",
-               SQA_INGEST_CRON=RARE["ingest_cron"], SQA_EVAL_CRON=RARE["eval_cron"])
-    code = ("from app.core.config import get_settings; from app.bootstrap import run_worker; "
-            "run_worker(get_settings())")
+    env.update(
+        SQA_HOME=str(tmp_path / "home"),
+        SQA_ENV="test",
+        SQA_ENCODER="hash",
+        SQA_READER="first-entity",
+        SQA_INGEST_CRON=RARE["ingest_cron"],
+        SQA_EVAL_CRON=RARE["eval_cron"],
+    )
+    code = "from settings import get_settings; from app.bootstrap import run_worker; run_worker(get_settings())"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     try:
@@ -200,6 +212,7 @@ def test_run_worker_stops_cleanly_on_sigterm(tmp_path):
 
 
 # ---- the admin routes ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def schedule_client(make_settings):
@@ -227,8 +240,17 @@ def test_schedule_list_shows_next_runs_and_history(schedule_client):
     sched.shutdown()
     db = open_database(settings, migrate=False)
     with db.sessions() as session, session.begin():
-        session.add(Job(kind="monthly-ingest", params={"period": "2024-02"}, state="failed", error="boom",
-                        message="", counts={}, timings={}))
+        session.add(
+            Job(
+                kind="monthly-ingest",
+                params={"period": "2024-02"},
+                state="failed",
+                error="boom",
+                message="",
+                counts={},
+                timings={},
+            )
+        )
     db.close()
 
     after = {j["id"]: j for j in client.get("/admin/schedule", headers=ADMIN).json()}
@@ -262,7 +284,9 @@ def test_schedule_run_now_rejects_unknown_ids_bad_periods_and_a_second_run(sched
     resp = client.post("/admin/schedule/weekly-ingest/run", headers=ADMIN)
     assert resp.status_code == 404
     assert "monthly-ingest" in resp.json()["detail"] and "quarterly-evaluation" in resp.json()["detail"]
-    assert client.post("/admin/schedule/quarterly-evaluation/run", params={"period": "2023Q5"},
-                       headers=ADMIN).status_code == 422
+    assert (
+        client.post("/admin/schedule/quarterly-evaluation/run", params={"period": "2023Q5"}, headers=ADMIN).status_code
+        == 422
+    )
     with client.app.state.jobs.runner.lock("monthly-ingest").hold():  # as if another process ran it
         assert client.post("/admin/schedule/monthly-ingest/run", headers=ADMIN).status_code == 409

@@ -1,4 +1,5 @@
 """Reader training and fine-tuning jobs on the invented sample (hash encoder, tiny models)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -7,17 +8,25 @@ import pytest
 import torch
 
 from app.bootstrap import open_database
-from app.services.reader_registry import active_version, list_versions
 from models.trained import load_trained_reader, read_reader_info
 from models.training import load_examples
+from serving.reader_registry import active_version, list_versions
 from workers.reader_data import DataConfig, build_datasets
 from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
 
 # Every test here reads with the packaged spaCy (self-labeled data) or trains an extractive reader from MiniLM.
 pytestmark = pytest.mark.integration
 
-TINY = dict(kind="extractive", n_passages=2, infer_passages=2, max_passage_tokens=64, max_epochs=1, eval_every=5,
-            max_self_articles=12, batch_size=2)
+TINY = dict(
+    kind="extractive",
+    n_passages=2,
+    infer_passages=2,
+    max_passage_tokens=64,
+    max_epochs=1,
+    eval_every=5,
+    max_self_articles=12,
+    batch_size=2,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,8 +36,8 @@ def _one_thread():
 
 def _datasets(settings, until: dt.date, val_from: dt.date, *, gold: bool = True, progress=None):
     from app.bootstrap import build_encoder
-    from app.services.retrieval import DenseRetriever
-    from app.services.index_state import IndexState
+    from serving.index_state import IndexState
+    from serving.retrieval import DenseRetriever
 
     db = open_database(settings)
     encoder = build_encoder(settings)
@@ -36,16 +45,23 @@ def _datasets(settings, until: dt.date, val_from: dt.date, *, gold: bool = True,
     state.refresh()
     try:
         with db.sessions() as session:
-            return build_datasets(session, DenseRetriever(encoder), state.current(), train_from=dt.date(2024, 1, 1),
-                                  until=until, val_from=val_from,
-                                  cfg=DataConfig(n_passages=2, max_self_articles=12, gold=gold), progress=progress)
+            return build_datasets(
+                session,
+                DenseRetriever(encoder),
+                state.current(),
+                train_from=dt.date(2024, 1, 1),
+                until=until,
+                val_from=val_from,
+                cfg=DataConfig(n_passages=2, max_self_articles=12, gold=gold),
+                progress=progress,
+            )
     finally:
         db.close()
 
 
 def test_training_data_respect_the_cut_and_hold_the_answer(loaded_settings):
-    from indexer.chunking import passage_body
     from evaluation.metrics import answer_in_text
+    from indexer.chunking import passage_body
 
     until, val_from = dt.date(2024, 3, 1), dt.date(2024, 2, 1)
     train, val, counts = _datasets(loaded_settings, until, val_from)
@@ -89,8 +105,7 @@ def test_without_gold_the_data_are_self_labeled_only_and_validate_on_the_last_mo
 
 def test_train_job_registers_an_active_version_that_answers(loaded_settings, new_job):
     job = new_job(loaded_settings, "train")
-    version = run_train_job(*job, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY),
-                            activate=True)
+    version = run_train_job(*job, until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY), activate=True)
     db = open_database(loaded_settings)
     try:
         with db.sessions() as session:
@@ -138,13 +153,14 @@ def test_train_job_resumes_from_its_work_folder(loaded_settings, monkeypatch, ne
     assert info["data"]["data"] == "reused from an interrupted run"
 
 
-def test_an_interrupted_training_resumes_only_over_the_same_index_and_served_retriever(loaded_settings, monkeypatch,
-                                                                                       new_job):
+def test_an_interrupted_training_resumes_only_over_the_same_index_and_served_retriever(
+    loaded_settings, monkeypatch, new_job
+):
     """As `sqa train auto` runs: a re-ranker starts serving in the same process between a killed reader
     training and its rerun, so the passages the reader would learn from are others now."""
     import models.training as training
     import workers.train as train
-    from app.services.reranking import activate_reranker
+    from serving.reranking import activate_reranker
     from workers.progress import JobProgress
     from workers.runner import JobHandle
     from workers.train_reranker import RerankerDataConfig, run_train_reranker_job
@@ -170,8 +186,13 @@ def test_an_interrupted_training_resumes_only_over_the_same_index_and_served_ret
     assert len(built) == 1 and load_examples(work / "train.jsonl")
 
     before = ctx.served_retriever()
-    info = run_train_reranker_job(ctx, another("train-reranker"), until=until, kind="features",
-                                  data=RerankerDataConfig(depth=10, max_self_articles=0))
+    info = run_train_reranker_job(
+        ctx,
+        another("train-reranker"),
+        until=until,
+        kind="features",
+        data=RerankerDataConfig(depth=10, max_self_articles=0),
+    )
     activate_reranker(loaded_settings.rerankers_dir, info["version"])
     # the context follows the serving re-ranker; its first stage is unchanged
     assert ctx.served_retriever() == f"{before}+{info['version']}" and ctx.retriever == before
@@ -191,8 +212,9 @@ def test_an_interrupted_training_resumes_only_over_the_same_index_and_served_ret
 def test_finetune_continues_the_active_version(loaded_settings, new_job):
     with pytest.raises(ValueError, match="no trained reader"):
         run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03")
-    first = run_train_job(*new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1),
-                          spec=ReaderJobSpec(**TINY), activate=True)
+    first = run_train_job(
+        *new_job(loaded_settings, "train"), until=dt.date(2024, 3, 1), spec=ReaderJobSpec(**TINY), activate=True
+    )
     second = run_finetune_job(*new_job(loaded_settings, "finetune"), month="2024-03")
     db = open_database(loaded_settings)
     try:
@@ -204,4 +226,3 @@ def test_finetune_continues_the_active_version(loaded_settings, new_job):
         db.close()
     info = read_reader_info(loaded_settings.models_dir / second)
     assert info["parent_version"] == first and info["data"]["self_labeled"] > 0
-

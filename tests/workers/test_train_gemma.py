@@ -1,29 +1,35 @@
 """`sqa train reader --kind gemma` and `sqa finetune` of a Gemma version, on the invented sample (hash
 encoder) with the real packaged Gemma 3 270M and tiny budgets: a couple of steps each."""
+
 from __future__ import annotations
 
 import datetime as dt
 import math
 from dataclasses import replace
-
 from unittest.mock import patch
 
 import pytest
 import torch
 
 from app.bootstrap import open_database
-from app.services.reader_registry import active_version, list_versions
 from models.gemma import resolve_training_precision
 from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE
 from models.reader_base import ReaderPassage
 from models.trained import INFO_FILE, load_trained_reader, read_reader_info
+from serving.reader_registry import active_version, list_versions
 from workers.train import GEMMA_KEEP_WITHIN, GEMMA_MAX_STEPS, ReaderJobSpec, run_finetune_job, run_train_job
 
 
 def test_gemma_spec_defaults():
     spec = ReaderJobSpec.for_gemma(max_minutes=30)
     assert (spec.kind, spec.n_passages, spec.infer_passages, spec.batch_size, spec.eval_every, spec.warmup_steps) == (
-        "gemma", 5, 5, 4, 50, 10)
+        "gemma",
+        5,
+        5,
+        4,
+        50,
+        10,
+    )
     assert spec.learning_rate == 2e-4 and ReaderJobSpec.for_gemma(method="last-layers").learning_rate == 2e-5
     assert ReaderJobSpec(kind="extractive").learning_rate == 5e-5  # the other kinds keep theirs
     # the earliest validated model within 3 F1 points of the best is kept; the other kinds keep the best
@@ -40,8 +46,10 @@ def test_a_finetune_spec_halves_the_rate_runs_one_epoch_and_is_not_capped():
     assert (tune.lr, tune.max_epochs, tune.patience, tune.max_steps) == (1e-4, 1, 2, 0)
     assert tune.train_config().max_steps == 0 and tune.learning_rate == first.learning_rate / 2
     # everything else is the parent's: passages, batch, validation cadence, budget, seed
-    assert replace(tune, lr=first.lr, max_epochs=first.max_epochs, patience=first.patience,
-                   max_steps=first.max_steps) == first
+    assert (
+        replace(tune, lr=first.lr, max_epochs=first.max_epochs, patience=first.patience, max_steps=first.max_steps)
+        == first
+    )
     # a spec with its own rate halves that; overrides win over the fine-tune's values
     assert ReaderJobSpec(kind="fid", lr=1e-3).for_finetune().learning_rate == 5e-4
     assert first.for_finetune(patience=5, eval_every=100).patience == 5
@@ -59,7 +67,7 @@ def test_cli_train_reader_gemma_refuses_a_base(sqa, tmp_path):
 
 
 def test_cli_no_gold_is_refused_for_the_ranker_and_reaches_the_gemma_spec(sqa):
-    from app.cli.training import _reader_spec
+    from app.cli.train_commands import _reader_spec
 
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", "--no-gold")
     assert r.exit_code == 2 and "--no-gold is for gemma, fid and extractive readers" in r.output
@@ -71,16 +79,20 @@ def test_cli_no_gold_is_refused_for_the_ranker_and_reaches_the_gemma_spec(sqa):
 def _handed_specs(sqa, target: str, *extras: list[str], fake=None) -> list:
     """The specs `sqa train reader --kind gemma ... EXTRA` hands to `workers.train.<target>`, one per extra."""
     specs = []
-    with patch("app.cli.training.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)), \
-            patch(f"workers.train.{target}", side_effect=lambda ctx, job, **kw: specs.append(kw["spec"]) or fake or "v"):
+    with (
+        patch("app.cli.train_commands.run_job", side_effect=lambda name, params, fn, **kw: fn(None, None)),
+        patch(f"workers.train.{target}", side_effect=lambda ctx, job, **kw: specs.append(kw["spec"]) or fake or "v"),
+    ):
         for extra in extras:
             r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", *extra)
             assert r.exit_code == 0, r.output
     return specs
 
 
-@pytest.mark.parametrize("option,value,field,default", [("--keep-within", "1.5", "keep_within", GEMMA_KEEP_WITHIN),
-                                                        ("--max-steps", "120", "max_steps", GEMMA_MAX_STEPS)])
+@pytest.mark.parametrize(
+    "option,value,field,default",
+    [("--keep-within", "1.5", "keep_within", GEMMA_KEEP_WITHIN), ("--max-steps", "120", "max_steps", GEMMA_MAX_STEPS)],
+)
 def test_cli_loop_options_reach_the_training_and_are_refused_for_the_ranker(sqa, option, value, field, default):
     r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "ranker", option, "1")
     assert r.exit_code == 2 and f"{option} is for gemma, fid and extractive readers" in r.output
@@ -93,8 +105,9 @@ def test_cli_loop_options_reach_the_training_and_are_refused_for_the_ranker(sqa,
 def test_cli_an_export_is_uncapped_unless_asked(sqa, tmp_path):
     """An export is trained elsewhere, with its own batches and epochs: no step cap unless one is asked for."""
     export = ["--export", str(tmp_path / "x")]
-    specs = _handed_specs(sqa, "run_export_job", export, [*export, "--max-steps", "80"],
-                          fake={"data": {"train": 1, "val": 1}})
+    specs = _handed_specs(
+        sqa, "run_export_job", export, [*export, "--max-steps", "80"], fake={"data": {"train": 1, "val": 1}}
+    )
     assert [s.max_steps for s in specs] == [0, 80]
 
 
@@ -105,7 +118,9 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     (loaded_production_settings.models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
     # One epoch, not a time budget: how many steps a budget allows depends on the machine.
     spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=2, max_self_articles=6, patience=100)
-    version = run_train_job(*new_job(loaded_production_settings, "train"), until=dt.date(2024, 3, 1), spec=spec, activate=True)
+    version = run_train_job(
+        *new_job(loaded_production_settings, "train"), until=dt.date(2024, 3, 1), spec=spec, activate=True
+    )
     folder = loaded_production_settings.models_dir / version
     assert version.startswith("gemma-2024-03-01-")
     assert sorted(p.name for p in folder.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE, INFO_FILE])
@@ -145,11 +160,10 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
 def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_settings, new_job, gemma_cache, tmp_path):
     """What a GPU machine is for: the store exports the job's data, `models.train_exported` trains it
     without the store (here on the CPU), and `import_version` registers what comes back."""
-    from app.services.reader_registry import get_version, import_version
-    from models.gemma_train import GemmaModel
+    from models.gemma_train import GemmaModel, _load_base
     from models.train_exported import train_exported
     from models.training import load_examples
-    from models.gemma_train import _load_base
+    from serving.reader_registry import get_version, import_version
     from workers.train import run_export_job
 
     class CharSplitter:  # a tokenizer that gives one id a character
@@ -185,8 +199,13 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     db = open_database(loaded_production_settings)
     try:
         with db.sessions() as session, session.begin():
-            version = import_version(session, out, models_dir=models_dir, activate=True,
-                                     check=lambda f: GemmaModel.load(f, cache_dir=gemma_cache)).version
+            version = import_version(
+                session,
+                out,
+                models_dir=models_dir,
+                activate=True,
+                check=lambda f: GemmaModel.load(f, cache_dir=gemma_cache),
+            ).version
         with db.sessions() as session:
             assert active_version(session).version == version
             assert get_version(session, version).trained_until == dt.date(2024, 3, 1)

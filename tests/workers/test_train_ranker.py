@@ -1,5 +1,6 @@
 """`sqa train reader --kind ranker` on the shipped sample (hash encoder, the real packaged spaCy):
 training and serving see the same features, a registered version serves, reruns reuse the cache."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -8,14 +9,14 @@ import json
 import pytest
 
 from app.bootstrap import build_answer_service, build_encoder, open_context, open_database
-from app.services.reader_registry import active_version
 from evaluation.bakeoff import generation_subset
 from models.candidates import CandidateRanker
 from models.ranker import CandidateReader, RankerConfig, RankerModel
 from models.trained import load_trained_reader, read_reader_info
+from serving.reader_registry import active_version
+from workers.progress import NullProgress as _NoProgress
 from workers.ranker_items import prepare_items
 from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
-from workers.progress import NullProgress as _NoProgress
 
 UNTIL = dt.date(2024, 3, 1)
 RANKER = dict(kind="ranker", n_passages=10, infer_passages=10, max_self_articles=0)
@@ -24,7 +25,7 @@ RANKER = dict(kind="ranker", n_passages=10, infer_passages=10, max_self_articles
 def _gold(db):
     from sqlalchemy import select
 
-    from app.db.tables import Question
+    from store.tables import Question
 
     with db.sessions() as session:
         rows = session.scalars(select(Question).order_by(Question.asked, Question.qid)).all()
@@ -123,7 +124,7 @@ def test_finetune_refuses_a_ranker(loaded_settings, new_job):
 
 @pytest.mark.integration
 def test_cli_train_reader_ranker_serves_once_activated(sqa, sample_root, monkeypatch):
-    from app.core.config import get_settings
+    from settings import get_settings
 
     assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
     assert sqa("ingest", "--through", "2024-03").exit_code == 0

@@ -1,5 +1,6 @@
 """`sqa train reranker` on the invented sample (hash encoder): candidates from the first stage, the
 real MiniLM cross-encoder for one short epoch, the recency fit, the version folder and activation."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -7,14 +8,13 @@ import datetime as dt
 import pytest
 import torch
 
-from app.services.reranking import active_reranker, list_reranker_versions
 from models.reranker import CrossEncoderReranker
+from serving.reranking import active_reranker, list_reranker_versions
 from workers.train_reranker import RECENCY_GRID, RerankerDataConfig, ranking_figures, run_train_reranker_job
 
 
 def test_ranking_figures_count_a_question_without_a_positive_as_a_miss():
-    items = [{"cands": [{"hit": False, "age": 0}, {"hit": True, "age": 30}]},
-             {"cands": [{"hit": False, "age": 0}]}]
+    items = [{"cands": [{"hit": False, "age": 0}, {"hit": True, "age": 30}]}, {"cands": [{"hit": False, "age": 0}]}]
     assert ranking_figures(items, None) == {"recall@1": 0.0, "recall@5": 50.0, "recall@10": 50.0, "mrr": 0.25}
     # scores that put the hit first; a recency weight large enough brings the fresh miss back on top
     assert ranking_figures(items, [[0.0, 1.0], [0.0]])["recall@1"] == 50.0
@@ -25,8 +25,9 @@ def test_ranking_figures_count_a_question_without_a_positive_as_a_miss():
 def test_train_a_reranker_version_and_activate_it_only_if_it_beats_the_first_stage(loaded_settings, new_job):
     torch.set_num_threads(1)
     data = RerankerDataConfig(depth=10, negatives=3, max_self_articles=0)
-    info = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
-                                  data=data, activate=True)
+    info = run_train_reranker_job(
+        *new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data, activate=True
+    )
     assert info["held_back"] == "2024-02" and info["data"]["gold"] > 0 and info["data"]["groups"] > 0
     assert info["recency_weight"] in RECENCY_GRID
     assert set(info["validation"]) == {"recall@1", "recall@5", "recall@10", "mrr"}
@@ -39,25 +40,34 @@ def test_train_a_reranker_version_and_activate_it_only_if_it_beats_the_first_sta
 
     model = CrossEncoderReranker.load(loaded_settings.rerankers_dir / info["version"])
     assert model.info["recency_weight"] == info["recency_weight"]
-    scores = model.scores("Who coaches the Harriers?", ["Harriers. Ines Okafor coaches the Harriers.", "Weather. Rain."])
+    scores = model.scores(
+        "Who coaches the Harriers?", ["Harriers. Ines Okafor coaches the Harriers.", "Weather. Rain."]
+    )
     assert scores.shape == (2,) and scores.dtype.name == "float32"
 
 
 def test_train_a_feature_reranker_version_that_serves_through_the_first_stage(loaded_settings, new_job):
     from app.bootstrap import build_answer_service, build_encoder, open_database
-    from app.services.reranking import activate_reranker
     from models.ltr import FeatureReranker
     from models.reranker import load_reranker
+    from serving.reranking import activate_reranker
 
     data = RerankerDataConfig(depth=10, max_self_articles=0)
-    info = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
-                                  data=data, activate=True, kind="features")
+    info = run_train_reranker_job(
+        *new_job(loaded_settings, "train-reranker"),
+        until=dt.date(2024, 3, 1),
+        data=data,
+        activate=True,
+        kind="features",
+    )
     assert info["kind"] == "features" and info["held_back"] == "2024-02" and info["data"]["questions_used"] > 0
     # its features hold the first stage's score and the age: no weights are fitted on top of it
     assert info["recency_weight"] == info["first_stage_weight"] == 0.0 and info["validation"] == info["model_alone"]
     assert set(info["validation"]) == {"recall@1", "recall@5", "recall@10", "mrr"}
     better = (info["validation"]["recall@5"], info["validation"]["mrr"]) > (
-        info["first_stage"]["recall@5"], info["first_stage"]["mrr"])
+        info["first_stage"]["recall@5"],
+        info["first_stage"]["mrr"],
+    )
     assert info["activated"] == better
     folder = loaded_settings.rerankers_dir / info["version"]
     assert [p.name for p in folder.iterdir()] == ["reranker.json"]  # no weights beside it: plain JSON
@@ -90,7 +100,8 @@ def test_an_unknown_reranker_kind_is_refused_before_any_work(loaded_settings, ne
 
 
 def test_an_interrupted_run_resumes_from_its_candidates_only_over_the_same_index_and_first_stage(
-        loaded_settings, new_job, monkeypatch):
+    loaded_settings, new_job, monkeypatch
+):
     import workers.train_reranker as train_reranker
 
     built, build, fit = [], train_reranker.build_items, train_reranker._train_features
@@ -102,8 +113,9 @@ def test_an_interrupted_run_resumes_from_its_candidates_only_over_the_same_index
     monkeypatch.setattr(train_reranker, "_train_features", killed)
     data = RerankerDataConfig(depth=10, max_self_articles=0)
     with pytest.raises(RuntimeError, match="killed"):
-        run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data,
-                               kind="features")
+        run_train_reranker_job(
+            *new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data, kind="features"
+        )
     assert len(built) == 1
     monkeypatch.setattr(train_reranker, "_train_features", fit)
     # another first stage finds other candidates: they are gathered again, not taken from the cache
@@ -111,14 +123,16 @@ def test_an_interrupted_run_resumes_from_its_candidates_only_over_the_same_index
     run_train_reranker_job(*new_job(bm25, "train-reranker"), until=dt.date(2024, 3, 1), data=data, kind="features")
     assert len(built) == 2
     # the same command as the killed run resumes from its candidates
-    info = run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1),
-                                  data=data, kind="features")
+    info = run_train_reranker_job(
+        *new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data, kind="features"
+    )
     assert len(built) == 2 and info["data"]["questions_used"] > 0
     assert not any((loaded_settings.work_dir / "train-reranker").iterdir())  # a finished run leaves no cache
 
 
-def test_a_run_deletes_the_candidates_a_killed_run_gathered_over_an_older_snapshot(loaded_settings, new_job,
-                                                                                   monkeypatch):
+def test_a_run_deletes_the_candidates_a_killed_run_gathered_over_an_older_snapshot(
+    loaded_settings, new_job, monkeypatch
+):
     import workers.train_reranker as train_reranker
 
     def killed(*args, **kwargs):
@@ -128,8 +142,9 @@ def test_a_run_deletes_the_candidates_a_killed_run_gathered_over_an_older_snapsh
     monkeypatch.setattr(train_reranker, "_train_features", killed)
     data = RerankerDataConfig(depth=10, max_self_articles=0)
     with pytest.raises(RuntimeError, match="killed"):
-        run_train_reranker_job(*new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data,
-                               kind="features")
+        run_train_reranker_job(
+            *new_job(loaded_settings, "train-reranker"), until=dt.date(2024, 3, 1), data=data, kind="features"
+        )
     folder = loaded_settings.work_dir / "train-reranker"
     (kept,) = folder.iterdir()
     serving = (kept / train_reranker.SNAPSHOT_STAMP).read_text()
@@ -148,31 +163,42 @@ def test_a_run_deletes_the_candidates_a_killed_run_gathered_over_an_older_snapsh
     assert (kept / train_reranker.SNAPSHOT_STAMP).read_text() == serving and (kept / "items.json").exists()
 
 
-
 @pytest.mark.integration  # the real MiniLM weights as a cross-encoder
 def test_export_train_elsewhere_and_import_a_cross_encoder_version(loaded_settings, new_job, tmp_path):
     import json
 
-    from app.services.reranking import import_reranker
     from models.train_exported_reranker import read_export, train_exported
+    from serving.reranking import import_reranker
     from workers.train_reranker import run_export_reranker_job
 
     torch.set_num_threads(1)
     data = RerankerDataConfig(depth=10, max_self_articles=0)
     export = tmp_path / "export"
-    job = run_export_reranker_job(*new_job(loaded_settings, "export-reranker-data"), until=dt.date(2024, 3, 1),
-                                  dest=export, data=data, negatives=3)
+    job = run_export_reranker_job(
+        *new_job(loaded_settings, "export-reranker-data"),
+        until=dt.date(2024, 3, 1),
+        dest=export,
+        data=data,
+        negatives=3,
+    )
     assert job["held_back"] == "2024-02" and job["data"]["gold"] > 0 and job["train_questions"] > 0
     _, train, val = read_export(export)
-    assert len(val) == job["val_questions"] > 0 and all(len(i["cands"]) <= 5 for i in train)  # 1..2 positives, <= 3 negatives
+    assert len(val) == job["val_questions"] > 0 and all(
+        len(i["cands"]) <= 5 for i in train
+    )  # 1..2 positives, <= 3 negatives
     assert all(i["asked"] < "2024-02-01" for i in train) and all(i["asked"] >= "2024-02-01" for i in val)
 
     out = tmp_path / "version"
     info = train_exported(export, out, epochs=2, groups_per_step=4, negatives=3, half=True)
     assert info["held_back"] == "2024-02" and [h["epoch"] for h in info["train"]["history"]] == [1, 2]
-    assert info["train"]["best_epoch"] in (1, 2) and info["trained_elsewhere"] == {"device": "cpu", "precision": "float32"}
+    assert info["train"]["best_epoch"] in (1, 2) and info["trained_elsewhere"] == {
+        "device": "cpu",
+        "precision": "float32",
+    }
     key = {name: (info[name]["recall@5"], info[name]["mrr"]) for name in ("validation", "first_stage", "prior_alone")}
-    assert info["worth_serving"] == (key["validation"] > key["first_stage"] and key["validation"][0] > key["prior_alone"][0])
+    assert info["worth_serving"] == (
+        key["validation"] > key["first_stage"] and key["validation"][0] > key["prior_alone"][0]
+    )
 
     imported = import_reranker(loaded_settings.rerankers_dir, out)
     assert imported["version"] == info["version"]

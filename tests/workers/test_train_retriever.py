@@ -1,4 +1,5 @@
 """DPR fine-tuning (`sqa train retriever`) on the invented sample with the packaged MiniLM, tiny runs."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -9,16 +10,30 @@ import torch
 
 from app.bootstrap import open_database
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
-from models.encoders import (DualEncoder, HashEncoder, SentenceTransformerEncoder, describe_encoder, packaged_minilm_path,
-                             read_encoder_info, resolve_encoder)
+from models.encoders import (
+    DualEncoder,
+    HashEncoder,
+    SentenceTransformerEncoder,
+    describe_encoder,
+    packaged_minilm_path,
+    read_encoder_info,
+    resolve_encoder,
+)
 from tests.conftest import load_sample
-from workers.train_retriever import RetrieverDataConfig, pool_figures, run_train_retriever_job, ValItem
+from workers.train_retriever import RetrieverDataConfig, ValItem, pool_figures, run_train_retriever_job
 
 TINY = DprConfig(batch_size=4, epochs=1, max_query_len=32, max_passage_len=48, checkpoint_every=2)
-PAIRS = [Pair(f"Today is Monday, May {d}, 2024. Who won the {sport} final?", f"{name} won the {sport} final.",
-              f"The {sport} season starts in autumn.")
-         for d, (sport, name) in enumerate([("chess", "Ada Quist"), ("rowing", "Bram Oyelaran"),
-                                            ("curling", "Cato Venn"), ("fencing", "Dora Maelstrom")], start=1)]
+PAIRS = [
+    Pair(
+        f"Today is Monday, May {d}, 2024. Who won the {sport} final?",
+        f"{name} won the {sport} final.",
+        f"The {sport} season starts in autumn.",
+    )
+    for d, (sport, name) in enumerate(
+        [("chess", "Ada Quist"), ("rowing", "Bram Oyelaran"), ("curling", "Cato Venn"), ("fencing", "Dora Maelstrom")],
+        start=1,
+    )
+]
 
 
 @pytest.fixture(autouse=True)
@@ -28,8 +43,10 @@ def _one_thread():
 
 @pytest.mark.integration
 def test_the_loss_falls_and_a_saved_version_reloads_as_the_same_encoder(tmp_path):
-    model = BiEncoder(packaged_minilm_path(), DprConfig(towers="separate", batch_size=4, lr=1e-4, max_query_len=32,
-                                                        max_passage_len=48))
+    model = BiEncoder(
+        packaged_minilm_path(),
+        DprConfig(towers="separate", batch_size=4, lr=1e-4, max_query_len=32, max_passage_len=48),
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     losses = []
     for _ in range(6):
@@ -120,7 +137,9 @@ def test_training_resumes_from_its_checkpoint(tmp_path):
 def test_pool_figures_count_an_answer_in_the_top_k():
     items = [ValItem("q1", 0, (2,), ()), ValItem("q2", 0, (), ())]
     figures = pool_figures([[0, 1, 2], [0, 1]], items)
-    assert figures["recall@1"] == 0.0 and figures["recall@5"] == 50.0 and figures["mrr"] == pytest.approx(1 / 6, abs=1e-4)
+    assert (
+        figures["recall@1"] == 0.0 and figures["recall@5"] == 50.0 and figures["mrr"] == pytest.approx(1 / 6, abs=1e-4)
+    )
 
 
 @pytest.mark.integration
@@ -130,8 +149,9 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
     job = new_job(loaded_settings, "train-retriever")
     stages, open_stage = [], job[1].progress.stage
     job[1].progress.stage = lambda name, total: (stages.append(name), open_stage(name, total))
-    version = run_train_retriever_job(*job, until=dt.date(2024, 3, 1), cfg=TINY,
-                                      data=RetrieverDataConfig(max_self_articles=12, max_val=10))
+    version = run_train_retriever_job(
+        *job, until=dt.date(2024, 3, 1), cfg=TINY, data=RetrieverDataConfig(max_self_articles=12, max_val=10)
+    )
     assert stages[:3] == ["self-label", "data", "train"]  # the minutes of spaCy show as a stage of their own
     folder = loaded_settings.encoders_dir / version
     info = read_encoder_info(folder)
@@ -177,8 +197,12 @@ def test_a_version_trained_on_bare_questions_is_served_bare_questions(sqlite_set
     from models.encoders import query_text
 
     load_sample(sqlite_settings)
-    version = run_train_retriever_job(*new_job(sqlite_settings, "train-retriever"), until=dt.date(2024, 3, 1), cfg=TINY,
-                                      data=RetrieverDataConfig(max_self_articles=12, max_val=10, query_format="bare"))
+    version = run_train_retriever_job(
+        *new_job(sqlite_settings, "train-retriever"),
+        until=dt.date(2024, 3, 1),
+        cfg=TINY,
+        data=RetrieverDataConfig(max_self_articles=12, max_val=10, query_format="bare"),
+    )
     folder = sqlite_settings.encoders_dir / version
     assert read_encoder_info(folder)["query_format"] == "bare"
     pairs = next((sqlite_settings.work_dir / "train-retriever").glob("data-*/pairs.jsonl")).read_text().splitlines()

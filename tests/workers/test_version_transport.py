@@ -1,4 +1,5 @@
 """Transportability and drift predictions from stored evaluation results and month profiles."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -8,15 +9,16 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli
-from app.core.config import get_settings
-from app.db.tables import EvalResult, EvalRun, Question
 from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.cli import cli
 from evaluation.drift import profile_vectors
-from workers.evaluate import EvalConfig, evaluate_current
+from settings import get_settings
+from store.tables import EvalResult, EvalRun, Question
+from workers.config import EvalConfig
+from workers.evaluate import evaluate_current
 from workers.imports import store_records
 from workers.ingest import ingest
-from workers.transport import MonthScores, month_scores, predicted_drop, transport_summary, version_key
+from workers.version_transport import MonthScores, month_scores, predicted_drop, transport_summary, version_key
 
 
 def _question(session, qid: str, asked: dt.date) -> int:
@@ -40,14 +42,29 @@ def test_month_scores_count_each_question_once_per_version_at_lag_zero_or_later(
             session.flush()
 
             def res(run, qid, test, state, f1):
-                return EvalResult(run_id=run.id, question_id=qid, test_quarter=test, state_quarter=state,
-                                  snapshot_id="s", subset="recent", answer="x", em=f1, f1=f1, recall=1.0)
+                return EvalResult(
+                    run_id=run.id,
+                    question_id=qid,
+                    test_quarter=test,
+                    state_quarter=state,
+                    snapshot_id="s",
+                    subset="recent",
+                    answer="x",
+                    em=f1,
+                    f1=f1,
+                    recall=1.0,
+                )
 
-            session.add_all([res(run1, a, "2023Q1", "2023Q1", 1.0), res(run1, b, "2023Q1", "2023Q1", 0.5),
-                             res(run2, a, "2023Q1", "2023Q2", 0.0),  # the same question again: ignored
-                             res(run2, c, "2023Q2", "2023Q1", 1.0),  # an older index (lag -1): ignored
-                             res(run2, c, "2023Q2", "2023Q2", 0.25),
-                             res(other, a, "2023Q1", "2023Q1", 0.0)])
+            session.add_all(
+                [
+                    res(run1, a, "2023Q1", "2023Q1", 1.0),
+                    res(run1, b, "2023Q1", "2023Q1", 0.5),
+                    res(run2, a, "2023Q1", "2023Q2", 0.0),  # the same question again: ignored
+                    res(run2, c, "2023Q2", "2023Q1", 1.0),  # an older index (lag -1): ignored
+                    res(run2, c, "2023Q2", "2023Q2", 0.25),
+                    res(other, a, "2023Q1", "2023Q1", 0.0),
+                ]
+            )
         with db.sessions() as session:
             scores = month_scores(session)
     finally:
@@ -72,10 +89,17 @@ def _profiles(shift: dict[str, float]):
 
 
 def test_transport_summary_predicts_later_quarters_from_drift():
-    profiles = _profiles({"2023-01": 0.0, "2023-02": 0.0, "2023-03": 0.0, "2023-04": 0.5, "2023-05": 0.5,
-                          "2023-06": 0.5, "2023-07": 1.0})
-    scores = {"2023-01": MonthScores(400.0, 10), "2023-02": MonthScores(400.0, 10), "2023-03": MonthScores(400.0, 10),
-              "2023-04": MonthScores(300.0, 10), "2023-05": MonthScores(300.0, 10), "2023-06": MonthScores(300.0, 10)}
+    profiles = _profiles(
+        {"2023-01": 0.0, "2023-02": 0.0, "2023-03": 0.0, "2023-04": 0.5, "2023-05": 0.5, "2023-06": 0.5, "2023-07": 1.0}
+    )
+    scores = {
+        "2023-01": MonthScores(400.0, 10),
+        "2023-02": MonthScores(400.0, 10),
+        "2023-03": MonthScores(400.0, 10),
+        "2023-04": MonthScores(300.0, 10),
+        "2023-05": MonthScores(300.0, 10),
+        "2023-06": MonthScores(300.0, 10),
+    }
     t = transport_summary(scores, profiles.get, extra_months=["2023-07"])
     assert t["source"] == "2023Q1" and t["source_months"] == ["2023-01", "2023-02", "2023-03"]
     assert t["quarters"]["2023Q1"]["f1"] == pytest.approx(40.0)
@@ -133,7 +157,7 @@ def test_cli_transport_prints_tau_and_predictions(evaluated, tmp_path):
 def _activate_fake_version(settings, reader_name_in_runs: str):
     """An active reader_models row, and the stored evaluation runs relabelled as answered by it."""
 
-    from app.db.tables import ReaderModel
+    from store.tables import ReaderModel
 
     db = open_database(settings)
     with db.sessions() as session, session.begin():
@@ -145,17 +169,25 @@ def _activate_fake_version(settings, reader_name_in_runs: str):
 
 def test_on_drift_decision_compares_the_predicted_drop_with_the_threshold(evaluated):
     from app.bootstrap import build_context
-    from app.services.reader_registry import active_version
+    from serving.reader_registry import active_version
     from workers.scheduled import drift_decision
 
     db = _activate_fake_version(evaluated, "extractive:v1")
     try:
         with db.sessions() as session:
             active = active_version(session)
-            lenient = drift_decision(build_context(evaluated.model_copy(update={"drift_drop_threshold": 1000.0}), db),
-                                     session, active, "2024-03")
-            strict = drift_decision(build_context(evaluated.model_copy(update={"drift_drop_threshold": 0.0}), db),
-                                    session, active, "2024-03")
+            lenient = drift_decision(
+                build_context(evaluated.model_copy(update={"drift_drop_threshold": 1000.0}), db),
+                session,
+                active,
+                "2024-03",
+            )
+            strict = drift_decision(
+                build_context(evaluated.model_copy(update={"drift_drop_threshold": 0.0}), db),
+                session,
+                active,
+                "2024-03",
+            )
     finally:
         db.close()
     assert lenient["finetune"] is False and "is within the threshold 1000.00" in lenient["reason"]
@@ -166,7 +198,7 @@ def test_on_drift_decision_compares_the_predicted_drop_with_the_threshold(evalua
 
 def test_on_drift_decision_needs_an_evaluated_version(evaluated):
     from app.bootstrap import build_context
-    from app.services.reader_registry import active_version
+    from serving.reader_registry import active_version
     from workers.scheduled import drift_decision
 
     db = _activate_fake_version(evaluated, "first-entity")  # runs answered by another reader

@@ -7,16 +7,35 @@ from fastapi import APIRouter, Query, Request, status
 from sqlalchemy import select
 
 from app.api.deps import AdminDep, JobsDep, RowId, SessionDep, SettingsDep
-from app.api.schemas import (ADMIN_ERRORS, EncoderVersionPublic, FinetuneRequest, IngestRequest, ReencodeRequest, JobPublic, JobStarted, MonthDriftPublic,
-                             ReaderActivatedPublic, ReaderModelsPublic, ReaderVersionPublic, ServingReaderPublic,
-                             SnapshotPublic)
-from app.db.tables import Job
-from app.services.errors import ConflictError, InvalidInputError, NotFoundError
-from app.services.reader_registry import (READER_TRAINING_LOCK, activate_version, active_version, check_servable,
-                                          deactivate_versions, get_version, list_versions)
+from app.api.schemas import (
+    ADMIN_ERRORS,
+    EncoderVersionPublic,
+    FinetuneRequest,
+    IngestRequest,
+    JobPublic,
+    JobStarted,
+    MonthDriftPublic,
+    ReaderActivatedPublic,
+    ReaderModelsPublic,
+    ReaderVersionPublic,
+    ReencodeRequest,
+    ServingReaderPublic,
+    SnapshotPublic,
+)
 from indexer.dates import InvalidDateError, month_key, parse_month
-from workers.drift import REFERENCES, drift_rows
+from serving.errors import ConflictError, InvalidInputError, NotFoundError
+from serving.reader_registry import (
+    READER_TRAINING_LOCK,
+    activate_version,
+    active_version,
+    check_servable,
+    deactivate_versions,
+    get_version,
+    list_versions,
+)
+from store.tables import Job
 from workers.ingest import STAGE_WEIGHTS, IngestParams, check_month_request, ingest_lock, ingest_work
+from workers.month_drift import REFERENCES, drift_rows
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
@@ -34,11 +53,16 @@ def start_ingest(body: IngestRequest, request: Request, session: SessionDep, job
     cfg = jobs.ingest
     plan = check_month_request(session, cfg.index_dir, encoder, body.month)  # 422 before any job exists
     params = IngestParams(month=plan.first)
-    job_id = jobs.runner.submit("ingest", params.to_json(), ingest_work(jobs.sessions, encoder, cfg, params),
-                                slot="ingest", lock=ingest_lock(cfg.index_dir), weights=STAGE_WEIGHTS,
-                                after=app.state.answers.index_state.refresh,  # serve the new snapshot now
-                                conflict="an ingest is already running; poll GET /admin/jobs and try again when "
-                                         "it ends")
+    job_id = jobs.runner.submit(
+        "ingest",
+        params.to_json(),
+        ingest_work(jobs.sessions, encoder, cfg, params),
+        slot="ingest",
+        lock=ingest_lock(cfg.index_dir),
+        weights=STAGE_WEIGHTS,
+        after=app.state.answers.index_state.refresh,  # serve the new snapshot now
+        conflict="an ingest is already running; poll GET /admin/jobs and try again when it ends",
+    )
     return _started(job_id)
 
 
@@ -54,39 +78,55 @@ def _index_encoder(app):
 
 
 @router.post("/index/reencode", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
-def start_reencode(body: ReencodeRequest, request: Request, session: SessionDep, jobs: JobsDep,
-                   settings: SettingsDep) -> JobStarted:
+def start_reencode(
+    body: ReencodeRequest, request: Request, session: SessionDep, jobs: JobsDep, settings: SettingsDep
+) -> JobStarted:
     """Re-encode every shard with another encoder version in the background; the server switches to
     the new snapshot (and its query encoder) at once when the job commits. Needs SQA_ENCODER=auto."""
     from app.bootstrap import resolve_device
     from models.encoders import load_encoder
-    from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS, reencode_work, serving_manifest
+    from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS
+    from workers.reencode import reencode_work, serving_manifest
 
     app = request.app
     cfg = jobs.ingest
     if settings.encoder != "auto":
-        raise ConflictError(f"SQA_ENCODER is pinned to {settings.encoder!r}: this server would refuse the "
-                            "re-encoded index; run it with SQA_ENCODER=auto to switch encoders")
+        raise ConflictError(
+            f"SQA_ENCODER is pinned to {settings.encoder!r}: this server would refuse the "
+            "re-encoded index; run it with SQA_ENCODER=auto to switch encoders"
+        )
     # Only names the server knows: the packaged model, a trained version, or the tests' hash fake.
     # Never a path (a request must not make the server load whatever folder it names).
     from models.encoders import list_encoder_versions
 
     known = [i["version"] for i in list_encoder_versions(settings.encoders_dir)]
-    if body.encoder not in ("minilm", *known) and not re.fullmatch(r"hash(-[0-9]+|:[a-z_]+=[0-9.]+(,[a-z_]+=[0-9.]+)*)?",
-                                                                   body.encoder):
-        raise InvalidInputError(f"encoder {body.encoder!r} is not 'minilm' or a trained version "
-                                f"(known: {', '.join(known) or 'none yet: sqa train retriever'})")
+    if body.encoder not in ("minilm", *known) and not re.fullmatch(
+        r"hash(-[0-9]+|:[a-z_]+=[0-9.]+(,[a-z_]+=[0-9.]+)*)?", body.encoder
+    ):
+        raise InvalidInputError(
+            f"encoder {body.encoder!r} is not 'minilm' or a trained version "
+            f"(known: {', '.join(known) or 'none yet: sqa train retriever'})"
+        )
     serving_manifest(session, cfg)  # 422 when there is nothing to re-encode
     try:
-        encoder = load_encoder(body.encoder, device=resolve_device(settings), encoders_dir=settings.encoders_dir,
-                               backend=settings.encoder_backend)
+        encoder = load_encoder(
+            body.encoder,
+            device=resolve_device(settings),
+            encoders_dir=settings.encoders_dir,
+            backend=settings.encoder_backend,
+        )
     except (ValueError, RuntimeError) as exc:
         raise InvalidInputError(str(exc)) from None
-    job_id = jobs.runner.submit("reencode", {"encoder": encoder.name}, reencode_work(jobs.sessions, encoder, cfg),
-                                slot="ingest", lock=ingest_lock(cfg.index_dir), weights=REENCODE_WEIGHTS,
-                                after=app.state.answers.index_state.refresh,  # serve the re-encoded snapshot now
-                                conflict="an ingest or re-encode is already running; poll GET /admin/jobs and try "
-                                         "again when it ends")
+    job_id = jobs.runner.submit(
+        "reencode",
+        {"encoder": encoder.name},
+        reencode_work(jobs.sessions, encoder, cfg),
+        slot="ingest",
+        lock=ingest_lock(cfg.index_dir),
+        weights=REENCODE_WEIGHTS,
+        after=app.state.answers.index_state.refresh,  # serve the re-encoded snapshot now
+        conflict="an ingest or re-encode is already running; poll GET /admin/jobs and try again when it ends",
+    )
     return _started(job_id)
 
 
@@ -99,9 +139,15 @@ def list_encoders(request: Request, settings: SettingsDep) -> list[EncoderVersio
     serving = snap.manifest.encoder if snap is not None else None
     out = [EncoderVersionPublic(version=PACKAGED_MINILM, serving=serving == PACKAGED_MINILM)]
     for info in list_encoder_versions(settings.encoders_dir):
-        out.append(EncoderVersionPublic(version=info["version"], towers=info.get("towers"),
-                                        trained_until=info.get("trained_until"),
-                                        validation=info.get("validation", {}), serving=serving == info["version"]))
+        out.append(
+            EncoderVersionPublic(
+                version=info["version"],
+                towers=info.get("towers"),
+                trained_until=info.get("trained_until"),
+                validation=info.get("validation", {}),
+                serving=serving == info["version"],
+            )
+        )
     return out
 
 
@@ -129,18 +175,22 @@ def _month_arg(value: str | None, what: str) -> str | None:
 
 
 @router.get("/drift", response_model=list[MonthDriftPublic])
-def list_drift(session: SessionDep, from_: str | None = Query(None, alias="from", description="YYYY-MM: first month"),
-               to: str | None = Query(None, description="YYYY-MM: last month"),
-               reference: str | None = Query(None, description="previous | earlier | training")
-               ) -> list[MonthDriftPublic]:
+def list_drift(
+    session: SessionDep,
+    from_: str | None = Query(None, alias="from", description="YYYY-MM: first month"),
+    to: str | None = Query(None, description="YYYY-MM: last month"),
+    reference: str | None = Query(None, description="previous | earlier | training"),
+) -> list[MonthDriftPublic]:
     """Each month's drift from its references, by month (`sqa drift` backfills months ingested before)."""
     first, last = _month_arg(from_, "from"), _month_arg(to, "to")
     if first and last and first > last:
         raise InvalidInputError(f"from {first} is after to {last}")
     if reference is not None and reference not in REFERENCES:
         raise InvalidInputError(f"reference {reference!r} is unknown (use {', '.join(REFERENCES)})")
-    return [MonthDriftPublic.model_validate(r, from_attributes=True)
-            for r in drift_rows(session, first=first, last=last, reference=reference)]
+    return [
+        MonthDriftPublic.model_validate(r, from_attributes=True)
+        for r in drift_rows(session, first=first, last=last, reference=reference)
+    ]
 
 
 @router.get("/index", response_model=SnapshotPublic)
@@ -152,12 +202,17 @@ def get_index(request: Request) -> SnapshotPublic:
     snap = state.current()
     if snap is None:
         raise NotFoundError("no index snapshot is loaded yet")
-    return SnapshotPublic(snapshot_id=snap.snapshot_id, vectors=snap.index.ntotal,
-                          shards=[e.key for e in snap.manifest.shards], encoder=snap.manifest.encoder,
-                          newest_day=snap.newest_day)
+    return SnapshotPublic(
+        snapshot_id=snap.snapshot_id,
+        vectors=snap.index.ntotal,
+        shards=[e.key for e in snap.manifest.shards],
+        encoder=snap.manifest.encoder,
+        newest_day=snap.newest_day,
+    )
 
 
 # ---- trained reader versions ---------------------------------------------------------------------
+
 
 def _serving(request: Request) -> ServingReaderPublic:
     return ServingReaderPublic(**request.app.state.answers.reader_state.describe())
@@ -194,8 +249,10 @@ def activate_model(version: str, request: Request, session: SessionDep, settings
             state.preload(version, folder)
         except Exception as exc:
             log.exception("reader version %s failed to load", version)
-            raise ConflictError(f"reader version {version} could not be loaded ({type(exc).__name__}: {exc}); "
-                                "the active version is unchanged") from None
+            raise ConflictError(
+                f"reader version {version} could not be loaded ({type(exc).__name__}: {exc}); "
+                "the active version is unchanged"
+            ) from None
     try:
         activate_version(session, version, models_dir=settings.models_dir)
         session.commit()
@@ -205,8 +262,10 @@ def activate_model(version: str, request: Request, session: SessionDep, settings
     if state.follows_registry:
         state.refresh()
     else:
-        notes.append(f"this process serves a fixed reader (SQA_READER={settings.reader}); "
-                     "servers with SQA_READER=auto serve the active version")
+        notes.append(
+            f"this process serves a fixed reader (SQA_READER={settings.reader}); "
+            "servers with SQA_READER=auto serve the active version"
+        )
     return ReaderActivatedPublic(version=version, active=True, serving=_serving(request), notes=notes)
 
 
@@ -220,13 +279,20 @@ def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep,
     if parent is None:
         raise InvalidInputError("no trained reader to fine-tune: run `sqa train reader --until YYYY-MM-DD` first")
     if parent.kind == "ranker":
-        raise InvalidInputError(f"the active version {parent.version} is a ranker, which is refitted rather than "
-                                "fine-tuned: run `sqa train reader --kind ranker --until YYYY-MM-DD`")
+        raise InvalidInputError(
+            f"the active version {parent.version} is a ranker, which is refitted rather than "
+            "fine-tuned: run `sqa train reader --kind ranker --until YYYY-MM-DD`"
+        )
     params = {"month": month, "parent_version": parent.version}
-    job_id = jobs.runner.submit("finetune", params, lambda job: run_finetune_job(jobs, job, month=month),
-                                slot="training", lock=jobs.runner.lock(READER_TRAINING_LOCK),
-                                message=lambda version: f"new reader version {version}", result_key="version",
-                                after=request.app.state.answers.reader_state.refresh,  # serve it now if activated
-                                conflict="a reader training or fine-tune is already running; poll GET /admin/jobs "
-                                         "and try again when it ends")
+    job_id = jobs.runner.submit(
+        "finetune",
+        params,
+        lambda job: run_finetune_job(jobs, job, month=month),
+        slot="training",
+        lock=jobs.runner.lock(READER_TRAINING_LOCK),
+        message=lambda version: f"new reader version {version}",
+        result_key="version",
+        after=request.app.state.answers.reader_state.refresh,  # serve it now if activated
+        conflict="a reader training or fine-tune is already running; poll GET /admin/jobs and try again when it ends",
+    )
     return _started(job_id)

@@ -12,9 +12,16 @@ from indexer.dates import parse_iso_day
 router = APIRouter(prefix="/v1", tags=["answers"], responses=API_ERRORS)
 
 
-@router.post("/answers", response_model=AnswerPublic,
-             responses={503: {"model": ErrorPublic, "description": "No index yet, or too many questions at once (Retry-After says when "
-                                             "to try again)"}})
+@router.post(
+    "/answers",
+    response_model=AnswerPublic,
+    responses={
+        503: {
+            "model": ErrorPublic,
+            "description": "No index yet, or too many questions at once (Retry-After says when to try again)",
+        }
+    },
+)
 def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGateDep, request: Request) -> AnswerPublic:
     """Answer a question from the news published on or before `as_of`, citing the passages."""
     as_of = parse_iso_day(body.as_of, what="as_of") if body.as_of is not None else None
@@ -23,8 +30,18 @@ def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGate
         result = service.answer(body.question, as_of, body.top_k)
     # where the time went: "queue" from the request's arrival until the gate let it in, then the stages
     timings = {"queue": round(queued_s * 1000, 1), **result.timings_ms}
-    passages = [PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
-                for p in result.passages]
-    return AnswerPublic(answer=result.answer, as_of=result.as_of, passages=passages, versions=result.versions,
-                        timings_ms=timings, notes=result.notes, grounded=result.grounded,
-                        evidence=result.evidence, confidence=result.confidence)
+    passages = [
+        PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
+        for p in result.passages
+    ]
+    return AnswerPublic(
+        answer=result.answer,
+        as_of=result.as_of,
+        passages=passages,
+        versions=result.versions,
+        timings_ms=timings,
+        notes=result.notes,
+        grounded=result.grounded,
+        evidence=result.evidence,
+        confidence=result.confidence,
+    )

@@ -13,9 +13,9 @@ from sqlalchemy import func, select
 
 from app.api.deps import AdminDep, JobsDep, RowId, SessionDep
 from app.api.schemas import ADMIN_ERRORS, json_error_responses
-from app.db.tables import EvalResult, EvalRun
-from app.services.errors import InvalidInputError, NotFoundError
 from evaluation.temporal import quarter_bounds
+from serving.errors import InvalidInputError, NotFoundError
+from store.tables import EvalResult, EvalRun
 from workers.evaluate import evaluate_current
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,17 @@ class EvaluationRequest(BaseModel):
 
 
 def _public(run: EvalRun, n_results: int) -> dict:
-    return {"id": run.id, "kind": run.kind, "state": run.state, "params": run.params, "error": run.error,
-            "created_at": run.created_at, "finished_at": run.finished_at, "results": n_results,
-            "report_url": f"/admin/evaluations/{run.id}/report" if run.report_dir else None}
+    return {
+        "id": run.id,
+        "kind": run.kind,
+        "state": run.state,
+        "params": run.params,
+        "error": run.error,
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+        "results": n_results,
+        "report_url": f"/admin/evaluations/{run.id}/report" if run.report_dir else None,
+    }
 
 
 def _run(session, run_id: int) -> EvalRun:
@@ -43,8 +51,13 @@ def _run(session, run_id: int) -> EvalRun:
 @router.get("")
 def list_evaluations(session: SessionDep, limit: int = 50) -> list[dict]:
     runs = session.scalars(select(EvalRun).order_by(EvalRun.id.desc()).limit(max(1, min(limit, 500)))).all()
-    counts = dict(session.execute(select(EvalResult.run_id, func.count()).where(EvalResult.run_id.in_([r.id for r in runs]))
-                                  .group_by(EvalResult.run_id)).all())
+    counts = dict(
+        session.execute(
+            select(EvalResult.run_id, func.count())
+            .where(EvalResult.run_id.in_([r.id for r in runs]))
+            .group_by(EvalResult.run_id)
+        ).all()
+    )
     return [_public(r, counts.get(r.id, 0)) for r in runs]
 
 
@@ -90,9 +103,19 @@ def start_evaluation(body: EvaluationRequest, jobs: JobsDep) -> dict:
         raise InvalidInputError(str(exc)) from None
     cfg = jobs.evaluation
     job_id = jobs.runner.submit(
-        "evaluation", {"quarter": body.quarter, "max_questions": cfg.max_questions},
-        lambda job: evaluate_current(jobs.sessions, jobs.load_answer_service(), body.quarter, cfg, jobs.reports_dir,
-                                     job_id=job.job_id, progress=job),
-        slot=f"evaluate-{body.quarter}", result_key="eval_run",
-        conflict=f"an evaluation of {body.quarter} is already running; poll GET /admin/evaluations")
+        "evaluation",
+        {"quarter": body.quarter, "max_questions": cfg.max_questions},
+        lambda job: evaluate_current(
+            jobs.sessions,
+            jobs.load_answer_service(),
+            body.quarter,
+            cfg,
+            jobs.reports_dir,
+            job_id=job.job_id,
+            progress=job,
+        ),
+        slot=f"evaluate-{body.quarter}",
+        result_key="eval_run",
+        conflict=f"an evaluation of {body.quarter} is already running; poll GET /admin/evaluations",
+    )
     return {"quarter": body.quarter, "state": "started", "status_url": "/admin/evaluations", "job_id": job_id}

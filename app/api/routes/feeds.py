@@ -1,15 +1,16 @@
-"""The feeds the worker polls (workers/feeds.py): `GET /admin/feeds` (each feed's health, for the
+"""The feeds the worker polls (workers/feed_poller.py): `GET /admin/feeds` (each feed's health, for the
 dashboard), `POST /admin/feeds` (add one) and `DELETE /admin/feeds?url=...` (stop polling one).
 
 The worker's feed poller picks a new feed up at its next look (seconds); `sqa feeds poll` polls now.
 """
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response, status
 
 from app.api.deps import AdminDep, SessionDep
 from app.api.schemas import ADMIN_ERRORS, FeedPublic, FeedRequest
-from workers.feeds import add_feed, feed_dict, feed_status, remove_feed
+from workers.feed_poller import add_feed, feed_dict, feed_status, remove_feed
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 

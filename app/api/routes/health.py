@@ -15,8 +15,11 @@ class ReadyPublic(BaseModel):
     newest_day: str | None = None
     reader: str | None = None
     encoder: str | None = None
-    load_s: float | None = Field(default=None, description="Seconds the serving snapshot took to open and verify "
-                                                            "(only its shards that the previous one lacked are read).")
+    load_s: float | None = Field(
+        default=None,
+        description="Seconds the serving snapshot took to open and verify "
+        "(only its shards that the previous one lacked are read).",
+    )
 
 
 @router.get("/healthz")
@@ -25,8 +28,11 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=ReadyPublic,
-            responses={503: {"model": ReadyPublic, "description": "Models still loading, or no index snapshot yet."}})
+@router.get(
+    "/readyz",
+    response_model=ReadyPublic,
+    responses={503: {"model": ReadyPublic, "description": "Models still loading, or no index snapshot yet."}},
+)
 def readyz(request: Request) -> JSONResponse:
     """Ready only when the models and an index snapshot are loaded."""
     state = request.app.state
@@ -36,7 +42,14 @@ def readyz(request: Request) -> JSONResponse:
         return JSONResponse({"ready": False, "reason": "models are loading"}, status_code=503)
     if snapshot is None:
         return JSONResponse({"ready": False, "reason": "no index snapshot yet: run `sqa ingest`"}, status_code=503)
-    return JSONResponse({"ready": True, "snapshot": snapshot.snapshot_id, "vectors": snapshot.index.ntotal,
-                         "newest_day": snapshot.newest_day.isoformat() if snapshot.newest_day else None,
-                         "reader": answers.reader.name, "encoder": snapshot.manifest.encoder,
-                         "load_s": round(snapshot.load_s, 4)})
+    return JSONResponse(
+        {
+            "ready": True,
+            "snapshot": snapshot.snapshot_id,
+            "vectors": snapshot.index.ntotal,
+            "newest_day": snapshot.newest_day.isoformat() if snapshot.newest_day else None,
+            "reader": answers.reader.name,
+            "encoder": snapshot.manifest.encoder,
+            "load_s": round(snapshot.load_s, 4),
+        }
+    )

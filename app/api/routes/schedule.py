@@ -3,6 +3,7 @@
 The scheduler runs in its own process (`sqa worker`); these routes only read its job store and the
 jobs table, and run a job function in a background thread of the API process (the job runner's).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -14,7 +15,7 @@ from sqlalchemy import select
 
 from app.api.deps import AdminDep, JobsDep, SessionDep
 from app.api.schemas import ADMIN_ERRORS
-from app.db.tables import Job
+from store.tables import Job
 from workers.scheduled import normalize_period
 from workers.scheduler import job_function, job_specs, scheduled_jobs, trigger_now
 
@@ -53,34 +54,67 @@ class ScheduleRunStarted(BaseModel):
 
 
 @router.get("", response_model=list[ScheduledJobPublic])
-def list_schedule(request: Request, session: SessionDep,
-                  limit: int = Query(10, ge=1, le=100, description="recent runs listed per job")
-                  ) -> list[ScheduledJobPublic]:
+def list_schedule(
+    request: Request,
+    session: SessionDep,
+    limit: int = Query(10, ge=1, le=100, description="recent runs listed per job"),
+) -> list[ScheduledJobPublic]:
     """The scheduled jobs, their next run (UTC) and the recent runs of each."""
     cfg = request.app.state.scheduler  # the SchedulerConfig of the settings
     stored = {j["id"]: j for j in scheduled_jobs(cfg)}
     out = []
     for spec in job_specs(cfg):
         rows = session.scalars(select(Job).where(Job.kind == spec.id).order_by(Job.id.desc()).limit(limit))
-        history = [JobRunPublic(job_id=j.id, state=j.state, period=(j.params or {}).get("period"), message=j.message,
-                                error=j.error, created_at=j.created_at, started_at=j.started_at,
-                                finished_at=j.finished_at) for j in rows]
+        history = [
+            JobRunPublic(
+                job_id=j.id,
+                state=j.state,
+                period=(j.params or {}).get("period"),
+                message=j.message,
+                error=j.error,
+                created_at=j.created_at,
+                started_at=j.started_at,
+                finished_at=j.finished_at,
+            )
+            for j in rows
+        ]
         job = stored.get(spec.id)
-        out.append(ScheduledJobPublic(id=spec.id, name=spec.name, cron=spec.cron, scheduled=job is not None,
-                                      trigger=job["trigger"] if job else None,
-                                      next_run_time=job["next_run_time"] if job else None, history=history))
+        out.append(
+            ScheduledJobPublic(
+                id=spec.id,
+                name=spec.name,
+                cron=spec.cron,
+                scheduled=job is not None,
+                trigger=job["trigger"] if job else None,
+                next_run_time=job["next_run_time"] if job else None,
+                history=history,
+            )
+        )
     return out
 
 
 @router.post("/{job_id}/run", response_model=ScheduleRunStarted, status_code=status.HTTP_202_ACCEPTED)
-def run_now(job_id: str, jobs: JobsDep,
-            period: str | None = Query(None, description="YYYY-MM (monthly-ingest) or YYYYQN (quarterly-evaluation); "
-                                                         "default: the period just ended")) -> ScheduleRunStarted:
+def run_now(
+    job_id: str,
+    jobs: JobsDep,
+    period: str | None = Query(
+        None, description="YYYY-MM (monthly-ingest) or YYYYQN (quarterly-evaluation); default: the period just ended"
+    ),
+) -> ScheduleRunStarted:
     """Run a scheduled job now, in the background. A period already done is skipped (and recorded)."""
     job_function(job_id)  # 404 naming the valid ids
     period = normalize_period(job_id, period) if period else None  # 422 before anything starts
     runner = jobs.runner
-    runner.spawn(f"schedule-{job_id}", lambda: trigger_now(jobs, job_id, period), busy=runner.lock(job_id).held,
-                 conflict=f"a {job_id} job is already running; poll GET /admin/jobs and try again when it ends")
-    return ScheduleRunStarted(kind=job_id, period=period, state="started", status_url="/admin/jobs",
-                              hint=f"poll GET /admin/jobs (kind {job_id}) or GET /admin/schedule for its state")
+    runner.spawn(
+        f"schedule-{job_id}",
+        lambda: trigger_now(jobs, job_id, period),
+        busy=runner.lock(job_id).held,
+        conflict=f"a {job_id} job is already running; poll GET /admin/jobs and try again when it ends",
+    )
+    return ScheduleRunStarted(
+        kind=job_id,
+        period=period,
+        state="started",
+        status_url="/admin/jobs",
+        hint=f"poll GET /admin/jobs (kind {job_id}) or GET /admin/schedule for its state",
+    )

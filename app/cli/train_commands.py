@@ -1,0 +1,672 @@
+"""`sqa train`, `encoders`, `rerankers`, `finetune`, `models` and `selflabel`: the trained readers,
+encoders and re-rankers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from app.cli.common import cli, day_option, fail, guard, month_option, run_job, settings
+
+train_cli = typer.Typer(no_args_is_help=True, help="Train models on what is dated before a cut.")
+cli.add_typer(train_cli, name="train")
+
+
+def _check_export(export: Path, *, kind: str, allowed: str, why: str, activate: bool, importer: str) -> None:
+    """Exit with a message unless `--export` goes with the other options: the kind that trains
+    elsewhere, no `--activate`, and a folder (not a file) to write to."""
+    if kind != allowed:
+        fail(f"--export is for --kind {allowed} ({why})")
+    if activate:
+        fail(
+            f"--activate does not go with --export (nothing is trained here): `{importer} DIR --activate` "
+            "activates the version trained elsewhere"
+        )
+    if export.exists() and not export.is_dir():
+        fail(f"--export {export} is a file: name a folder")
+
+
+def _reader_spec(
+    kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: str | None, seed: int, gold: bool = True
+):
+    from workers.train import ReaderJobSpec
+
+    if kind not in ("fid", "extractive", "gemma", "ranker"):
+        fail(f"--kind {kind!r} is unknown (use fid, extractive, gemma or ranker)")
+    if kind == "ranker" and not gold:
+        fail("--no-gold is for gemma, fid and extractive readers (the ranker validates on gold questions)")
+    if kind == "ranker":  # reads the same number of passages in training and serving
+        from workers.train_ranker import PASSAGES, SELF_ARTICLES
+
+        n = n_passages or PASSAGES
+        return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed)
+    if kind == "gemma":  # reads the same number of passages in training and serving
+        if base:
+            fail("--base is for --kind fid only (gemma fine-tunes the packaged Gemma 3 270M)")
+        n = n_passages or ReaderJobSpec.for_gemma().n_passages
+        return ReaderJobSpec.for_gemma(
+            max_minutes=max_minutes, max_epochs=epochs, n_passages=n, infer_passages=n, seed=seed, gold=gold
+        )
+    if base and not Path(base).is_dir():
+        fail(f"--base {base} is not a folder (a local T5/BART checkpoint is expected)")
+    return ReaderJobSpec(
+        kind=kind,
+        max_minutes=max_minutes,
+        max_epochs=epochs,
+        n_passages=n_passages or 5,
+        backbone="seq2seq" if base else "minilm",
+        base=base or "",
+        seed=seed,
+        gold=gold,
+    )
+
+
+@train_cli.command("reader", epilog="Example: sqa train reader --kind gemma --until 2023-04-01 --max-minutes 30")
+@guard
+def train_reader(
+    until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
+    kind: str = typer.Option(
+        "ranker",
+        help="ranker | gemma | extractive | fid (ranker: an entity "
+        "ranker that fits in seconds; gemma: the packaged Gemma "
+        "3 270M fine-tuned with LoRA, give it --max-minutes)",
+    ),
+    base: str | None = typer.Option(
+        None, help="fid: a local T5/BART folder (default: warm start from the packaged MiniLM)"
+    ),
+    max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none); the best checkpoint is kept"),
+    epochs: int = typer.Option(3, min=1),
+    n_passages: int | None = typer.Option(
+        None,
+        min=1,
+        max=100,
+        help="passages per training question (default 5; ranker: 10; ranker and gemma read as many when serving)",
+    ),
+    seed: int = typer.Option(0),
+    activate: bool = typer.Option(False, "--activate/--no-activate", help="make it the active version when done"),
+    gold: bool = typer.Option(
+        True,
+        "--gold/--no-gold",
+        help="learn from the imported questions with "
+        "answers too (--no-gold: only from questions generated from the news, "
+        "validated on the last month's)",
+    ),
+    self_articles: int | None = typer.Option(
+        None, min=0, help="articles sampled for self-labeled questions (default: the kind's, 300 for gemma)"
+    ),
+    self_per_article: int = typer.Option(
+        2, min=1, max=50, help="self-labeled questions asked of each sampled article (at most one a sentence)"
+    ),
+    max_length: int | None = typer.Option(
+        None,
+        min=0,
+        help="gemma: training tokens per example, "
+        "passages cut to fit (default 320; 0: the served prompt "
+        "whole, no cut)",
+    ),
+    keep_within: float | None = typer.Option(
+        None,
+        min=0.0,
+        help="F1 points: keep the earliest "
+        "validated model within this of the best validation F1 "
+        "(default: 3 for gemma, 0 for the others: the best)",
+    ),
+    max_steps: int | None = typer.Option(
+        None,
+        min=0,
+        help="stop after this many steps, validating "
+        "there (default: 50 for gemma, its first validation; 0: no "
+        "cap, the epochs, early stopping and --max-minutes decide)",
+    ),
+    export: Path | None = typer.Option(
+        None,
+        help="gemma: write the training data and settings to "
+        "this folder instead of training, for `python -m "
+        "models.train_exported` on another machine (a GPU)",
+    ),
+) -> None:
+    """Train a reader version; run the same command again to resume an interrupted run."""
+    from dataclasses import replace
+
+    from serving.reader_registry import READER_TRAINING_LOCK
+    from workers.train import run_export_job, run_train_job
+
+    cut = day_option(until, "--until")
+    spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed, gold)
+    if max_length is not None and kind != "gemma":
+        fail("--max-length is for --kind gemma")
+    if keep_within is not None and kind == "ranker":
+        fail("--keep-within is for gemma, fid and extractive readers (the ranker keeps its best fit)")
+    if max_steps is not None and kind == "ranker":
+        fail("--max-steps is for gemma, fid and extractive readers (the ranker is fitted, not stepped)")
+    spec = replace(
+        spec,
+        self_per_article=self_per_article,
+        **({} if self_articles is None else {"max_self_articles": self_articles}),
+        **({} if max_length is None else {"max_length": max_length}),
+        **({} if keep_within is None else {"keep_within": keep_within}),
+        **({} if max_steps is None else {"max_steps": max_steps}),
+    )
+    if export is not None:
+        _check_export(
+            export,
+            kind=kind,
+            allowed="gemma",
+            why="models.train_exported trains Gemma readers",
+            activate=activate,
+            importer="sqa models import",
+        )
+        if max_steps is None:  # trained elsewhere with other batches and epochs: no cap unless asked for
+            spec = replace(spec, max_steps=0)
+        info = run_job(
+            "export-training-data",
+            {"until": str(cut), "kind": kind, "to": str(export)},
+            lambda ctx, job: run_export_job(ctx, job, until=cut, dest=export, spec=spec),
+        )
+        d = info["data"]
+        typer.echo(
+            f"exported {d['train']} training examples ({d.get('gold', '?')} gold, "
+            f"{d.get('self_labeled', '?')} self-labeled) and {d['val']} validation questions to {export}; "
+            f"train them with `python -m models.train_exported {export} --out VERSION_DIR --device cuda`, "
+            f"then `sqa models import VERSION_DIR`"
+        )
+        return
+    version = run_job(
+        "train",
+        {"until": str(cut), "kind": kind, **({} if gold else {"gold": False})},
+        lambda ctx, job: run_train_job(ctx, job, until=cut, spec=spec, activate=activate),
+        result_key="version",
+        lock=READER_TRAINING_LOCK,
+    )
+    typer.echo(f"reader version {version} trained; `sqa models list` shows it")
+
+
+@train_cli.command("retriever", epilog="Example: sqa train retriever --until 2023-04-01")
+@guard
+def train_retriever(
+    until: str = typer.Option(..., help="YYYY-MM-DD: train on what is dated before this day"),
+    towers: str = typer.Option(
+        "shared",
+        help="shared (one encoder for questions and passages) | separate (a question tower and a passage tower)",
+    ),
+    epochs: int = typer.Option(1, min=1),
+    batch_size: int = typer.Option(
+        16, min=2, help="questions a step (in-batch negatives; larger is better where there is a GPU)"
+    ),
+    lr: float = typer.Option(2e-5, min=0.0),
+    max_minutes: float = typer.Option(
+        0.0, min=0.0, help="wall-clock budget (0: none); the best validated state is kept"
+    ),
+    self_articles: int = typer.Option(1500, min=0, help="articles sampled for self-labeled questions"),
+    self_ratio: float = typer.Option(2.0, min=0.0, help="self-labeled pairs kept per gold pair"),
+    hard_negatives: bool = typer.Option(
+        True, "--hard-negatives/--no-hard-negatives", help="add each question's best BM25 passage without the answer"
+    ),
+    seed: int = typer.Option(0),
+    query_format: str = typer.Option(
+        "dated",
+        help="how questions are written for the encoder, "
+        'in training and when serving: dated ("Today is <date>. '
+        '<question>") | bare',
+    ),
+    switch: bool = typer.Option(
+        False, "--switch/--no-switch", help="re-encode the index with the new version when done (`sqa index reencode`)"
+    ),
+) -> None:
+    """Fine-tune the question and passage encoders (DPR) and save them as an encoder version;
+    run the same command again to resume an interrupted run."""
+    from models.dpr import DprConfig
+    from models.encoders import read_encoder_info
+    from workers.train_retriever import RETRIEVER_TRAINING_LOCK, RetrieverDataConfig, describe, run_train_retriever_job
+
+    cut = day_option(until, "--until")
+    try:
+        cfg = DprConfig(
+            towers=towers,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            max_minutes=max_minutes,
+            hard_negatives=hard_negatives,
+            seed=seed,
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        data = RetrieverDataConfig(
+            max_self_articles=self_articles, max_self_ratio=self_ratio, seed=seed, query_format=query_format
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    version = run_job(
+        "train-retriever",
+        {"until": str(cut), "towers": towers},
+        lambda ctx, job: run_train_retriever_job(ctx, job, until=cut, cfg=cfg, data=data),
+        result_key="version",
+        lock=RETRIEVER_TRAINING_LOCK,
+    )
+    typer.echo(
+        f"encoder version {version} trained; validation (gold questions of the month before the cut, "
+        "pooled BM25 + dense candidates):"
+    )
+    typer.echo(describe(read_encoder_info(settings().encoders_dir / version)))
+    if switch:
+        from app.cli.data import reencode_index
+
+        reencode_index(version)
+    else:
+        typer.echo(f"switch the index to it with `sqa index reencode --encoder {version}`")
+
+
+encoders_cli = typer.Typer(no_args_is_help=True, help="Retriever encoder versions (`sqa train retriever`).")
+cli.add_typer(encoders_cli, name="encoders")
+
+
+@encoders_cli.command("list", epilog="Example: sqa encoders list")
+@guard
+def encoders_list() -> None:
+    """Trained encoder versions with their validation figures; * marks the one the index uses."""
+    from app.bootstrap import index_encoder_name
+    from models.encoders import list_encoder_versions
+
+    s = settings()
+    serving = index_encoder_name(s)
+    typer.echo(f"{'*' if serving == 'all-MiniLM-L6-v2' else ' '} all-MiniLM-L6-v2  (packaged, untuned)")
+    for info in list_encoder_versions(s.encoders_dir):
+        best = info.get("validation", {}).get("best", {})
+        typer.echo(
+            f"{'*' if serving == info['version'] else ' '} {info['version']}  towers {info.get('towers')}  "
+            f"trained until {info.get('trained_until')}  validation recall@5 {best.get('recall@5')} "
+            f"recall@20 {best.get('recall@20')}"
+        )
+    if serving is None:
+        typer.echo("(no index yet)")
+
+
+@train_cli.command("auto", epilog="Example: sqa train auto --until 2023-04-01 --max-minutes 30")
+@guard
+def train_auto(
+    until: str = typer.Option(..., help="YYYY-MM-DD, a month's first day: learn what is dated before it"),
+    max_minutes: float | None = typer.Option(
+        None, min=0.1, help="the reader's budget (default SQA_AUTO_TRAIN_MINUTES)"
+    ),
+) -> None:
+    """What `sqa ingest` runs when it ends: a re-ranker, then the reader, each activated only if it
+    beats what serves on the month before the cut. Run it again to resume."""
+    import dataclasses
+
+    from app.cli.common import context
+    from app.cli.data import run_auto_train
+
+    cut = day_option(until, "--until")
+    if cut.day != 1:
+        fail(f"--until {cut} must be the first day of a month (the held-back month is the one before)")
+    with context() as ctx:
+        cfg = ctx.auto_train if max_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=max_minutes)
+        run_auto_train(ctx, cut, cfg)
+
+
+@train_cli.command("reranker", epilog="Example: sqa train reranker --until 2023-04-01 --max-minutes 25")
+@guard
+def train_reranker(
+    until: str = typer.Option(
+        ..., help="YYYY-MM-DD: train on what is dated before this day (the month before it is held back for validation)"
+    ),
+    max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget (0: none)"),
+    epochs: int = typer.Option(1, min=1),
+    depth: int = typer.Option(
+        30, min=2, max=500, help="first-stage candidates per question (serve with the same SQA_RERANK_DEPTH)"
+    ),
+    self_articles: int = typer.Option(300, min=0, help="articles sampled for self-labeled questions"),
+    self_per_article: int = typer.Option(1, min=1, help="self-labeled questions kept from each"),
+    seed: int = typer.Option(0),
+    kind: str = typer.Option(
+        "cross-encoder",
+        help="cross-encoder (MiniLM reads each question and "
+        "passage) or features (a logistic model over cheap features: "
+        "seconds to train, microseconds a candidate to serve)",
+    ),
+    activate: bool = typer.Option(
+        False,
+        "--activate/--no-activate",
+        help="serve it when done, if it beats the first stage's recall@5 on the held-back month",
+    ),
+    export: Path | None = typer.Option(
+        None,
+        help="cross-encoder: write the candidates to this "
+        "folder instead of training, for `python -m "
+        "models.train_exported_reranker` on another machine (a GPU)",
+    ),
+) -> None:
+    """Train a re-ranker on the first stage's candidates for the dated gold and self-labeled questions
+    before the cut, and fit its recency prior; run it again to reuse the data."""
+    from workers.train_reranker import (
+        KINDS,
+        RERANKER_TRAINING_LOCK,
+        RerankerDataConfig,
+        run_export_reranker_job,
+        run_train_reranker_job,
+    )
+
+    if kind not in KINDS:
+        fail(f"--kind {kind!r} is unknown: use {' or '.join(KINDS)}")
+    cut = day_option(until, "--until")
+    data = RerankerDataConfig(
+        depth=depth, max_self_articles=self_articles, self_per_article=self_per_article, seed=seed
+    )
+    if export is not None:
+        _check_export(
+            export,
+            kind=kind,
+            allowed="cross-encoder",
+            why="the feature re-ranker trains in seconds here",
+            activate=activate,
+            importer="sqa rerankers import",
+        )
+        info = run_job(
+            "export-reranker-data",
+            {"until": str(cut), "to": str(export)},
+            lambda ctx, job: run_export_reranker_job(ctx, job, until=cut, dest=export, data=data),
+            lock=RERANKER_TRAINING_LOCK,
+        )
+        d = info["data"]
+        typer.echo(
+            f"exported {info['train_questions']} training questions ({d['gold']} gold, {d['self']} "
+            f"self-labeled asked; those without a candidate holding the answer and one without are left out) "
+            f"and {info['val_questions']} held-back questions of {info['held_back']}, {info['passages']} "
+            f"passages, to {export}; train them with `python -m models.train_exported_reranker {export} "
+            f"--out VERSION_DIR --device cuda`, then `sqa rerankers import VERSION_DIR`"
+        )
+        return
+    info = run_job(
+        "train-reranker",
+        {"until": str(cut)},
+        lambda ctx, job: run_train_reranker_job(
+            ctx, job, until=cut, max_minutes=max_minutes, epochs=epochs, data=data, activate=activate, kind=kind
+        ),
+        lock=RERANKER_TRAINING_LOCK,
+    )
+    v, f = info["validation"], info["first_stage"]
+    size = (
+        f"{info['data']['groups']} groups, {info['train']['steps']} steps"
+        if kind == "cross-encoder"
+        else f"{info['data']['questions_used']} questions"
+    )
+    typer.echo(
+        f"{kind} re-ranker {info['version']} trained ({size}, {info['seconds']['train_and_validate']} s); "
+        f"on {info['data']['val']} questions of {info['held_back']}: recall@1/5/10 "
+        f"{v['recall@1']}/{v['recall@5']}/{v['recall@10']} (first stage {f['recall@1']}/{f['recall@5']}/"
+        f"{f['recall@10']}), first-stage weight {info['first_stage_weight']}, recency weight "
+        f"{info['recency_weight']}; "
+        + ("activated" if info["activated"] else f"not activated (`sqa rerankers activate {info['version']}`)")
+    )
+
+
+rerankers_cli = typer.Typer(no_args_is_help=True, help="Re-ranker versions (`sqa train reranker`).")
+cli.add_typer(rerankers_cli, name="rerankers")
+
+
+@rerankers_cli.command("list", epilog="Example: sqa rerankers list")
+@guard
+def rerankers_list() -> None:
+    """Re-ranker versions with their validation figures; * marks the serving one."""
+    from serving.reranking import list_reranker_versions
+
+    rows = list_reranker_versions(settings().rerankers_dir)
+    for info in rows:
+        v, f = info.get("validation", {}), info.get("first_stage", {})
+        typer.echo(
+            f"{'*' if info['active'] else ' '} {info['version']}  trained until {info.get('trained_until')}  "
+            f"recall@5 {v.get('recall@5')} (first stage {f.get('recall@5')})  recency {info.get('recency_weight')}"
+        )
+    if not rows:
+        typer.echo("no re-ranker versions yet: `sqa train reranker --until YYYY-MM-DD`")
+
+
+@rerankers_cli.command("import", epilog="Example: sqa rerankers import reranker-version --activate")
+@guard
+def rerankers_import(
+    folder: Path = typer.Argument(
+        ..., help="a version folder trained elsewhere (`python -m models.train_exported_reranker`)"
+    ),
+    activate: bool = typer.Option(
+        False, "--activate/--no-activate", help="serve it once imported (whatever its validation says)"
+    ),
+) -> None:
+    """Register a re-ranker version trained on another machine: the folder is checked (the model must
+    load and score), copied into SQA_HOME/rerankers under its version name, and listed."""
+    from serving.reranking import activate_reranker, import_reranker
+
+    s = settings()
+    try:
+        info = import_reranker(s.rerankers_dir, folder)
+    except ValueError as exc:
+        fail(str(exc))
+    if activate:
+        activate_reranker(s.rerankers_dir, info["version"])
+    v, f = info.get("validation", {}), info.get("first_stage", {})
+    typer.echo(
+        f"imported {folder} as re-ranker {info['version']} (held-back recall@5 {v.get('recall@5')}, first "
+        f"stage {f.get('recall@5')}); "
+        + ("serving" if activate else f"`sqa rerankers activate {info['version']}` serves it")
+    )
+
+
+@rerankers_cli.command("activate", epilog="Example: sqa rerankers activate none")
+@guard
+def rerankers_activate(version: str = typer.Argument(..., help="a version, or none to stop re-ranking")) -> None:
+    """Serve this re-ranker version (servers follow within seconds)."""
+    from serving.reranking import activate_reranker
+
+    activate_reranker(settings().rerankers_dir, None if version == "none" else version)
+    typer.echo(f"re-ranker {version} serving" if version != "none" else "no re-ranker serving")
+
+
+@cli.command("finetune", epilog="Example: sqa finetune --month 2023-03 --max-minutes 20")
+@guard
+def finetune(
+    month: str = typer.Option(..., help="YYYY-MM: fine-tune the active reader on this month's news"),
+    max_minutes: float = typer.Option(0.0, help="wall-clock budget (0: none)"),
+) -> None:
+    """Continue the active reader on the month's self-labeled questions plus a replay sample of
+    older ones; the new version becomes active."""
+    from serving.reader_registry import READER_TRAINING_LOCK
+    from workers.train import run_finetune_job
+
+    month_option(month, "--month")
+    version = run_job(
+        "finetune",
+        {"month": month},
+        lambda ctx, job: run_finetune_job(ctx, job, month=month, max_minutes=max_minutes),
+        result_key="version",
+        lock=READER_TRAINING_LOCK,
+    )
+    typer.echo(f"reader version {version} fine-tuned on {month} and activated")
+
+
+# ---- models: trained reader versions ----------------------------------------------------------------
+
+models_cli = typer.Typer(no_args_is_help=True, help="Trained reader versions (the registry).")
+cli.add_typer(models_cli, name="models")
+
+
+@models_cli.command("list", epilog="Example: sqa models list")
+@guard
+def models_list() -> None:
+    """Every trained reader version, newest first; * marks the active one."""
+    from app.cli.common import open_database
+    from serving.reader_registry import list_versions
+
+    db = open_database(settings())
+    try:
+        with db.sessions() as session:
+            rows = list_versions(session)
+            if not rows:
+                typer.echo("no trained reader versions yet: run `sqa train reader --until YYYY-MM-DD`")
+                return
+            typer.echo(f"  {'version':40s} {'kind':10s} {'state':9s} {'trained until':13s} {'month':7s} parent")
+            for r in rows:
+                typer.echo(
+                    f"{'*' if r.active else ' '} {r.version:40s} {r.kind:10s} {r.state:9s} "
+                    f"{str(r.trained_until or '-'):13s} {r.month or '-':7s} {r.parent_version or '-'}"
+                )
+    finally:
+        db.close()
+
+
+@models_cli.command("activate", epilog="Example: sqa models activate gemma-2023-04-01-c3e2b4")
+@guard
+def models_activate(
+    version: str = typer.Argument(
+        ..., help="a ready version, or none: no trained version serves (zero-shot Gemma does)"
+    ),
+) -> None:
+    """Make a ready version the active one (servers with SQA_READER=auto switch to it), or none."""
+    from app.cli.common import open_database
+    from serving.reader_registry import activate_version, deactivate_versions
+
+    s = settings()
+    db = open_database(s)
+    try:
+        with db.sessions() as session, session.begin():
+            if version == "none":
+                was = deactivate_versions(session)
+            else:
+                activate_version(session, version, models_dir=s.models_dir)  # unknown / not ready: exit 2
+    finally:
+        db.close()
+    if version == "none":
+        typer.echo(
+            f"no reader version is active ({f'was {was}' if was else 'none was'}); servers with "
+            f"SQA_READER=auto serve zero-shot Gemma within SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s), "
+            "and the next training after ingest starts from the base model"
+        )
+        return
+    typer.echo(
+        f"activated reader version {version}; servers with SQA_READER=auto serve it within "
+        f"SQA_SNAPSHOT_POLL_S ({s.snapshot_poll_s:g} s)"
+    )
+
+
+@models_cli.command("import", epilog="Example: sqa models import gemma-version --activate")
+@guard
+def models_import(
+    folder: Path = typer.Argument(..., help="a version folder trained elsewhere (`python -m models.train_exported`)"),
+    activate: bool = typer.Option(False, "--activate/--no-activate", help="make it the active version"),
+) -> None:
+    """Register a reader version trained on another machine: the folder is checked (the tensors must
+    load onto the model), copied into SQA_HOME/models under a new version name, and listed."""
+    from serving.reader_registry import import_version
+
+    s = settings()
+    row = _register(
+        s,
+        lambda session, check: import_version(session, folder, models_dir=s.models_dir, activate=activate, check=check),
+    )
+    val = (row.metrics or {}).get("validation") or {}
+    typer.echo(
+        f"imported {folder} as reader version {row.version} (validation EM {val.get('em', '-')} F1 "
+        f"{val.get('f1', '-')}); "
+        + ("it is the active version" if activate else f"`sqa models activate {row.version}` serves it")
+    )
+
+
+@models_cli.command("soup", epilog="Example: sqa models soup gemma-2023-04-01-52ff5b gemma-2023-04-01-e0c66c")
+@guard
+def models_soup(
+    versions: list[str] = typer.Argument(
+        ..., help="two or more ready Gemma LoRA versions, runs of the same settings with another seed each"
+    ),
+    activate: bool = typer.Option(False, "--activate/--no-activate", help="make it the active version"),
+) -> None:
+    """Register the uniform soup of Gemma versions trained alike (another seed each, e.g. `sqa train
+    reader --kind gemma --seed N`): one version whose weights are the mean of theirs, serving at the
+    cost of one. docs/reader-experiments.md, "A soup of seeds", has what it measured."""
+    from serving.reader_registry import soup_versions
+
+    s = settings()
+    row = _register(
+        s,
+        lambda session, check: soup_versions(
+            session, versions, models_dir=s.models_dir, activate=activate, check=check
+        ),
+    )
+    typer.echo(
+        f"reader version {row.version} is the soup of {', '.join(versions)}; "
+        + ("it is the active version" if activate else f"`sqa models activate {row.version}` serves it")
+    )
+
+
+def _register(s, make):
+    """`make(session, check)` registers a version folder in one transaction (a ValueError exits 2)
+    and returns its row; `check` loads a folder as this SQA_HOME would serve it. A copied folder
+    whose row is not committed is removed."""
+    from app.cli.common import open_database
+    from models.trained import load_trained_model, read_reader_info
+
+    def check(path: Path) -> None:
+        try:
+            if read_reader_info(path)["kind"] == "gemma":  # on the base this SQA_HOME serves (converted once)
+                from models.gemma_train import GemmaModel
+
+                GemmaModel.load(path, cache_dir=s.models_dir / "base")
+            else:
+                load_trained_model(path)
+        except Exception as exc:  # a truncated copy raises safetensors' own error
+            raise ValueError(f"{path} does not load as a trained reader: {exc}") from exc
+
+    db = open_database(s)
+    row = None
+    try:
+        with db.sessions() as session, session.begin():
+            row = make(session, check)
+            session.flush()
+            session.expunge(row)
+    except ValueError as exc:
+        fail(str(exc))
+    except Exception:
+        if row is not None:  # copied but not committed: no folder without its row
+            import shutil
+
+            shutil.rmtree(s.models_dir / row.version, ignore_errors=True)
+        raise
+    finally:
+        db.close()
+    return row
+
+
+@cli.command("selflabel", epilog="Example: sqa selflabel --month 2023-03")
+@guard
+def selflabel(
+    month: str | None = typer.Option(None, help="YYYY-MM: articles published in this month"),
+    until: str | None = typer.Option(None, help="YYYY-MM-DD: articles published before this day"),
+    n: int = typer.Option(30, help="how many generated questions to print"),
+    seed: int = typer.Option(0, help="the same seed prints the same questions"),
+    max_articles: int = typer.Option(200, help="generate from this many random articles"),
+) -> None:
+    """Print self-labeled questions generated from random stored articles, and why others were rejected."""
+    from app.cli.common import open_database
+    from models.selflabel import RULES
+    from workers.selflabel_sample import sample_from_database
+
+    if month and until:
+        fail("give at most one of --month or --until")
+    month_option(month, "--month")
+    cut = day_option(until, "--until")
+    db = open_database(settings(), migrate=False)  # read only: never migrates someone's database
+    try:
+        with db.sessions() as session:
+            questions, stats = sample_from_database(
+                session, until=cut, month=month, n=n, seed=seed, max_articles=max_articles
+            )
+    finally:
+        db.close()
+    for q in questions:
+        typer.echo(f"{q.published} | {q.question} | {q.answer} ({q.answer_label})")
+    typer.echo(
+        f"articles {stats.articles}, sentences {stats.sentences}, candidate entities {stats.candidates}, "
+        f"accepted {stats.accepted}"
+    )
+    for reason, count in sorted(stats.rejected.items(), key=lambda kv: -kv[1]):
+        typer.echo(f"  rejected {count:6d}  {reason}: {RULES[reason]}")

@@ -1,0 +1,176 @@
+"""The answer path as plain Python: dated question -> time-filtered retrieval -> reader.
+
+Used by the API, the CLI (`sqa ask`) and evaluation alike. Nothing published after `as_of`
+reaches the reader: the index filters by id range, and the fetched rows are checked again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from evaluation.metrics import answer_support
+from indexer.chunking import passage_body
+from models.encoders import TextEncoder
+from models.readers import Reader, ReaderPassage
+from serving.errors import IndexNotReadyError, InvalidInputError
+from serving.index_state import IndexState, LoadedSnapshot
+from serving.reader_state import ReaderState
+from serving.retrieval import DenseRetriever, RetrievedPassage, Retriever
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AnswerResult:
+    answer: str
+    as_of: dt.date
+    passages: list[RetrievedPassage]
+    versions: dict[str, str]
+    timings_ms: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+    # The passage_ids of the passages the reader read that state the answer, in rank order: empty
+    # when none does (the answer is then the reader's inference or a guess; see answer_evidence).
+    evidence: list[int] = field(default_factory=list)
+    # The reader's probability of the line it wrote (models.reader_base.ReaderAnswer.confidence);
+    # None when the reader gives none or nothing was read.
+    confidence: float | None = None
+
+    @property
+    def grounded(self) -> bool:
+        """Whether a passage the reader read states the answer."""
+        return bool(self.evidence)
+
+
+def answer_evidence(answer: str, passages) -> list[int]:
+    """The positions of `passages` (anything with `title`, `text` and `published`: retrieved or
+    reader passages) whose headline or body states `answer` as a whole-token span, both SQuAD-
+    normalised (`evaluation.metrics.answer_support`); the date prefix is left out, so "Friday" is
+    not found in the date every passage starts with."""
+    return answer_support(answer, [f"{p.title}. {passage_body(p.text, p.published)}" for p in passages])
+
+
+@dataclass(frozen=True)
+class AnswerLimits:
+    default_top_k: int = 5
+    max_top_k: int = 50
+    reader_passages: int = 3
+    max_question_chars: int = 1000
+
+
+class AnswerService:
+    def __init__(
+        self,
+        *,
+        encoder: TextEncoder,
+        reader: Reader | ReaderState,
+        index_state: IndexState,
+        session_factory: sessionmaker[Session],
+        limits: AnswerLimits,
+        retriever: Retriever | None = None,
+    ) -> None:
+        """`reader`: a Reader that serves for good, or a ReaderState that may swap readers.
+        `retriever`: DenseRetriever(encoder) when None (SQA_RETRIEVER: `serving.retrieval`)."""
+        self.retriever = retriever if retriever is not None else DenseRetriever(encoder)
+        self.reader_state = reader if isinstance(reader, ReaderState) else ReaderState(reader)
+        self.index_state = index_state
+        self.session_factory = session_factory
+        self.limits = limits
+
+    def passages_for(self, reader: Reader) -> int:
+        """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
+        config, Gemma's 3)."""
+        return self.limits.reader_passages or getattr(reader, "n_passages", None) or 3
+
+    def validate(self, question: str, top_k: int | None) -> tuple[str, int]:
+        text = (question or "").strip()
+        if not text:
+            raise InvalidInputError("question is empty")
+        if len(text) > self.limits.max_question_chars:
+            raise InvalidInputError(
+                f"question is {len(text)} characters long; the limit is {self.limits.max_question_chars}"
+            )
+        k = self.limits.default_top_k if top_k is None else top_k
+        if not 1 <= k <= self.limits.max_top_k:
+            raise InvalidInputError(f"top_k {k} is out of range (1..{self.limits.max_top_k})")
+        return text, k
+
+    @property
+    def reader(self) -> Reader:
+        """The reader serving now; a request takes it once (a swap may replace it at any moment)."""
+        return self.reader_state.reader()
+
+    def answer(
+        self,
+        question: str,
+        as_of: dt.date | None = None,
+        top_k: int | None = None,
+        *,
+        snapshot: LoadedSnapshot | None = None,
+        read: bool = True,
+        index_as_of: dt.date | None = None,
+    ) -> AnswerResult:
+        """Answer from the serving snapshot (or the one given, as evaluation does).
+
+        `read=False` retrieves only (the answer is empty): evaluation's retrieval-only questions.
+        `index_as_of` (on or before `as_of`): retrieve only what was published by then, while the
+        question is still asked as of `as_of`: the index an ingest schedule would have had that day
+        (bench/bench_live.py's monthly schedule).
+        """
+        t0 = time.perf_counter()
+        text, k = self.validate(question, top_k)
+        as_of = as_of or dt.datetime.now(dt.UTC).date()
+        # Held for the whole request: a swap does not disturb them.
+        reader = self.reader
+        snapshot = snapshot if snapshot is not None else self.index_state.current()
+        if snapshot is None:
+            raise IndexNotReadyError("no index has been built yet: run `sqa ingest --through YYYY-MM` first")
+        notes = []
+        newest = snapshot.newest_day
+        if newest is not None and as_of > newest:
+            notes.append(f"as_of {as_of} is after the newest indexed article ({newest}); answered from what is indexed")
+        n_read = self.passages_for(reader)
+        if index_as_of is not None and index_as_of > as_of:
+            raise InvalidInputError(f"index_as_of {index_as_of} is after as_of {as_of}")
+        t1 = time.perf_counter()
+        stages: dict[str, float] = {}
+        with self.session_factory() as session:  # the reader may read deeper than top_k: show what it read
+            passages = self.retriever.retrieve(
+                session, snapshot, text, index_as_of or as_of, max(k, n_read) if read else k, timings=stages
+            )
+        t2 = time.perf_counter()
+        answer_text, confidence = "", None
+        if not passages:
+            notes.append(f"no indexed passage was published on or before {as_of}")
+        elif read:
+            reader_input = [ReaderPassage(p.title, p.text, p.published) for p in passages[:n_read]]
+            reading = reader.generate(text, as_of, reader_input)
+            answer_text, confidence = reading.text, getattr(reading, "confidence", None)
+        t3 = time.perf_counter()
+        evidence = [passages[i].passage_id for i in answer_evidence(answer_text, passages[:n_read])]
+        versions = {
+            "index_snapshot": snapshot.snapshot_id,
+            "encoder": snapshot.manifest.encoder,
+            "reader": reader.name,
+            "retriever": self.retriever.name,
+        }
+        retrieve_ms = round((t2 - t1) * 1000, 2)
+        if "rerank" in stages:  # retrieve: the first stage; rerank: the re-ranker version
+            timings = {"retrieve": round(retrieve_ms - stages["rerank"], 2), "rerank": stages["rerank"]}
+        else:
+            timings = {"retrieve": retrieve_ms}
+        timings.update(read=round((t3 - t2) * 1000, 2), total=round((t3 - t0) * 1000, 2))
+        return AnswerResult(
+            answer_text,
+            as_of,
+            passages,
+            versions,
+            timings,
+            notes,
+            evidence,
+            None if confidence is None else round(confidence, 4),
+        )
