@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DATA ?= ../shared/data/realtimeqa
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: install lock browser demo lint test test-unit test-integration bench clean
+.PHONY: install lock browser demo lint docs test test-unit test-integration bench clean
 
 install: $(VENV)/.installed
 
@@ -48,9 +48,19 @@ lock:
 demo: install
 	$(PY) scripts/demo.py --data "$(DATA)" $(DEMO_ARGS)
 
-# The architecture contract (pyproject.toml's [tool.importlinter]): a back-edge or a cycle fails the build.
+# The house checks, each configured in pyproject.toml: the architecture contract ([tool.importlinter]:
+# a back-edge or a cycle fails the build), ruff's lint and format ([tool.ruff]), mypy, strict on
+# serving/, store/, indexer/ and settings ([tool.mypy]), and the documentation site (mkdocs.yml),
+# whose reference pages are generated from the code.
 lint: install
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(MAKE) docs
+
+docs: install
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 # Chromium and ChromeDriver for the browser tests of the pages (installed with apt-get where it may).
 browser:
