@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 TMP_SUFFIX = ".tmp"  # temp files: ".<final name>.<8 hex>.tmp" beside the final file
 
@@ -22,7 +26,7 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data) -> None:
+def write_atomic(path: Path, data: Buffer) -> None:
     """Write `data` to a temp file beside `path`, fsync, rename over `path`, fsync the directory."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")
     try:

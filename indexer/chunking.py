@@ -18,8 +18,13 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from indexer.dates import format_long
+
+if TYPE_CHECKING:
+    from spacy.language import Language
+    from spacy.tokens import Doc
 
 SENTENCES_PER_PASSAGE = 6
 MAX_WORDS = 180
@@ -31,7 +36,7 @@ _LINE_BREAKS = re.compile(r"\s*[\n\r\u2028\u2029]\s*")
 
 
 @lru_cache(maxsize=1)
-def _sentencizer():
+def _sentencizer() -> Language:
     """spacy.blank('en') + sentencizer, built once per process (importing spaCy costs ~1 s)."""
     import spacy
 
@@ -106,7 +111,7 @@ def _pack(sentences: Iterable[str], prefix: str, sentences_per_passage: int, max
     return passages
 
 
-def _doc_sentences(doc) -> list[str]:
+def _doc_sentences(doc: Doc) -> list[str]:
     """The sentencizer's sentences, each boundary moved back to the nearest space.
 
     After a full stop the sentencizer keeps every punctuation token with the old sentence, opening
@@ -125,7 +130,7 @@ def _doc_sentences(doc) -> list[str]:
     return [span for span in spans if span]
 
 
-def _sentences(docs: Iterator, counts: list[int]) -> Iterator[list[str]]:
+def _sentences(docs: Iterator[Doc], counts: list[int]) -> Iterator[list[str]]:
     """Regroup the docs of all paragraphs into one sentence list per article."""
     for count in counts:
         sentences: list[str] = []

@@ -38,7 +38,7 @@ def parse_day(value: str, *, what: str = "date") -> dt.date:
 _ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-def parse_iso_day(value, *, what: str = "date") -> dt.date:
+def parse_iso_day(value: object, *, what: str = "date") -> dt.date:
     """Exactly 'YYYY-MM-DD' (what the API and the pages take): no time part, no other layout.
 
     Example:

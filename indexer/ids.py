@@ -68,7 +68,8 @@ def make_ids(day_numbers: np.ndarray, seqs: np.ndarray) -> np.ndarray:
     bad = np.flatnonzero((days < 0) | (days >= DAY_LIMIT))
     if bad.size:
         _check_day_number(int(days[bad[0]]))
-    return (days << ID_SHIFT) | seqs
+    ids: np.ndarray = (days << ID_SHIFT) | seqs
+    return ids
 
 
 def id_day(faiss_id: int) -> dt.date:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from indexer.dates import InvalidDateError, parse_day
 from indexer.jsonl import (
@@ -96,7 +97,9 @@ def _realtimeqa_files(root: Path) -> dict[str, list[Path]]:
                 chosen[key] = path
     files: dict[str, list[Path]] = {"qa": [], "gcs": [], "gold": []}
     for path in chosen.values():
-        files[_RTQA_NAME.match(path.name).group(2)].append(path)
+        match = _RTQA_NAME.match(path.name)
+        assert match is not None  # every chosen path matched above
+        files[match.group(2)].append(path)
     if not files["qa"] and not files["gcs"]:
         raise ValueError(
             f"no RealTimeQA files under {base} (expected past/YYYY/YYYYMMDD_qa.jsonl[.gz] and YYYYMMDD_gcs.jsonl[.gz])"
@@ -104,7 +107,7 @@ def _realtimeqa_files(root: Path) -> dict[str, list[Path]]:
     return {kind: sorted(paths, key=lambda p: (p.name, str(p))) for kind, paths in files.items()}
 
 
-def _gold_answer(obj: dict) -> tuple[str | None, str]:
+def _gold_answer(obj: dict[str, Any]) -> tuple[str | None, str]:
     """(gold answer text, '') or (None, skip reason). `answer` is ["2"], "2" or [2]."""
     answer = obj.get("answer")
     if isinstance(answer, list):
@@ -124,7 +127,7 @@ def _gold_answer(obj: dict) -> tuple[str | None, str]:
     return (text, "") if text else (None, "question: empty answer choice")
 
 
-def _realtimeqa_question(obj: dict, where: str, report: ImportReport) -> QuestionRecord | None:
+def _realtimeqa_question(obj: dict[str, Any], where: str, report: ImportReport) -> QuestionRecord | None:
     qid, text = clean_text(obj.get("question_id")), clean_text(obj.get("question_sentence"))
     if not qid or not text:
         report.skip("question: no id or text", where)
@@ -177,7 +180,12 @@ def _read_search_results(
     return urls_by_question
 
 
-def _read_questions(path: Path, parse, seen: set[str], report: ImportReport) -> Iterator[QuestionRecord]:
+def _read_questions(
+    path: Path,
+    parse: Callable[[dict[str, Any], str, ImportReport], QuestionRecord | None],
+    seen: set[str],
+    report: ImportReport,
+) -> Iterator[QuestionRecord]:
     """Questions of one JSONL file: each line parsed by `parse(obj, where, report)` (None: skipped);
     an id already in `seen` is skipped and counted."""
     for lineno, obj in iter_jsonl(path, report):
@@ -237,7 +245,7 @@ def _strings(value: object) -> list[str]:
     return [s.strip() for s in items if isinstance(s, str) and s.strip()]
 
 
-def _streamingqa_question(obj: dict, where: str, report: ImportReport) -> QuestionRecord | None:
+def _streamingqa_question(obj: dict[str, Any], where: str, report: ImportReport) -> QuestionRecord | None:
     qid, text = obj.get("qa_id"), clean_text(obj.get("question"))
     if qid in (None, "") or not text:
         report.skip("question: no id or text", where)

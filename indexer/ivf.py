@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import faiss
 import numpy as np
@@ -56,7 +57,7 @@ class ShardSpec:
     pq_m: int = 0
     pq_nbits: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in SHARD_KINDS:
             raise ValueError(f"shard kind {self.kind!r} is not one of {', '.join(SHARD_KINDS)}")
         for name in ("nlist", "nprobe", "pq_m", "pq_nbits"):
@@ -79,7 +80,7 @@ class ShardSpec:
     def is_ivf(self) -> bool:
         return self.kind != "flat"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -88,7 +89,7 @@ FLAT = ShardSpec()
 
 def default_nlist(n: int) -> int:
     """Power of two nearest 4 * sqrt(n), with at least MIN_PER_LIST vectors per list to train on."""
-    nlist = 2 ** round(math.log2(max(1.0, 4 * math.sqrt(n))))
+    nlist: int = 2 ** round(math.log2(max(1.0, 4 * math.sqrt(n))))
     while nlist > 1 and nlist * MIN_PER_LIST > n:
         nlist //= 2
     return nlist
@@ -126,7 +127,7 @@ class ShardPolicy:
     compressed_min: int = 1_000_000  # IVF-Flat below (1.5 KB per passage), compressed codes from here
     codec: str = "sq8"  # "sq8": 384 B per passage, recall ~ IVF-Flat; "pq": 48 B, recall much lower
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not _is_int(self.ivf_min) or not _is_int(self.compressed_min) or self.ivf_min < 1:
             raise ValueError(f"shard policy thresholds must be positive integers, got {self}")
         if self.compressed_min < self.ivf_min:
@@ -199,7 +200,9 @@ def spec_of(index: faiss.Index, nprobe: int) -> ShardSpec:
 def ivf_list_ids(index: faiss.IndexIVF) -> tuple[np.ndarray, bool]:
     """All ids of an IVF index, list after list, and whether every list is sorted ascending."""
     invlists = index.invlists
-    parts, ordered = [], True
+    assert invlists is not None  # an IndexIVF always has its inverted lists
+    parts: list[np.ndarray] = []
+    ordered = True
     for lst in range(index.nlist):
         size = invlists.list_size(lst)
         if size == 0:
@@ -208,7 +211,7 @@ def ivf_list_ids(index: faiss.IndexIVF) -> tuple[np.ndarray, bool]:
         try:
             ids = faiss.rev_swig_ptr(ptr, size).copy()  # (size,) int64
         finally:
-            invlists.release_ids(lst, ptr)
+            invlists.release_ids(lst, ptr)  # type: ignore[attr-defined]  # in faiss, not in its stubs
         ordered = ordered and bool((np.diff(ids) > 0).all())
         parts.append(ids)
     return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)), ordered
@@ -233,9 +236,11 @@ def filtered_nprobe(nprobe: int, nlist: int, share: float) -> int:
 
 def ivf_search_params(spec: ShardSpec, share: float, lo: int, hi: int | None) -> faiss.SearchParametersIVF:
     """Search parameters for an IVF shard; `hi` None means unfiltered, else ids in [lo, hi)."""
+    # faiss's stubs declare SearchParameters.__init__(self) only; its Python wrapper takes the fields as keywords
     if hi is None:
-        return faiss.SearchParametersIVF(nprobe=spec.nprobe)
+        return faiss.SearchParametersIVF(nprobe=spec.nprobe)  # type: ignore[call-arg]
     selector = faiss.IDSelectorRange(lo, hi, True)  # assume_sorted: lists are sorted by id
-    params = faiss.SearchParametersIVF(sel=selector, nprobe=filtered_nprobe(spec.nprobe, spec.nlist, share))
-    params.referenced_selector = selector  # keep it alive as long as the parameters
+    nprobe = filtered_nprobe(spec.nprobe, spec.nlist, share)
+    params = faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)  # type: ignore[call-arg]
+    params.referenced_selector = selector  # type: ignore[attr-defined]  # keep it alive as long as the parameters
     return params

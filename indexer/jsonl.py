@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from indexer.dates import InvalidDateError, parse_day
 from indexer.records import ArticleRecord, ImportReport
@@ -19,7 +20,7 @@ from indexer.records import ArticleRecord, ImportReport
 _UNIX_SECONDS = re.compile(r"^\d{9,11}(\.\d+)?$")  # "1577836800" as a string, 1973..5138
 
 
-def iter_jsonl(path: Path, report: ImportReport) -> Iterator[tuple[int, dict]]:
+def iter_jsonl(path: Path, report: ImportReport) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, object) for each JSON object line of a `.jsonl` or `.jsonl.gz` file.
 
     Blank lines are ignored; a line that is not JSON, or is JSON but not an object, is skipped and
@@ -66,7 +67,7 @@ def clean_text(value: object) -> str:
     return value.strip() if isinstance(value, str) else ""
 
 
-def article_from_json(obj: dict, where: str, report: ImportReport, source: str) -> ArticleRecord | None:
+def article_from_json(obj: dict[str, Any], where: str, report: ImportReport, source: str) -> ArticleRecord | None:
     """A search result or article line -> record; None (skip counted) without url, text or date.
 
     The date is `publish_date` (RealTimeQA) or `published` (plain JSONL); a line with an `id` but

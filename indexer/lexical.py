@@ -42,7 +42,8 @@ def tokenize(texts: Sequence[str]) -> list[list[str]]:
     """Lower-cased words of two or more characters, English stopwords removed (bm25s's tokenizer)."""
     import bm25s
 
-    return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+    tokens: list[list[str]] = bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+    return tokens
 
 
 class Bm25Shard:
@@ -109,7 +110,8 @@ class Bm25Shard:
                 for p in sorted(Path(tmp).iterdir())
             }
         buf = io.BytesIO()
-        np.savez(buf, format=np.int64(LEXICAL_FORMAT), ids=self._ids, **files)
+        # numpy's stub lets mypy match **files against savez's `allow_pickle: bool`; the keys all start with "bm25s."
+        np.savez(buf, format=np.int64(LEXICAL_FORMAT), ids=self._ids, **files)  # type: ignore[arg-type]
         return buf.getvalue()
 
     @classmethod

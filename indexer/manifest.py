@@ -18,16 +18,21 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, cast
 
 from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.ivf import FLAT, ShardSpec
 from indexer.shards import check_key, is_live_key
-from indexer.storage import LocalStore, as_store
+from indexer.storage import IndexStore, LocalStore, as_store
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = [
     "FileRef",
@@ -54,7 +59,7 @@ def _is_int(v: object) -> bool:
 
 def _check_rel_path(key: str, file: object) -> None:
     p = PurePosixPath(file) if isinstance(file, str) else None
-    if p is None or p.is_absolute() or ".." in p.parts or not p.parts or "\\" in file:
+    if p is None or p.is_absolute() or ".." in p.parts or not p.parts or "\\" in str(file):  # file is a str here
         raise ValueError(f"shard {key}: file {file!r} must be a relative path inside the index directory")
 
 
@@ -89,7 +94,7 @@ class ShardEntry:
     encoder: str | None = None
     rows: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_key(self.key)
         for name in ("encoder", "rows"):
             value = getattr(self, name)
@@ -131,7 +136,7 @@ class ShardEntry:
         """The entry without its BM25 file: what identifies the FAISS shard file."""
         return replace(self, bm25=None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
         if self.index == FLAT:
             del body["index"]
@@ -141,7 +146,7 @@ class ShardEntry:
         return body
 
     @classmethod
-    def from_dict(cls, body: dict) -> ShardEntry:
+    def from_dict(cls, body: dict[str, Any]) -> ShardEntry:
         body = dict(body)
         index = body.pop("index", None)
         bm25 = body.pop("bm25", None)
@@ -169,7 +174,7 @@ class Manifest:
     dim: int
     shards: tuple[ShardEntry, ...] = field(default=())
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.snapshot_id, str) or not _SNAPSHOT_ID_RE.match(self.snapshot_id):
             raise ValueError(f"snapshot_id {self.snapshot_id!r} must be letters, digits, '.', '-' or '_'")
         try:
@@ -275,12 +280,12 @@ class Manifest:
         return manifest
 
 
-def sha256_hex(data) -> str:
+def sha256_hex(data: Buffer) -> str:
     """The sha256 of a file's bytes, as manifests record it (64 lowercase hex digits)."""
     return hashlib.sha256(data).hexdigest()
 
 
-def write_manifest(index_dir, manifest: Manifest) -> tuple[str, str]:
+def write_manifest(index_dir: IndexStore | str | os.PathLike[str], manifest: Manifest) -> tuple[str, str]:
     """Write snapshots/<snapshot_id>.json of the index root `index_dir` (a folder or an
     `indexer.storage` store) atomically; returns its name ("snapshots/<id>.json", what a snapshot
     row records as `manifest_file`) and the sha256 of the file.
@@ -301,12 +306,16 @@ def write_manifest(index_dir, manifest: Manifest) -> tuple[str, str]:
     return name, sha256_hex(data)
 
 
-def read_manifest(where, name: str | None = None, *, expected_sha256: str | None = None) -> Manifest:
+def read_manifest(
+    where: IndexStore | str | os.PathLike[str], name: str | None = None, *, expected_sha256: str | None = None
+) -> Manifest:
     """Read a manifest, optionally checking it is the one the database recorded: `name` (a
     snapshot row's `manifest_file`) in the index root `where` (a folder or a store), or, without
     `name`, the manifest file at the path `where`."""
+    store: IndexStore
     if name is None:
-        store, name = LocalStore(Path(where).parent), Path(where).name
+        path_of_file = Path(cast("str | os.PathLike[str]", where))  # without `name`, `where` is the file's path
+        store, name = LocalStore(path_of_file.parent), path_of_file.name
     else:
         store = as_store(where)
     path = store.locate(name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from indexer.dates import InvalidDateError, parse_day
@@ -46,7 +47,7 @@ class Rejected:
     reason: str
     url: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"line": self.line, "field": self.field, "reason": self.reason, "url": self.url}
 
 
@@ -74,7 +75,7 @@ def parse_published(value: object) -> dt.date:
     return parse_day(value, what="published")
 
 
-def _text_field(obj: dict, name: str, limit: int, *, required: bool) -> str:
+def _text_field(obj: dict[str, Any], name: str, limit: int, *, required: bool) -> str:
     value = obj.get(name)
     if value is None or value == "":
         if required:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def content_hash(text: str) -> str:
@@ -36,7 +37,7 @@ class QuestionRecord:
     subset: str  # collection name: "realtimeqa", "streamingqa"
     choices: tuple[str, ...] = ()
     # Free-form extras kept as JSON: evidence urls, recent_or_past, search result urls, ...
-    meta: dict = field(default_factory=dict, hash=False, compare=False)
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
 MAX_REPORT_EXAMPLES = 10

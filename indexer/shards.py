@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import faiss
 import numpy as np
@@ -185,6 +186,7 @@ class MonthShard:
                 f"shard {key}: passages published {min_day}..{max_day} do not belong in it "
                 f"(it holds {lo or 'anything'}..{hi})"
             )
+        index: faiss.Index
         if spec.is_ivf:
             order = np.argsort(ids, kind="stable")  # id order: every inverted list sorted by day
             ids = np.ascontiguousarray(ids[order])
@@ -201,20 +203,20 @@ class MonthShard:
     def ids(self) -> np.ndarray:
         """(ntotal,) int64 ids (a copy): insertion order for flat shards, list by list for IVF ones."""
         if self.spec.is_ivf:
-            return ivf_list_ids(self._index)[0]
-        return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+            return ivf_list_ids(cast(faiss.IndexIVF, self._index))[0]
+        return faiss.vector_to_array(cast(faiss.IndexIDMap2, self._index).id_map).astype(np.int64, copy=False)
 
     def vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids (n,) int64, vectors (n, dim) float32) of every passage, row i the vector of ids[i]:
         what a live piece is merged, compacted or pruned from without encoding anything again.
         Exact for flat shards and IVF-flat; IVF with a codec gives its decoded (approximate) vectors."""
         if not self.spec.is_ivf:
-            flat = faiss.downcast_index(self._index.index)
+            flat = faiss.downcast_index(cast(faiss.IndexIDMap2, self._index).index)
             return self.ids(), flat.reconstruct_n(0, self.ntotal)
         index = faiss.deserialize_index(self.to_bytes())  # a private copy: make_direct_map changes it
         ivf = faiss.extract_index_ivf(index)
         ivf.make_direct_map()
-        ids = ivf_list_ids(index)[0]
+        ids = ivf_list_ids(cast(faiss.IndexIVF, index))[0]  # the IVF index itself: shards never wrap one
         return ids, np.vstack([ivf.reconstruct(int(i)) for i in ids]) if ids.size else np.zeros(
             (0, self.dim), np.float32
         )
@@ -239,18 +241,19 @@ class MonthShard:
     def _search(self, q: np.ndarray, k: int, as_of: dt.date | None) -> tuple[np.ndarray, np.ndarray]:
         if as_of is not None and as_of < self.min_day:
             return empty_results(q.shape[0], k)
-        params = None
-        boundary = as_of is not None and as_of < self.max_day
+        params: faiss.SearchParameters | None = None
+        boundary = as_of if as_of is not None and as_of < self.max_day else None  # as_of, in the boundary shard only
         if self.spec.is_ivf:  # nprobe raised by 1/share in the boundary shard (indexer.ivf)
-            share = self.count_through(as_of) / self.ntotal if boundary else 1.0
+            share = self.count_through(boundary) / self.ntotal if boundary is not None else 1.0
             params = ivf_search_params(
-                self.spec, share, ids_from(self.min_day), ids_through(as_of) if boundary else None
+                self.spec, share, ids_from(self.min_day), ids_through(boundary) if boundary is not None else None
             )
-        elif boundary:
+        elif boundary is not None:
             # Boundary shard: only ids of days <= as_of. Other shards are searched unfiltered
             # (a selector costs a per-id check and keeps FAISS off its BLAS path).
-            selector = faiss.IDSelectorRange(ids_from(self.min_day), ids_through(as_of))
-            params = faiss.SearchParameters(sel=selector)
+            selector = faiss.IDSelectorRange(ids_from(self.min_day), ids_through(boundary))
+            # faiss's stubs declare SearchParameters.__init__(self) only; its wrapper takes fields as keywords
+            params = faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]
         scores, ids = self._index.search(q, k, params=params)
         scores[ids < 0] = -np.inf  # FAISS pads with -FLT_MAX
         return scores, ids
@@ -298,12 +301,12 @@ class MonthShard:
             raise IndexIntegrityError(
                 f"{where} holds {index.ntotal} vectors, the manifest says {expected_count}; {REBUILD_HINT}"
             )
-        if spec.is_ivf:
-            ids, ordered = ivf_list_ids(index)
+        if spec.is_ivf:  # found == spec: an IndexIVF (spec_of above)
+            ids, ordered = ivf_list_ids(cast(faiss.IndexIVF, index))
             if not ordered:  # the date filter binary-searches each list: it must be sorted
                 raise IndexIntegrityError(f"{where}: an inverted list is not sorted by id; {REBUILD_HINT}")
         else:
-            ids = faiss.vector_to_array(index.id_map).astype(np.int64, copy=False)
+            ids = faiss.vector_to_array(cast(faiss.IndexIDMap2, index).id_map).astype(np.int64, copy=False)
         lo, hi = ids_from(min_day), ids_through(max_day)
         outside = np.flatnonzero((ids < lo) | (ids >= hi))
         if outside.size:
@@ -317,14 +320,14 @@ class MonthShard:
             raise IndexIntegrityError(f"{where} holds duplicate ids; {REBUILD_HINT}")
         return cls(key, index, min_day, max_day, spec=spec, ids=ids)
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write the shard to `path` (not atomic: `indexer.snapshot.write_shard` is)."""
         Path(path).write_bytes(self.to_bytes().tobytes())
 
     @classmethod
     def load(
         cls,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         key: str,
         expected_count: int,
         dim: int,

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from indexer.atomic import TMP_SUFFIX as _TMP_SUFFIX
 from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
@@ -28,7 +29,10 @@ from indexer.manifest import SHARDS_DIR, SNAPSHOTS_DIR, FileRef, Manifest, Shard
 from indexer.shards import MonthShard, ShardedIndex
 from indexer.storage import IndexStore, as_store
 
-Where = IndexStore | str | os.PathLike  # an index root: a store, or a folder (a LocalStore on it)
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+Where = IndexStore | str | os.PathLike[str]  # an index root: a store, or a folder (a LocalStore on it)
 
 __all__ = ["IndexIntegrityError", "LexicalMissingError", "ShardCache", "write_shard", "write_lexical", "garbage_files"]
 
@@ -46,7 +50,8 @@ def write_shard(
     store = as_store(index_dir)
     while store.exists(name := f"{SHARDS_DIR}/{shard.key}.{secrets.token_hex(4)}.faiss"):
         pass  # never overwrite an existing (immutable) shard file
-    data = shard.to_bytes()  # (nbytes,) uint8
+    # numpy declares ndarray.__buffer__ for Python >= 3.12 only (PEP 688); it is a buffer on 3.11 as well
+    data: Buffer = shard.to_bytes()  # type: ignore[assignment]  # (nbytes,) uint8
     store.write(name, data)
     entry = ShardEntry(
         key=shard.key,
@@ -80,7 +85,7 @@ class ShardCache:
     """Loaded shards by file, shared between snapshots (a file is never rewritten, so a location is
     its content). The sha256 is checked on first load. Thread-safe."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loaded: dict[str, tuple[ShardEntry, MonthShard]] = {}
         self._lexical: dict[str, tuple[FileRef, Bm25Shard]] = {}

@@ -28,9 +28,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from indexer.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class IndexStore(Protocol):
     def read(self, name: str) -> bytes:
         """The whole file. Raises FileNotFoundError when there is none, OSError when unreadable."""
 
-    def write(self, name: str, data) -> None:
+    def write(self, name: str, data: Buffer) -> None:
         """Store `data` (bytes or a buffer) under `name`, atomically: readers see all of it or none."""
 
     def exists(self, name: str) -> bool:
@@ -75,13 +78,13 @@ def check_name(name: str) -> str:
 class LocalStore:
     """An index root on a local (or shared, mounted) file system."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, LocalStore) and self.root.resolve() == other.root.resolve()
 
     def __hash__(self) -> int:
@@ -94,7 +97,7 @@ class LocalStore:
     def read(self, name: str) -> bytes:
         return self.path(name).read_bytes()
 
-    def write(self, name: str, data) -> None:
+    def write(self, name: str, data: Buffer) -> None:
         path = self.path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, data)
@@ -122,6 +125,6 @@ class LocalStore:
         return str(self.path(name).resolve())
 
 
-def as_store(where: IndexStore | str | os.PathLike) -> IndexStore:
+def as_store(where: IndexStore | str | os.PathLike[str]) -> IndexStore:
     """`where` itself when it is a store, else a LocalStore on that folder."""
     return where if isinstance(where, IndexStore) else LocalStore(where)

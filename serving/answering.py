@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -46,7 +48,18 @@ class AnswerResult:
         return bool(self.evidence)
 
 
-def answer_evidence(answer: str, passages) -> list[int]:
+class _PassageLike(Protocol):
+    """What `answer_evidence` reads of a passage (a retrieved or a reader passage)."""
+
+    @property
+    def title(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def published(self) -> dt.date: ...
+
+
+def answer_evidence(answer: str, passages: Iterable[_PassageLike]) -> list[int]:
     """The positions of `passages` (anything with `title`, `text` and `published`: retrieved or
     reader passages) whose headline or body states `answer` as a whole-token span, both SQuAD-
     normalised (`evaluation.metrics.answer_support`); the date prefix is left out, so "Friday" is

@@ -13,7 +13,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 import secrets
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -68,7 +70,7 @@ def register_version(
     parent_version: str | None = None,
     trained_until: dt.date | None = None,
     month: str | None = None,
-    metrics: dict | None = None,
+    metrics: dict[str, Any] | None = None,
     job_id: int | None = None,
     state: str = "ready",
     activate: bool = False,
@@ -188,7 +190,13 @@ activate = activate_version
 
 
 def import_version(
-    session: Session, folder: Path, *, models_dir: Path, activate: bool = False, check=None, origin: str | None = None
+    session: Session,
+    folder: Path,
+    *,
+    models_dir: Path,
+    activate: bool = False,
+    check: Callable[[Path], object] | None = None,
+    origin: str | None = None,
 ) -> ReaderModel:
     """Register a version folder trained elsewhere (`python -m models.train_exported`): its
     reader.json says the kind, the cut-off and the scores; `check(folder)` (default: nothing) loads
@@ -256,7 +264,9 @@ def import_version(
     return row
 
 
-def ready_infos(session: Session, models_dir: Path, kind: str = "gemma"):
+def ready_infos(
+    session: Session, models_dir: Path, kind: str = "gemma"
+) -> Iterator[tuple[ReaderModel, dict[str, Any]]]:
     """(row, reader.json) of each ready version of `kind`, newest first; a folder whose reader.json is
     missing or unreadable is passed over."""
     from models.trained import read_reader_info
@@ -278,7 +288,12 @@ def find_soup(session: Session, versions: list[str], *, models_dir: Path) -> str
 
 
 def soup_versions(
-    session: Session, versions: list[str], *, models_dir: Path, activate: bool = False, check=None
+    session: Session,
+    versions: list[str],
+    *,
+    models_dir: Path,
+    activate: bool = False,
+    check: Callable[[Path], object] | None = None,
 ) -> ReaderModel:
     """Register the uniform soup of ready Gemma LoRA versions (runs of the same settings, another seed
     each: `models.gemma_train.write_soup`) as a new version, like `import_version`: its reader.json

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -84,7 +85,7 @@ class ReaderState:
         assert serving is not None, "ReaderState.refresh() must run before the first request"
         return serving.reader
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         serving = self._current
         return {
             "reader": serving.reader.name if serving else None,
@@ -140,8 +141,8 @@ class ReaderState:
                 reader, self._preloaded = self._preloaded[1], None
             self._loading.add(key)
         try:
-            if reader is None:
-                reader = src.load_version(folder) if want is not None else src.load_fallback()
+            if reader is None:  # folder is set exactly when want is
+                reader = src.load_version(folder) if folder is not None else src.load_fallback()
         except Exception as exc:
             message = (
                 f"reader version {want} could not be loaded ({type(exc).__name__}: {exc})"
@@ -158,6 +159,7 @@ class ReaderState:
                 return self._serve_fallback()
             if nothing_serving:
                 raise
+            assert self._current is not None  # nothing_serving is false and _current never goes back to None
             log.error("%s; still serving %s", message, self._current.reader.name)
             return False
         with self._lock:
@@ -173,6 +175,7 @@ class ReaderState:
 
     def _serve_fallback(self) -> bool:
         """Nothing serves yet and the active version failed: serve the fallback rather than nothing."""
+        assert self._source is not None  # called by refresh, which follows the registry
         reader = self._source.load_fallback()  # raises: with no reader at all the process cannot serve
         with self._lock:
             if self._current is not None:

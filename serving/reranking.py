@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from serving.errors import NotFoundError
 
@@ -39,7 +39,7 @@ ACTIVE_FILE = "ACTIVE"
 INFO_FILE = "reranker.json"  # models.reranker.INFO_FILE (not imported: that module loads transformers)
 
 
-def list_reranker_versions(rerankers_dir: Path) -> list[dict]:
+def list_reranker_versions(rerankers_dir: Path) -> list[dict[str, Any]]:
     """The info of every version folder, oldest first, each with "active": bool."""
     import json
 
@@ -55,7 +55,7 @@ def list_reranker_versions(rerankers_dir: Path) -> list[dict]:
     return sorted(out, key=lambda i: (str(i.get("created_at", "")), i["version"]))
 
 
-def import_reranker(rerankers_dir: Path, folder: Path) -> dict:
+def import_reranker(rerankers_dir: Path, folder: Path) -> dict[str, Any]:
     """Copy a version folder trained elsewhere (`python -m models.train_exported_reranker`) into
     `rerankers_dir` under its version name, after checking that it loads and scores; a folder that
     does not, or a name already there, is refused (ValueError) and nothing is written. Returns its info."""
@@ -71,7 +71,7 @@ def import_reranker(rerankers_dir: Path, folder: Path) -> dict:
             "`python -m models.train_exported_reranker EXPORT --out DIR`"
         )
     try:
-        info = json.loads((folder / INFO_FILE).read_text())
+        info: dict[str, Any] = json.loads((folder / INFO_FILE).read_text())
         version = str(info["version"])
         model = load_reranker(folder)
         if hasattr(model, "scores"):
@@ -118,10 +118,12 @@ class RerankerState:
 
     def __init__(self, rerankers_dir: Path, load: Callable[[Path], object], *, poll_s: float = 2.0) -> None:
         self.dir, self._load, self.poll_s = Path(rerankers_dir), load, poll_s
-        self._model, self._version, self._checked = None, None, -math.inf
+        self._model: object | None = None
+        self._version: str | None = None
+        self._checked = -math.inf
         self._lock = threading.Lock()
 
-    def current(self):
+    def current(self) -> tuple[object | None, str | None]:
         """(model, version) serving now, (None, None) when no version is active."""
         now = time.monotonic()
         if now - self._checked >= self.poll_s:
@@ -157,7 +159,7 @@ def passage_input(title: str, text: str) -> str:
     return f"{title}. {text}" if title else text
 
 
-def candidate_of(p: RetrievedPassage, as_of: dt.date) -> dict:
+def candidate_of(p: RetrievedPassage, as_of: dt.date) -> dict[str, Any]:
     """What a re-ranker learns from and scores of one first-stage candidate (training and serving
     alike): its text as the cross-encoder reads it, its title, its age in days at `as_of`, the first
     stage's score and its article (models.ltr.candidate_features)."""
@@ -195,7 +197,7 @@ class RerankingRetriever:
         question: str,
         as_of: dt.date,
         top_k: int,
-        timings: dict | None = None,
+        timings: dict[str, float] | None = None,
     ) -> list[RetrievedPassage]:
         model, _ = self.state.current()
         t0 = time.perf_counter()
@@ -212,7 +214,7 @@ class RerankingRetriever:
         return out
 
 
-def rerank(model, question: str, as_of: dt.date, found: list[RetrievedPassage]) -> list[RetrievedPassage]:
+def rerank(model: Any, question: str, as_of: dt.date, found: list[RetrievedPassage]) -> list[RetrievedPassage]:
     """`found` re-scored by `model`: its score (a cross-encoder's reading of each passage, or a
     feature model's, models.ltr), plus its weight times the first stage's score, minus its recency
     prior; best first."""

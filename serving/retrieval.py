@@ -60,7 +60,7 @@ class Retriever(Protocol):
         question: str,
         as_of: dt.date,
         top_k: int,
-        timings: dict | None = None,
+        timings: dict[str, float] | None = None,
     ) -> list[RetrievedPassage]:
         """The hits' passages with their articles, in hit order (none after as_of). A stage that
         has parts of its own (a re-ranker) adds their milliseconds to `timings`."""
@@ -93,7 +93,7 @@ class DenseRetriever:
         question: str,
         as_of: dt.date,
         top_k: int,
-        timings: dict | None = None,
+        timings: dict[str, float] | None = None,
     ) -> list[RetrievedPassage]:
         return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
@@ -165,7 +165,7 @@ class Bm25Retriever:
         question: str,
         as_of: dt.date,
         top_k: int,
-        timings: dict | None = None,
+        timings: dict[str, float] | None = None,
     ) -> list[RetrievedPassage]:
         return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
@@ -227,14 +227,14 @@ class HybridRetriever:
         question: str,
         as_of: dt.date,
         top_k: int,
-        timings: dict | None = None,
+        timings: dict[str, float] | None = None,
     ) -> list[RetrievedPassage]:
         return fetch_passages(session, self.search(snapshot, question, as_of, top_k), as_of)
 
 
 def make_retriever(
     kind: str, encoder: TextEncoder, *, fusion: str = "rrf", dense_weight: float = 0.5, recency: float = 0.0
-):
+) -> Retriever:
     """The retriever SQA_RETRIEVER names: "dense", "bm25" or "hybrid" (with SQA_RECENCY_WEIGHT)."""
     if kind == "dense":
         return DenseRetriever(encoder)

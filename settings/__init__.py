@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -299,7 +299,7 @@ class Settings(BaseSettings):
 
     @field_validator("rate_limit", "admin_failure_limit")
     @classmethod
-    def _limit(cls, v: str, info) -> str:
+    def _limit(cls, v: str, info: ValidationInfo) -> str:
         v = v.strip()
         if not v and info.field_name == "rate_limit":
             return v

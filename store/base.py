@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import DateTime, MetaData
+from sqlalchemy import DateTime, Dialect, MetaData
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
@@ -22,20 +22,20 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-class UTCDateTime(TypeDecorator):
+class UTCDateTime(TypeDecorator[dt.datetime]):
     """Timezone-aware UTC timestamps on every backend (SQLite drops the zone; we put it back)."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value, dialect):
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError(f"naive datetime {value!r}: use timezone-aware UTC timestamps")
         return value.astimezone(dt.UTC)
 
-    def process_result_value(self, value, dialect):
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
@@ -21,7 +22,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - trivial
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:  # pragma: no cover - trivial
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
@@ -66,7 +67,8 @@ _REVISION = re.compile(r"^(down_revision|revision)\s*(?::[^=]*)?=\s*(?:['\"]([^'
 @functools.cache
 def head_revisions() -> frozenset[str]:
     """The newest migration(s): the revisions of migrations/versions that none revises."""
-    revisions, downs = set(), set()
+    revisions: set[str] = set()
+    downs: set[str] = set()
     for path in (Path(str(files("migrations"))) / "versions").glob("*.py"):
         for kind, value in _REVISION.findall(path.read_text(encoding="utf-8")):
             (revisions if kind == "revision" else downs).add(value)

@@ -41,7 +41,7 @@ class IntakeCounts:
         self.outcomes += other.outcomes
         self.article_ids += other.article_ids
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, int]:
         return {"new": self.new, "updated": self.updated, "duplicate": self.duplicate}
 
 

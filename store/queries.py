@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -15,6 +16,8 @@ from store.tables import Article, Passage, Question
 
 CHUNK = 500
 
+T = TypeVar("T")
+
 
 @dataclass
 class UpsertCounts:
@@ -24,7 +27,7 @@ class UpsertCounts:
     changed_months: set[str] = field(default_factory=set)  # months whose indexed text may be stale
 
 
-def _chunks(items: Sequence, n: int = CHUNK) -> Iterable[Sequence]:
+def _chunks(items: Sequence[T], n: int = CHUNK) -> Iterable[Sequence[T]]:
     for i in range(0, len(items), n):
         yield items[i : i + n]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -40,7 +41,7 @@ class Article(Base):
     # are retired from later snapshots); authors and language as the pushing client gave them.
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    authors: Mapped[list] = mapped_column(JSON, default=list)
+    authors: Mapped[list[str]] = mapped_column(JSON, default=list)
     language: Mapped[str] = mapped_column(String(16), default="")
 
 
@@ -118,10 +119,10 @@ class Question(Base):
     qid: Mapped[str] = mapped_column(String(128), unique=True)
     text: Mapped[str] = mapped_column(Text)
     asked: Mapped[dt.date] = mapped_column(Date, index=True)
-    answers: Mapped[list] = mapped_column(JSON)
-    choices: Mapped[list] = mapped_column(JSON, default=list)
+    answers: Mapped[list[str]] = mapped_column(JSON)
+    choices: Mapped[list[str]] = mapped_column(JSON, default=list)
     subset: Mapped[str] = mapped_column(String(32), index=True)
-    meta: Mapped[dict] = mapped_column(JSON, default=dict)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
 class IndexSnapshot(Base):
@@ -142,7 +143,7 @@ class IndexSnapshot(Base):
     encoder: Mapped[str] = mapped_column(String(256))
     dim: Mapped[int] = mapped_column(Integer)
     total: Mapped[int] = mapped_column(BigInteger)
-    shard_keys: Mapped[list] = mapped_column(JSON)
+    shard_keys: Mapped[list[str]] = mapped_column(JSON)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
     kind: Mapped[str] = mapped_column(String(16), default="serving", server_default="serving", index=True)
     label: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -156,13 +157,13 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
-    params: Mapped[dict] = mapped_column(JSON, default=dict)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # queued -> running -> succeeded | failed | interrupted
     state: Mapped[str] = mapped_column(String(16), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     message: Mapped[str] = mapped_column(Text, default="")
-    counts: Mapped[dict] = mapped_column(JSON, default=dict)
-    timings: Mapped[dict] = mapped_column(JSON, default=dict)
+    counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -179,9 +180,9 @@ class EvalRun(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))  # "quarterly" | "replay"
     # What the run covers and the settings that matter (reader, encoder, top_k, snapshots, window).
-    params: Mapped[dict] = mapped_column(JSON, default=dict)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     state: Mapped[str] = mapped_column(String(16), default="running")  # running | succeeded | failed
-    summary: Mapped[dict] = mapped_column(JSON, default=dict)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     report_dir: Mapped[str | None] = mapped_column(String(512), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
@@ -207,7 +208,7 @@ class EvalResult(Base):
     f1: Mapped[float | None] = mapped_column(Float, nullable=True)
     recall: Mapped[float] = mapped_column(Float)  # a gold answer string in the top-k passages (0/1)
     days: Mapped[float | None] = mapped_column(Float, nullable=True)  # median days question - cited passages
-    passages: Mapped[list] = mapped_column(JSON, default=list)  # [[passage_id, "YYYY-MM-DD", score], ...]
+    passages: Mapped[list[list[Any]]] = mapped_column(JSON, default=list)  # [[passage_id, "YYYY-MM-DD", score], ...]
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
     # Whether a passage the reader read states the answer, and the reader's probability of it
     # (evaluation.trust); None when not read, for a reader that gives no confidence, and on the
@@ -245,7 +246,7 @@ class ReaderModel(Base):
     month: Mapped[str | None] = mapped_column(String(7), nullable=True)  # "YYYY-MM" for a fine-tune
     state: Mapped[str] = mapped_column(String(16), default="ready")  # training | ready | failed
     active: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
@@ -270,5 +271,5 @@ class MonthDrift(Base):
     encoder: Mapped[str] = mapped_column(String(256))
     n_target: Mapped[int] = mapped_column(Integer)  # passages of the month
     n_source: Mapped[int] = mapped_column(Integer)  # passages of the reference months
-    measures: Mapped[dict] = mapped_column(JSON, default=dict)  # {"unseen_words": .., "cosine": .., "kl": ..}
+    measures: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # {"unseen_words": .., "cosine": .., "kl": ..}
     computed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
