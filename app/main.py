@@ -18,16 +18,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.api import protection
 from app.api.request_ids import RequestIds, current_request_id
 from app.api.routes import admin, answers, articles, evaluations, feeds, health, schedule
-from app.bootstrap import (
-    build_answer_service,
-    build_context,
-    build_encoder,
-    build_reader_state,
-    job_locks,
-    open_database,
-    scheduler_config,
-)
+from app.bootstrap import build_context, job_locks
+from app.bootstrap.builders import build_answer_service, build_encoder, build_reader_state, open_database
+from app.bootstrap.job_configs import scheduler_config
 from app.web import dashboard as web_dashboard
+from app.web import dashboard_auth as web_dashboard_auth
+from app.web import dashboard_evaluations as web_dashboard_evaluations
 from app.web import pages as web_pages
 from app.web.templating import error_page, static_files, wants_page
 from indexer.dates import InvalidDateError
@@ -151,7 +147,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(schedule.router)
     # The pages: ask (/), the dashboard (/dashboard), their stylesheet and script (/static).
     app.include_router(web_pages.router)
+    app.include_router(web_dashboard_auth.router)
     app.include_router(web_dashboard.router)
+    app.include_router(web_dashboard_evaluations.router)
     app.mount("/static", static_files(), name="static")
 
     @app.middleware("http")
@@ -166,8 +164,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
 
-    @app.exception_handler(web_dashboard.LoginRequired)
-    async def _login_required(_: Request, exc: web_dashboard.LoginRequired) -> RedirectResponse:
+    @app.exception_handler(web_dashboard_auth.LoginRequired)
+    async def _login_required(_: Request, exc: web_dashboard_auth.LoginRequired) -> RedirectResponse:
         return RedirectResponse(f"/dashboard/login?{urlencode({'next': exc.next_url})}", status_code=303)
 
     @app.exception_handler(StarletteHTTPException)

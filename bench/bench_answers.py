@@ -48,7 +48,8 @@ def build_home(
     home: Path, data: Path, since: dt.date | None, until: dt.date | None, encoder: str, max_articles: int = 0
 ) -> None:
     """Import the window's questions and articles into a fresh SQA_HOME and ingest its months."""
-    from app.bootstrap import build_encoder, ingest_config, open_database
+    from app.bootstrap.builders import build_encoder, open_database
+    from app.bootstrap.job_configs import ingest_config
     from indexer.importers import read_realtimeqa
     from settings import Settings
     from workers.imports import store_records
@@ -93,7 +94,7 @@ def pick_questions(
     """Up to n (text, asked, gold) from the home's database, and how many were left out for needing choices."""
     from sqlalchemy import select
 
-    from app.bootstrap import open_database
+    from app.bootstrap.builders import open_database
     from settings import Settings
     from store.tables import Question
 

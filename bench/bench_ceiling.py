@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_quality import (
+from bench.served_questions import (
     KS,
     NotReady,
     each_window,

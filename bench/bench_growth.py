@@ -122,7 +122,8 @@ def main() -> int:
     import psutil
     from sqlalchemy import select
 
-    from app.bootstrap import build_encoder, ingest_config, open_database
+    from app.bootstrap.builders import build_encoder, open_database
+    from app.bootstrap.job_configs import ingest_config
     from app.server_process import served
     from settings import Settings
     from store.tables import IndexSnapshot

@@ -40,7 +40,7 @@ def read_back(sf, keys: list[str]) -> list[tuple[str, dt.date]]:
     from sqlalchemy import select
 
     from store.tables import Article
-    from workers.ingest import ShardPlan
+    from workers.ingest_plans import ShardPlan
 
     out = []
     with sf() as session:
@@ -99,7 +99,8 @@ def main() -> int:
 
     import torch
 
-    from app.bootstrap import build_encoder, ingest_config, open_database
+    from app.bootstrap.builders import build_encoder, open_database
+    from app.bootstrap.job_configs import ingest_config
     from indexer.chunking import chunk_texts
     from indexer.importers import read_realtimeqa
     from settings import Settings

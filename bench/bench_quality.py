@@ -4,7 +4,7 @@ on the gold passage, end to end, and the time of each stage, on fixed question s
     .venv/bin/python -m bench.bench_quality --home "$SQA_HOME" --out /tmp/quality.json
     SQA_READER=first-entity .venv/bin/python -m bench.bench_quality --home "$SQA_HOME" --windows 2023-04-01:2023-06-30
 
-It builds the answer service exactly as `sqa serve` does (app.bootstrap.build_answer_service: the
+It builds the answer service exactly as `sqa serve` does (app.bootstrap.builders.build_answer_service: the
 SQA_* settings of the environment with their defaults: retriever, reader, passages) over the home's
 serving snapshot, and for each window (default: 2023-01..03, the tuning quarter, and 2023-04..06,
 the reporting quarter) takes RealTimeQA's generation subset of the window's questions (a --seed
@@ -35,40 +35,35 @@ the same reader, snapshot and question, so a long run can be killed and resumed.
 
 from __future__ import annotations
 
-import argparse
-import bisect
 import datetime as dt
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
 
-from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
-from evaluation.metrics import answer_in_haystack, answer_in_text, haystack
+# What the benchmarks over a home's questions share: the served pipeline, the windows and their options.
+from bench.served_questions import (
+    KS,
+    NotReady,
+    each_window,
+    open_recorded_snapshot,
+    open_served,
+    own_article_hit,
+    parsed_windows,
+    question_arguments,
+)
+from evaluation.bakeoff import latency_summary, load_baseline_predictions, score
+from evaluation.metrics import answer_in_text
 from evaluation.paired import correct, describe_paired, em_interval, paired_em
+from evaluation.recent_news import RecentNews
 from evaluation.trust import Judged, confidence_bands, describe, grounded_split
 from indexer.chunking import passage_body
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 DEFAULT_WINDOWS = "2023-01-01:2023-03-31,2023-04-01:2023-06-30"
-KS = (1, 5, 10, 20, 50)
 NEWS_DAYS = (7, 30)  # "in the news of the N days before the question"
-
-
-def parse_windows(text: str) -> list[tuple[dt.date, dt.date]]:
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        first, _, last = part.partition(":")
-        a, b = dt.date.fromisoformat(first), dt.date.fromisoformat(last)
-        if a > b:
-            raise ValueError(f"window {part}: {a} is after {b}")
-        out.append((a, b))
-    if not out:
-        raise ValueError("no window given (use FIRST:LAST,...)")
-    return out
 
 
 class AnswerCache:
@@ -91,106 +86,21 @@ class AnswerCache:
                 fh.write(json.dumps(record) + "\n")
 
 
-def each_window(db, args):
-    """(label, last day, questions, left out by reason) for each of `args.windows` (window_questions
-    with --max-questions and --seed); a window without questions is said and skipped."""
-    for first, last in args.windows:
-        questions, left_out = window_questions(db, first, last, args.max_questions, args.seed)
-        label = f"{first}..{last}"
-        if not questions:
-            print(f"\n{label}: no questions in this window (imported?)")
-            continue
-        yield label, last, questions, left_out
-
-
-class NotReady(Exception):
-    """A home that cannot serve yet: no database, or no index snapshot (the message says what to run)."""
-
-
-def open_served(home: Path):
-    """(db, service, serving snapshot) as `sqa serve` builds them over `home`, from the environment's
-    SQA_* settings with their defaults; NotReady without a database or an index snapshot. The caller
-    closes db."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
-        raise NotReady(
-            f"{home} holds no database: import and ingest the RealTimeQA slice first "
-            "(../shared/data/realtimeqa; see README)"
-        )
-    from app.bootstrap import build_answer_service, build_encoder, open_database
-    from settings import Settings
-
-    settings = Settings(home=home)
-    db = open_database(settings, migrate=False)
-    try:
-        service = build_answer_service(settings, db, build_encoder(settings))
-        if not service.index_state.refresh() and service.index_state.current() is None:
-            raise NotReady(f"no index snapshot in {home}: run `sqa ingest` first")
-    except BaseException:
-        db.close()
-        raise
-    return db, service, service.index_state.current()
-
-
-def window_questions(db, first: dt.date, last: dt.date, max_questions: int, seed: int):
-    """(questions, left out by reason): RealTimeQA's generation subset of the questions asked in
-    [first, last], a `seed` sample of `max_questions` of them (0: all), by date."""
-    from workers.bakeoff_gold import load_questions
-
-    kept, left_out = generation_subset(load_questions(db.sessions, first, last))
-    questions = sorted(kept, key=lambda q: (q.asked, q.qid))
-    if max_questions and len(questions) > max_questions:
-        questions = sorted(random.Random(seed).sample(questions, max_questions), key=lambda q: (q.asked, q.qid))
-    return questions, left_out
-
-
-def own_article_hit(session, question) -> bool:
-    """Does any stored article of the question's own (its gold and search-result articles, published
-    by its date) hold a gold answer?"""
+def stored_articles(session):
+    """RecentNews's `articles`: (published, text) of the stored articles published in [first, last],
+    by day (and id within a day)."""
     from sqlalchemy import select
 
     from store.tables import Article
 
-    meta = question.meta or {}
-    urls = list(dict.fromkeys([*meta.get("gold_urls", []), *meta.get("search_result_urls", [])]))
-    if not urls:
-        return False
-    texts = session.scalars(
-        select(Article.text).where(Article.url.in_(urls), Article.published <= question.asked)
-    ).all()
-    return any(answer_in_text(list(question.answers), t) for t in texts)
-
-
-class RecentNews:
-    """The stored articles published from `max(days)` days before the first question to the last
-    question's date, normalised once (`evaluation.metrics.haystack`) and ordered by day, so that
-    `holds` asks "is an answer in the news of the N days before?" for each question cheaply."""
-
-    def __init__(self, session, questions, days: tuple[int, ...] = NEWS_DAYS) -> None:
-        from sqlalchemy import select
-
-        from store.tables import Article
-
-        if not questions:
-            self._days, self._texts = [], []
-            return
-        first = min(q.asked for q in questions) - dt.timedelta(days=max(days))
-        last = max(q.asked for q in questions)
-        rows = session.execute(
+    def between(first: dt.date, last: dt.date):
+        return session.execute(
             select(Article.published, Article.text)
             .where(Article.published >= first, Article.published <= last)
             .order_by(Article.published, Article.id)
         ).all()
-        self._days = [published for published, _ in rows]
-        self._texts = [haystack(text) for _, text in rows]
 
-    def holds(self, question, days: int) -> bool:
-        """Whether an article published in [asked - days, asked] holds a gold answer."""
-        lo = bisect.bisect_left(self._days, question.asked - dt.timedelta(days=days))
-        hi = bisect.bisect_right(self._days, question.asked)
-        answers = list(question.answers)
-        return any(answer_in_haystack(answers, text) for text in self._texts[lo:hi])
+    return between
 
 
 def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
@@ -212,7 +122,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
     n_read = service.passages_for(reader)
     news: dict[int, set[str]] = {days: set() for days in NEWS_DAYS}  # questions whose answer the N days' news holds
     with sessions() as session:
-        recent = RecentNews(session, questions)
+        recent = RecentNews(questions, stored_articles(session), NEWS_DAYS)
         for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
             found = service.retriever.retrieve(session, snap, q.text, q.asked, max(KS))
             assert all(p.published <= q.asked for p in found), "a passage published after the question date"
@@ -363,20 +273,6 @@ def right_answers(predictions: dict[str, str | None], questions) -> dict[str, bo
     return {q.qid: correct(predictions.get(q.qid), q.answers) for q in questions}
 
 
-def open_recorded_snapshot(service, db, snapshot_id: str):
-    """A recorded index state (an older serving snapshot, or a replay's quarter-end one), or None."""
-    from sqlalchemy import select
-
-    from store.tables import IndexSnapshot
-
-    with db.sessions() as session:
-        row = session.scalars(select(IndexSnapshot).where(IndexSnapshot.snapshot_id == snapshot_id)).first()
-        if row is None:
-            return None
-        session.expunge(row)
-    return service.index_state.open(row)
-
-
 def print_window(label: str, m: dict, baseline: dict | None) -> None:
     r, e, g, lat = m["recall"], m["end_to_end"], m["gold_passage"], m["latency_ms"]
     print(f"\n{label}: {m['n']} questions (generation subset)")
@@ -430,33 +326,6 @@ def print_window(label: str, m: dict, baseline: dict | None) -> None:
     print(
         "  latency ms        " + "  ".join(f"{s} p50 {v['p50_ms']} p95 {v['p95_ms']}" for s, v in lat.items() if v["n"])
     )
-
-
-def question_arguments(description: str, windows: str, max_questions: int) -> argparse.ArgumentParser:
-    """A parser with the options every benchmark over a home's questions takes: --home, --windows,
-    --max-questions and --seed (`parsed_windows` checks them)."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--home",
-        default=os.environ.get("SQA_HOME", ".sqa"),
-        help="SQA_HOME with the questions imported and the windows' months ingested",
-    )
-    ap.add_argument("--windows", default=windows, help="FIRST:LAST question days, comma-separated")
-    ap.add_argument("--max-questions", type=int, default=max_questions, help="a --seed sample per window (0: all)")
-    ap.add_argument("--seed", type=int, default=0)
-    return ap
-
-
-def parsed_windows(ap: argparse.ArgumentParser, argv):
-    """`ap`'s arguments with --windows parsed; a bad window or a negative --max-questions exits 2."""
-    args = ap.parse_args(argv)
-    try:
-        args.windows = parse_windows(args.windows)
-    except ValueError as exc:
-        ap.error(str(exc))
-    if args.max_questions < 0:
-        ap.error("--max-questions must be >= 0")
-    return args
 
 
 def parse_args(argv):

@@ -6,7 +6,7 @@ of questions and scored on another.
 
 For each question of the two windows (default: 2023-03, the month the training after ingest holds
 back, and 2023-04..06, the reporting quarter; RealTimeQA's generation subset), over the served
-pipeline (app.bootstrap.build_answer_service with the environment's SQA_* settings):
+pipeline (app.bootstrap.builders.build_answer_service with the environment's SQA_* settings):
 
 - the served answer: the reader on the top `n` passages (n = the reader's own number, 3 for Gemma);
 - the same reader on passages n+1..2n and 2n+1..3n (windows 2 and 3): other answers it would give;
@@ -37,7 +37,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from bench.bench_quality import parse_windows
+from bench.served_questions import parse_windows
 from evaluation.bakeoff import score
 from evaluation.metrics import exact_match, normalize_answer
 
@@ -79,7 +79,7 @@ def score_continuations(model, tokenizer, prompt: str, answers: list[str]) -> li
 def measure(service, session, snap, q, nlp, *, max_candidates: int) -> dict:
     """One question's record: the window answers, the candidates and the log-probability matrix."""
     from models.candidates import annotate_passages, candidates, features, question_type
-    from models.gemma import build_prompt
+    from models.gemma_prompt import build_prompt
     from models.ranker import passage_bodies, ranker_item
     from models.readers import ReaderPassage
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    from app.bootstrap import build_answer_service, build_encoder, open_database
+    from app.bootstrap.builders import build_answer_service, build_encoder, open_database
     from evaluation.bakeoff import generation_subset
     from models.selflabel.generate import load_nlp
     from settings import Settings

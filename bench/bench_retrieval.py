@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sqlalchemy import select
 
-    from app.bootstrap import build_encoder, index_state, open_database
+    from app.bootstrap.builders import build_encoder, index_state, open_database
     from serving.retrieval import make_retriever
     from settings import Settings
     from store.tables import Question

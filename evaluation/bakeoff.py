@@ -1,6 +1,7 @@
 """The reader bake-off's pure parts: the generation subset, published baselines, scoring, latency
-summaries. `bench/bench_readers.py` wires them to the database, the index and the readers; the
-gold-containing passage is looked up in the database by `workers/bakeoff_gold.py`.
+summaries. `bench/bench_readers.py` (its parts in `bench/bakeoff_runs.py`) wires them to the database,
+the index and the readers; the gold-containing passage is looked up in the database by
+`workers/bakeoff_gold.py`.
 
 Questions are anything with `qid`, `text`, `asked`, `answers` (gold strings) and `meta` (the ORM
 `Question` or a plain stand-in). Scores are fractions in [0, 1]; the primary metric is

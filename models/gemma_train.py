@@ -2,10 +2,10 @@
 
 A version folder holds only what was trained (`trained.safetensors`: the LoRA matrices, about 15 MB,
 or the last decoder layers) and `gemma_config.json`; the 1 GB base is rebuilt from the package by
-`models.gemma.gemma_folder` (once per SQA_HOME, in `$SQA_HOME/models/base`) and the saved tensors go
+`models.gemma_weights.gemma_folder` (once per SQA_HOME, in `$SQA_HOME/models/base`) and the saved tensors go
 on top. The config is the model's only constructor argument besides the base and wins on reload.
 
-Training sees exactly the prompt the served reader builds (`models.gemma.build_prompt`, tokenized on
+Training sees exactly the prompt the served reader builds (`models.gemma_prompt.build_prompt`, tokenized on
 its own, with <bos>), followed by the target " <answer>\\n" tokenized on its own:
 
     ids     <bos> Passage: ... Question (asked on ...): ... Short answer: | ▁Denver ▁Nuggets \\n
@@ -16,6 +16,9 @@ its passages cut (all to the same number of words), never the question or the an
 cross-entropy on the answer tokens only, and the logits are computed only there: 168M of the 268M
 parameters are the 262k-token vocabulary, so the full B x L x 262k output head would cost three
 times the rest of the step. The embeddings (tied to the output head) stay frozen.
+
+The config is models.gemma_config's `GemmaConfig`; a soup of versions trained alike is written by
+`write_soup` (the arithmetic: models.gemma_soup).
 """
 
 from __future__ import annotations
@@ -24,142 +27,23 @@ import copy
 import dataclasses
 import json
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from models.gemma import (
-    FOLDER_NAME,
-    PRECISIONS,
-    GemmaReader,
-    build_prompt,
-    build_target,
-    gemma_folder,
-    reader_context,
-    resolve_training_precision,
-)
+from models.gemma import GemmaReader
+from models.gemma_config import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
+from models.gemma_prompt import build_prompt, build_target, fit_prompt, reader_context
+from models.gemma_soup import soup_config, soup_state
+from models.gemma_weights import FOLDER_NAME, gemma_folder, resolve_training_precision
 from models.reader_base import Item, ReaderPassage, final_answer
-from models.saved_config import SavedConfig
-
-CONFIG_FILE = "gemma_config.json"
-WEIGHTS_FILE = "trained.safetensors"
-METHODS = ("lora", "last-layers")
-# Every linear projection of attention and MLP (Gemma 3: q/k/v/o and the gated MLP).
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class GemmaConfig(SavedConfig):
-    n_passages: int = 3  # passages read per question, in training and serving
-    max_passage_words: int = 100  # per passage, its date prefix counted (the served prompt's cut)
-    # Training tokens per example (<bos> + prompt + answer): passages are cut to fit. 0: none are cut,
-    # training reads the served prompt whole (five 100-word passages are ~750 tokens).
-    max_length: int = 320
-    max_answer_tokens: int = 24  # training target, newline included
-    max_new_tokens: int = 16  # generation
-    # 0: the first max_passage_words of each of the first n_passages (the original prompt); else the
-    # sentences of the first n_passages that bear on the question, this many words in all (models.reader_context)
-    context_words: int = 0
-    # Each article's headline after a passage's date (models.reader_context.add_titles). False in configs
-    # saved before it existed: a version reads the prompt it was trained on.
-    titles: bool = False
-    method: str = "lora"  # "lora" (peft adapters) | "last-layers" (train the last decoder layers)
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_targets: tuple[str, ...] = LORA_TARGETS
-    last_layers: int = 4  # "last-layers": how many decoder layers train (with the final norm)
-    base: str = FOLDER_NAME  # the packaged base it was trained on
-    base_cache: str = ""  # where that base was when it was trained: a hint for load()
-    # The number format of training's matmuls (models.gemma.resolve_training_precision): "bfloat16"
-    # runs the forward and backward passes under bfloat16 autocast, the weights and the optimizer
-    # staying in float32; "auto" does so on a GPU with bfloat16 and on every CPU oneDNN computes it
-    # on, natively or emulated (AVX-512). Validation reads as the service would: "auto" there is
-    # models.gemma.resolve_precision's (bfloat16 only where it is native).
-    precision: str = "auto"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))  # JSON gives a list
-        if self.method not in METHODS:
-            raise ValueError(f"method {self.method!r} is unknown (use {' or '.join(METHODS)})")
-        for name in ("n_passages", "max_passage_words", "max_answer_tokens", "max_new_tokens", "lora_r", "last_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.context_words < 0:
-            raise ValueError(f"context_words must be 0 or positive, got {self.context_words}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.max_length < 0:
-            raise ValueError(f"max_length must be 0 (the served prompt whole) or positive, got {self.max_length}")
-        if self.max_length and self.max_length < 2 * self.max_answer_tokens:
-            raise ValueError(
-                f"max_length {self.max_length} leaves no room for the passages and question "
-                f"(max_answer_tokens is {self.max_answer_tokens})"
-            )
-
-
-def fit_prompt(
-    question: str,
-    as_of,
-    passages: Sequence[ReaderPassage],
-    max_words: int,
-    budget: int,
-    count: Callable[[str], int],
-    *,
-    context_words: int = 0,
-    titles: bool = False,
-) -> str:
-    """`build_prompt` with every passage cut to the same number of words, the most (up to `max_words`)
-    that keeps `count(prompt) <= budget`; the question is never cut (without room, passages keep one
-    word). `count` is the tokenizer's length of a prompt. With `context_words`, the sentences are
-    selected again with a smaller word budget instead (`reader_context`), so that what is cut is
-    what matters least. With `titles`, the passages carry their headlines as served (`reader_context`:
-    the cut applies to the passage's own words)."""
-    if context_words:
-        words = context_words
-        while True:
-            kept = reader_context(
-                question,
-                passages,
-                n_passages=len(passages),
-                max_passage_words=max_words,
-                context_words=words,
-                titles=titles,
-            )
-            prompt = build_prompt(question, as_of, kept, None)
-            n = count(prompt)
-            if n <= budget or words <= 8:
-                return prompt
-            words = max(8, min(words - 8, int(words * budget / n)))
-
-    def render(words: int, passages=passages) -> str:
-        return build_prompt(
-            question,
-            as_of,
-            reader_context(question, passages, n_passages=len(passages), max_passage_words=words, titles=titles),
-            None,
-        )
-
-    words = min(max_words, max((len(p.text.split()) for p in passages), default=1))
-    prompt = render(words)
-    n = count(prompt)
-    if n <= budget or not passages:
-        return prompt
-    fixed = count(render(words, []))  # the question part, never cut
-    while n > budget and words > 1:
-        # Scale the passages' share to the room left; at least one word less each round.
-        words = max(1, min(words - 1, int(words * max(budget - fixed, 0) / max(n - fixed, 1))))
-        prompt = render(words)
-        n = count(prompt)
-    return prompt
 
 
 def _load_base(cache_dir: Path | None):
     """(Gemma3ForCausalLM in float32, tokenizer) of the packaged base, converted on first use."""
-    from models.gemma import _load
+    from models.gemma_weights import _load
 
     return _load(gemma_folder(cache_dir))
 
@@ -167,7 +51,7 @@ def _load_base(cache_dir: Path | None):
 def _base_cache(folder: Path, config: GemmaConfig, cache_dir: Path | None) -> Path | None:
     """Where the base lives for a saved version: `cache_dir` if given, else the version's sibling
     `base/` (versions live in $SQA_HOME/models, the base in $SQA_HOME/models/base), else the folder it
-    was trained from when it still holds the converted base, else models.gemma's default."""
+    was trained from when it still holds the converted base, else models.gemma_weights' default."""
     if cache_dir is not None:
         return Path(cache_dir)
     sibling = folder.parent / "base"
@@ -402,7 +286,7 @@ class GemmaModel:
     def _generate_rows(self, items: Sequence[Item]) -> list[str]:
         """The raw first lines generated for items whose passages are what the reader reads
         (`context`, as cut; none empty), as one left-padded batch."""
-        from models.gemma import _first_line_stop
+        from models.gemma_decoding import _first_line_stop
 
         cfg = self.config
         prompts = [self._ids(build_prompt(q, as_of, ps, None), special=True) for q, as_of, ps in items]
@@ -469,63 +353,6 @@ class GemmaModel:
         )
 
 
-# What may differ between the members of a soup: where each found its base, and how it trained.
-SOUP_FREE = ("base_cache", "lora_dropout", "precision")
-
-
-def soup_config(configs: Sequence[GemmaConfig]) -> GemmaConfig:
-    """The config of the uniform soup of LoRA runs (`soup_state`): the members' own, with n times the
-    rank and alpha (the adapters' scale alpha/r unchanged).
-
-    Raises:
-        ValueError: fewer than two members, a member not trained with LoRA, or members that differ in
-        anything but `SOUP_FREE` (another base, prompt or rank: their weights do not average).
-    """
-    if len(configs) < 2:
-        raise ValueError(f"a soup needs at least two versions, got {len(configs)}")
-    first = configs[0]
-    for i, c in enumerate(configs):
-        if c.method != "lora":
-            raise ValueError(f"member {i + 1} was trained with {c.method!r}: a soup averages LoRA adapters")
-        differ = [
-            f.name
-            for f in dataclasses.fields(c)
-            if f.name not in SOUP_FREE and getattr(c, f.name) != getattr(first, f.name)
-        ]
-        if differ:
-            raise ValueError(
-                f"member {i + 1} differs from the first in {', '.join(differ)}: only runs of the "
-                "same settings (another seed) average"
-            )
-    n = len(configs)
-    return dataclasses.replace(first, lora_r=first.lora_r * n, lora_alpha=first.lora_alpha * n)
-
-
-def soup_state(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The uniform soup of LoRA runs from one base: the mean of their weight changes B_i A_i, written
-    exactly as one LoRA of n times the rank (the A matrices stacked, the B matrices side by side and
-    divided by n; `soup_config` keeps alpha/r). Merged for serving, it costs what one model costs.
-
-    Raises:
-        ValueError: members with other tensors or shapes, or a tensor that is not a LoRA A or B.
-    """
-    if len(states) < 2:
-        raise ValueError(f"a soup needs at least two states, got {len(states)}")
-    names = set(states[0])
-    for i, st in enumerate(states[1:], 2):
-        if set(st) != names or any(st[k].shape != states[0][k].shape for k in names):
-            raise ValueError(f"member {i}'s trained tensors do not match the first's (another rank or targets)")
-    n, out = len(states), {}
-    for k in sorted(names):
-        if ".lora_A." in k:
-            out[k] = torch.cat([st[k] for st in states], dim=0)
-        elif ".lora_B." in k:
-            out[k] = torch.cat([st[k] for st in states], dim=1) / n
-        else:
-            raise ValueError(f"{k} is not a LoRA adapter: a soup averages LoRA runs only")
-    return out
-
-
 def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     """Write the soup of the Gemma version folders `folders` (trained tensors and config, as
     `GemmaModel.save` writes them) to `dest`; returns its config. `GemmaModel.load(dest)` serves it."""
@@ -546,13 +373,4 @@ def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     return config
 
 
-__all__ = [
-    "GemmaConfig",
-    "GemmaModel",
-    "fit_prompt",
-    "LORA_TARGETS",
-    "METHODS",
-    "soup_config",
-    "soup_state",
-    "write_soup",
-]
+__all__ = ["GemmaModel", "write_soup"]

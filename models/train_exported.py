@@ -105,7 +105,8 @@ def train_exported(
     same command resumes an interrupted run (with the same overrides)."""
     import torch
 
-    from models.gemma_train import GemmaConfig, GemmaModel
+    from models.gemma_config import GemmaConfig
+    from models.gemma_train import GemmaModel
     from models.trained import write_reader_info
     from models.training import ReaderTrainer, TrainConfig, _write_folder, load_examples
 
@@ -214,7 +215,7 @@ def train_exported(
 
 
 def _parser() -> argparse.ArgumentParser:
-    from models.gemma import PRECISIONS  # light: no torch, no transformers
+    from models.gemma_weights import PRECISIONS  # light: no torch, no transformers
 
     p = argparse.ArgumentParser(
         prog="python -m models.train_exported",
@@ -230,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
         "--base-cache",
         type=Path,
         default=None,
-        help="where the packaged base is converted (default: models.gemma's cache)",
+        help="where the packaged base is converted (default: models.gemma_weights' cache)",
     )
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)

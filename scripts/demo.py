@@ -49,7 +49,7 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
     """
     from sqlalchemy import select
 
-    from app.bootstrap import open_database
+    from app.bootstrap.builders import open_database
     from settings import get_settings
     from store.tables import Article, Passage, Question
 

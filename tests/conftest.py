@@ -102,7 +102,8 @@ def production_settings(make_settings):
 
 def load_sample(settings: Settings, through: str = "2024-03", since=None, until=None):
     """Import the shipped sample and ingest it through `through`; returns the last ingest job."""
-    from app.bootstrap import build_encoder, ingest_config, open_database
+    from app.bootstrap.builders import build_encoder, open_database
+    from app.bootstrap.job_configs import ingest_config
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records
     from workers.ingest import ingest
@@ -180,13 +181,13 @@ def wait_job():
 
 @pytest.fixture(scope="session")
 def gemma_cache(tmp_path_factory):
-    """A cache dir holding the converted Gemma 3 270M (models.gemma.gemma_folder), shared by the
+    """A cache dir holding the converted Gemma 3 270M (models.gemma_weights.gemma_folder), shared by the
     session's tests: the folder SQA_TEST_GEMMA_CACHE names when it holds a converted model (read only,
     saves the conversion), else the run's one GGUF conversion (about 40 s on a busy CPU). Under
     pytest-xdist the workers share it: the first converts, the others wait on a file lock and reuse it."""
     from filelock import FileLock
 
-    from models.gemma import FOLDER_NAME, gemma_folder
+    from models.gemma_weights import FOLDER_NAME, gemma_folder
 
     given = os.environ.get("SQA_TEST_GEMMA_CACHE", "")
     if given and (Path(given) / FOLDER_NAME / "model.safetensors").exists():
@@ -198,19 +199,3 @@ def gemma_cache(tmp_path_factory):
     with FileLock(str(shared / "gemma-cache.lock")):
         gemma_folder(cache)
     return cache
-
-
-def load_script(relative: str):
-    """A script of the repository (bench/*.py, scripts/*.py: run as files, not an installed package)
-    as a module, loaded once from its file under a name of its own."""
-    import importlib.util
-    import sys
-
-    name = "script_under_test_" + relative.replace("/", "_").removesuffix(".py")
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / relative
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up by name
-        spec.loader.exec_module(module)
-    return sys.modules[name]

@@ -26,7 +26,7 @@ def gemma_run(
     import torch
     from safetensors.torch import save_file
 
-    from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
+    from models.gemma_config import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
     from serving.reader_registry import register_version
 
     d = models_dir / version

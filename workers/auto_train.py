@@ -238,7 +238,8 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     """Train on what is dated before `until` (the first ingested month's start, or the last one's),
     check on the month before it, activate if better. Returns what happened (the job's counts)."""
     from serving.reader_registry import activate_version, get_version, version_dir
-    from workers.train import ReaderJobSpec, run_finetune_job
+    from workers.reader_spec import ReaderJobSpec
+    from workers.train import run_finetune_job
 
     reranker = _train_reranker(ctx, job, until, cfg) if cfg.rerank else None
     what = plan(ctx, until)

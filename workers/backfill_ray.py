@@ -32,15 +32,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.encoders import TextEncoder
 from workers.config import IngestConfig
-from workers.ingest import (
-    IngestParams,
-    checkpoint_blocks,
-    checkpoint_dir,
-    load_checkpoint,
-    plans_for,
-    save_checkpoint,
-    shard_rows,
-)
+from workers.ingest import checkpoint_blocks, checkpoint_dir, load_checkpoint, save_checkpoint, shard_rows
+from workers.ingest_plans import IngestParams, plans_for
 
 log = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ class LiveConfig:
 
 @dataclass(frozen=True)
 class FeedConfig:
-    """SQA_FEED_* (app/bootstrap.py `feed_config`). `full_text_chars`: entry content shorter than this
+    """SQA_FEED_* (app/bootstrap/job_configs.py `feed_config`). `full_text_chars`: entry content shorter than this
     is taken for a summary and the article page is fetched. `poll_s`: how often the loop looks for
     due feeds (a feed just added waits at most this long)."""
 

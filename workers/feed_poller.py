@@ -13,7 +13,7 @@ to poll; each due feed is fetched, its entries become articles and go through `i
   the error on its row (`last_status`, `last_error`, `failures` + 1) and waits
   `interval * 2**failures` (at most a day) before the next try; a success resets the count.
 
-`FeedPoller.run` is one of the loops `sqa worker` runs (app/bootstrap.py `worker_services`); it
+`FeedPoller.run` is one of the loops `sqa worker` runs (app/bootstrap/__init__.py `worker_services`); it
 never raises. `add_feed`, `list_feeds`, `remove_feed` and `feed_status` serve `sqa feeds` and
 /admin/feeds.
 """

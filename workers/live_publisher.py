@@ -46,7 +46,8 @@ from models.encoders import TextEncoder
 from store.tables import Article, IndexSnapshot, LiveQueueItem, Passage
 from workers.compaction import commit_lock
 from workers.config import IngestConfig, LiveConfig
-from workers.ingest import base_manifest, collect_garbage
+from workers.ingest import collect_garbage
+from workers.ingest_plans import base_manifest
 from workers.locks import JobLock
 
 log = logging.getLogger(__name__)

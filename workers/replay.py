@@ -29,7 +29,8 @@ from serving.index_state import LoadedSnapshot, latest_snapshot_row
 from store.tables import IndexSnapshot
 from workers.config import EvalConfig, IngestConfig
 from workers.evaluate import complete_run, find_or_create_run
-from workers.ingest import IngestParams, ingest, plans_for
+from workers.ingest import ingest
+from workers.ingest_plans import IngestParams, plans_for
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from indexer.records import ArticleRecord, ImportReport, QuestionRecord
 from serving.errors import InvalidInputError, NoArticlesError
 from store.tables import Article, EvalRun
 from workers.imports import store_records
-from workers.ingest import IngestParams, ingest
+from workers.ingest import ingest
+from workers.ingest_plans import IngestParams
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:

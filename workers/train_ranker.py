@@ -77,7 +77,7 @@ def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, dat
     """Train, save and register a ranker version on what is dated before `until`; returns its name.
 
     Args:
-        spec: a workers.train.ReaderJobSpec of kind "ranker" (`infer_passages`: passages read per
+        spec: a workers.reader_spec.ReaderJobSpec of kind "ranker" (`infer_passages`: passages read per
             question, in training and serving; `max_self_articles`: 0 for gold questions only).
         data: its DataConfig (self-labeled questions per article, seed).
     """

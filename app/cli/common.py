@@ -41,7 +41,7 @@ def settings() -> Settings:
 
 
 def open_database(s: Settings, *, migrate: bool = True):
-    """The settings' database, migrated: app.bootstrap's `open_database` without importing the
+    """The settings' database, migrated: app.bootstrap.builders' `open_database` without importing the
     services and workers that the table commands (jobs, models, index status) never use."""
     from store.engine import open_database as open_url
 

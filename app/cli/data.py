@@ -158,7 +158,7 @@ def _run_ingest(
     address: str | None = None,
     actors: int = 0,
 ) -> None:
-    """Run an ingest job (`workers.ingest.IngestParams`) here, print what each shard got, then train
+    """Run an ingest job (`workers.ingest_plans.IngestParams`) here, print what each shard got, then train
     the reader on what is dated before the last ingested month (workers/auto_train.py) unless told not to."""
     import dataclasses
     import json
@@ -262,7 +262,7 @@ def ingest(
     last ingested month and becomes the served default only if it answers better than the serving
     reader on the month before it (a job of its own, resumable: run the same command again).
     """
-    from workers.ingest import IngestParams
+    from workers.ingest_plans import IngestParams
 
     given = [x for x in (month, through, history_before) if x]
     if len(given) != 1:
@@ -292,7 +292,7 @@ def ingest(
 @guard
 def index_rebuild() -> None:
     """Re-encode every shard of the newest snapshot from the database (after corruption or an encoder change)."""
-    from workers.ingest import IngestParams
+    from workers.ingest_plans import IngestParams
 
     _run_ingest(IngestParams(rebuild=True))
 
@@ -311,7 +311,7 @@ def index_reencode(
 
 def reencode_index(spec: str) -> None:
     """Switch the index to the encoder `spec` names (a trained version, minilm or a folder)."""
-    from app.bootstrap import resolve_device
+    from app.bootstrap.builders import resolve_device
     from models.encoders import load_encoder
     from workers.reencode import reencode
 
@@ -385,7 +385,7 @@ def index_bm25() -> None:
 
 
 def _encoder_identity(s) -> dict:
-    from app.bootstrap import encoder_identity
+    from app.bootstrap.builders import encoder_identity
 
     name, dim = encoder_identity(s)
     return {"encoder": name, "dim": dim}

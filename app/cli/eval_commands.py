@@ -222,7 +222,8 @@ def transport(
     out: Path | None = typer.Option(None, help="also write the result as JSON here"),
 ) -> None:
     """Transportability (tau_p, tau_var) per version and predicted against actual F1 per quarter."""
-    from app.bootstrap import open_database, transport_config
+    from app.bootstrap.builders import open_database
+    from app.bootstrap.job_configs import transport_config
     from workers.version_transport import month_scores, profile_loader, transport_summary
 
     s = settings()
@@ -255,7 +256,8 @@ def report(
     run_id: int, out: Path = typer.Option(..., "--out", help="folder for report.html, PNGs, summary.json")
 ) -> None:
     """Write an evaluation run's HTML report, plots and JSON summary (recomputed from stored results)."""
-    from app.bootstrap import eval_config, open_database
+    from app.bootstrap.builders import open_database
+    from app.bootstrap.job_configs import eval_config
     from store.tables import EvalRun
     from workers.evaluate import render_report
 
@@ -316,7 +318,9 @@ def drift(
     """Compute (backfill) each ingested month's drift from the previous, earlier and training months."""
     import dataclasses
 
-    from app.bootstrap import drift_config, open_database, show_bars
+    from app.bootstrap import show_bars
+    from app.bootstrap.builders import open_database
+    from app.bootstrap.job_configs import drift_config
     from indexer.dates import month_key, parse_month
     from settings import parse_drift_features
     from workers.month_drift import backfill_drift

@@ -79,7 +79,7 @@ def feeds_remove(url: str = typer.Argument(..., help="the feed's URL, as `sqa fe
 @guard
 def feeds_poll(every: bool = typer.Option(False, "--all", help="poll every active feed, due or not")) -> None:
     """Poll the due feeds once, now, and print what each brought; exits 2 if any failed."""
-    from app.bootstrap import feed_config
+    from app.bootstrap.job_configs import feed_config
     from workers.feed_poller import FeedPoller
 
     s = settings()

@@ -20,7 +20,8 @@ def live_push(
     publish: bool = typer.Option(False, help="publish the live queue afterwards"),
 ) -> None:
     """Store articles as POST /admin/articles does (new, updated, duplicate; bad records listed)."""
-    from app.bootstrap import open_database, push_limits
+    from app.bootstrap.builders import open_database
+    from app.bootstrap.job_configs import push_limits
     from indexer.push import BodyError, parse_articles
     from store.intake import intake_articles
 
@@ -51,7 +52,8 @@ def live_push(
 
 
 def _publish(s, db) -> None:
-    from app.bootstrap import build_encoder, ingest_config, live_config
+    from app.bootstrap.builders import build_encoder
+    from app.bootstrap.job_configs import ingest_config, live_config
     from workers.live_publisher import publish_live
 
     while True:  # the whole queue, a batch a snapshot
@@ -68,7 +70,7 @@ def _publish(s, db) -> None:
 @guard
 def live_publish() -> None:
     """Publish everything in the live queue now (`sqa worker` does it by itself within SQA_LIVE_MAX_WAIT_S)."""
-    from app.bootstrap import open_database
+    from app.bootstrap.builders import open_database
 
     s = settings()
     db = open_database(s)

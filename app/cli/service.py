@@ -31,7 +31,7 @@ def schedule(
     period: str | None = typer.Option(None, help="with --run: the month (YYYY-MM) or quarter (YYYYQn)"),
 ) -> None:
     """List the scheduled jobs and their next runs, or run one now."""
-    from app.bootstrap import scheduler_config
+    from app.bootstrap.job_configs import scheduler_config
     from workers.scheduler import scheduled_jobs, trigger_now
 
     if run:
@@ -57,7 +57,7 @@ def ask(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Answer one question as of a date and print the cited passages."""
-    from app.bootstrap import build_answer_service, build_encoder, build_reader, open_database
+    from app.bootstrap.builders import build_answer_service, build_encoder, build_reader, open_database
 
     s = settings()
     asked = day_option(as_of, "--as-of")

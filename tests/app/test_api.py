@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from app.main import create_app
 from store.tables import Article, IndexSnapshot, Job, Passage
 

@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from app.bootstrap import open_database
-from app.web.dashboard import _scored
+from app.bootstrap.builders import open_database
+from app.web.dashboard_evaluations import _scored
 from store.tables import EvalResult, EvalRun, Question
 
 

@@ -8,7 +8,7 @@ import pytest
 def test_device_setting_takes_auto_cpu_and_cuda_and_names_a_bad_value(tmp_path):
     from pydantic import ValidationError
 
-    from app.bootstrap import resolve_device
+    from app.bootstrap.builders import resolve_device
     from settings import Settings
 
     assert Settings(home=tmp_path).device == "auto"  # the default
@@ -23,16 +23,16 @@ def test_device_setting_takes_auto_cpu_and_cuda_and_names_a_bad_value(tmp_path):
 
 
 def test_the_reader_decoding_settings_reach_the_packaged_and_the_trained_readers(tmp_path, monkeypatch):
-    import app.bootstrap as bootstrap
+    import app.bootstrap.builders as builders
     import models.trained
     from settings import Settings
 
     seen: dict[str, dict] = {}
-    monkeypatch.setattr(bootstrap, "load_reader", lambda name, **kw: seen.setdefault("packaged", kw))
+    monkeypatch.setattr(builders, "load_reader", lambda name, **kw: seen.setdefault("packaged", kw))
     monkeypatch.setattr(models.trained, "load_trained_reader", lambda folder, **kw: seen.setdefault("trained", kw))
     settings = Settings(home=tmp_path, reader_echo_beams=4, reader_answer_beams=2, device="cpu")
-    bootstrap.load_builtin_reader(settings, "gemma")
-    bootstrap.load_trained_folder(settings, tmp_path)
+    builders.load_builtin_reader(settings, "gemma")
+    builders.load_trained_folder(settings, tmp_path)
     for kw in seen.values():
         assert (kw["echo_beams"], kw["answer_beams"]) == (4, 2)
     assert set(seen) == {"packaged", "trained"} and Settings(home=tmp_path).reader_echo_beams == 0

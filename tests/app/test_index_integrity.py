@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from app.main import create_app
 from indexer.index_errors import IndexIntegrityError
 from serving.index_state import latest_snapshot_row

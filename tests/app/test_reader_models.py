@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 
 import models.trained
 import tests.gemma_runs
-from app.bootstrap import build_answer_service, build_encoder, build_reader, open_database
+from app.bootstrap.builders import build_answer_service, build_encoder, build_reader, open_database
 from app.main import create_app
 from models.readers import FirstEntityReader
 from serving import reader_registry as registry
@@ -61,7 +61,7 @@ def loads(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(models.trained, "load_trained_reader", load_trained_reader)
     monkeypatch.setattr(models.trained, "read_reader_info", lambda path: json.loads((path / "reader.json").read_text()))
-    monkeypatch.setattr("app.bootstrap.FALLBACK_READER", "first-entity")
+    monkeypatch.setattr("app.bootstrap.builders.FALLBACK_READER", "first-entity")
     return loaded
 
 

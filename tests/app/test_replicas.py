@@ -8,7 +8,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from app.bootstrap import build_encoder, ingest_config, open_database
+from app.bootstrap.builders import build_encoder, open_database
+from app.bootstrap.job_configs import ingest_config
 from app.main import create_app
 from tests.conftest import load_sample
 from workers.ingest import ingest

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from app.bootstrap import build_answer_service, build_encoder, open_database
+from app.bootstrap.builders import build_answer_service, build_encoder, open_database
 from serving.errors import NotFoundError
 from serving.reranking import (
     INFO_FILE,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.bootstrap.builders import build_answer_service, build_encoder, build_reader, open_database
+from app.bootstrap.job_configs import ingest_config
 from indexer.importers import read_realtimeqa
 from workers.imports import store_records
 from workers.ingest import ingest

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import bench_readers
 from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
 from evaluation.metrics import exact_match, token_f1
 from indexer.chunking import passage_body
 from indexer.records import ImportReport
-from tests.conftest import load_script
 from workers.bakeoff_gold import gold_passage
 
 KC = "https://www.kestrel-courier.example/2024"
@@ -119,7 +119,7 @@ def test_latency_summary_percentiles():
 
 
 def _session(settings):
-    from app.bootstrap import open_database
+    from app.bootstrap.builders import open_database
 
     db = open_database(settings, migrate=False)
     return db, db.sessions()
@@ -168,12 +168,6 @@ def test_gold_passage_never_returns_a_passage_published_after_the_question(loade
         db.close()
 
 
-def _bench_main():
-    """bench/ is a folder of scripts run from the repository root (`python -m bench.bench_readers`),
-    not an installed package: load the module from its file."""
-    return load_script("bench/bench_readers.py").main
-
-
 def _bench_argv(settings, tmp_path: Path, out: Path) -> list[str]:
     return [
         "--home",
@@ -204,7 +198,7 @@ def _bench_argv(settings, tmp_path: Path, out: Path) -> list[str]:
 
 
 def test_bench_readers_end_to_end_on_the_sample(loaded_settings, tmp_path, capsys):
-    main = _bench_main()
+    main = bench_readers.main
 
     out = tmp_path / "bake" / "results.json"
     assert main(_bench_argv(loaded_settings, tmp_path, out)) == 0
@@ -254,9 +248,9 @@ def test_bench_readers_end_to_end_on_the_sample(loaded_settings, tmp_path, capsy
 
 
 def test_bench_readers_baselines_only_needs_no_index(sqlite_settings, sample_root, tmp_path):
-    from app.bootstrap import open_database
+    from app.bootstrap.builders import open_database
 
-    main = _bench_main()
+    main = bench_readers.main
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records
 
@@ -293,7 +287,7 @@ def test_bench_readers_baselines_only_needs_no_index(sqlite_settings, sample_roo
 
 
 def test_bench_readers_rejects_bad_arguments(capsys):
-    main = _bench_main()
+    main = bench_readers.main
 
     for argv in (
         ["--readers", "nope"],

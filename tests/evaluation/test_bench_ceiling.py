@@ -9,39 +9,32 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench import bench_ceiling
 from models.reader_base import ReaderPassage
-from tests.conftest import load_script
-
-
-def _bench():
-    return load_script("bench/bench_ceiling.py")
 
 
 def test_first_hit_skips_the_date_prefix_and_counts_from_one():
-    bench = _bench()
     day = dt.date(2023, 6, 12)
     passages = [
         ReaderPassage("", "Monday, June 12, 2023. The Heat flew home.", day),
         ReaderPassage("", "Monday, June 12, 2023. The Denver Nuggets won.", day),
     ]
-    assert bench.first_hit(["Denver Nuggets"], passages) == 2
-    assert bench.first_hit(["Monday"], passages) is None  # only in the date every passage starts with
+    assert bench_ceiling.first_hit(["Denver Nuggets"], passages) == 2
+    assert bench_ceiling.first_hit(["Monday"], passages) is None  # only in the date every passage starts with
 
 
 def test_anywhere_tells_apart_an_old_mention_a_recent_one_and_one_after_the_question():
-    bench = _bench()
     q = SimpleNamespace(answers=("Denver",), asked=dt.date(2023, 6, 13))
     old = [(dt.date(2023, 1, 2), " denver wins "), (dt.date(2023, 6, 20), " denver again ")]
-    assert bench.anywhere(old, q, 7) == (True, False)  # the June 20 one is after the question
-    assert bench.anywhere(old + [(dt.date(2023, 6, 10), " in denver ")], q, 7) == (True, True)
-    assert bench.anywhere([(dt.date(2023, 6, 10), " denverite ")], q, 7) == (False, False)
+    assert bench_ceiling.anywhere(old, q, 7) == (True, False)  # the June 20 one is after the question
+    assert bench_ceiling.anywhere(old + [(dt.date(2023, 6, 10), " in denver ")], q, 7) == (True, True)
+    assert bench_ceiling.anywhere([(dt.date(2023, 6, 10), " denverite ")], q, 7) == (False, False)
 
 
 def test_feedback_terms_are_new_frequent_content_words():
-    bench = _bench()
     day = dt.date(2023, 6, 12)
     top = [ReaderPassage("", "Monday, June 12, 2023. Jokic led Denver. Jokic scored 28 as the Nuggets won.", day)]
-    terms = bench.feedback_terms("Who won the NBA championship with Denver?", top, n=3)
+    terms = bench_ceiling.feedback_terms("Who won the NBA championship with Denver?", top, n=3)
     assert terms[0] == "jokic" and "denver" not in terms and "the" not in terms and "monday" not in terms
 
 
@@ -52,7 +45,7 @@ def test_bench_ceiling_on_the_sample_bounds_hold(loaded_settings, monkeypatch, t
     monkeypatch.setenv("SQA_READER", "first-entity")
     out = tmp_path / "ceiling.json"
     assert (
-        _bench().main(
+        bench_ceiling.main(
             [
                 "--home",
                 str(loaded_settings.home),
@@ -89,4 +82,4 @@ def test_bench_ceiling_on_the_sample_bounds_hold(loaded_settings, monkeypatch, t
 
 def test_bench_ceiling_refuses_a_shallow_deep_row(loaded_settings):
     with pytest.raises(SystemExit):
-        _bench().main(["--home", str(loaded_settings.home), "--deep", "20"])
+        bench_ceiling.main(["--home", str(loaded_settings.home), "--deep", "20"])

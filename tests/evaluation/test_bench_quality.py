@@ -11,12 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench import bench_quality
 from evaluation.metrics import exact_match, token_f1
-from tests.conftest import load_script
-
-
-def _main():
-    return load_script("bench/bench_quality.py").main
+from evaluation.recent_news import RecentNews
 
 
 @pytest.fixture
@@ -30,7 +27,7 @@ def served_env(loaded_settings, monkeypatch):
 
 
 def test_bench_quality_on_the_sample_measures_the_served_pipeline(served_env, tmp_path, capsys):
-    main = _main()
+    main = bench_quality.main
     out = tmp_path / "quality.json"
     argv = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31", "--baseline", "", "--out", str(out)]
     assert main(argv) == 0
@@ -85,7 +82,7 @@ def test_bench_quality_on_the_sample_measures_the_served_pipeline(served_env, tm
 
 def test_bench_quality_says_when_the_home_is_empty(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SQA_DATABASE_URL", raising=False)
-    assert _main()(["--home", str(tmp_path / "nothing")]) == 2
+    assert bench_quality.main(["--home", str(tmp_path / "nothing")]) == 2
     assert "holds no database" in capsys.readouterr().err
 
 
@@ -94,7 +91,7 @@ def test_bench_quality_measures_an_older_index_state(served_env, tmp_path, capsy
     no passage of February or March, and an unknown snapshot is refused."""
     from sqlalchemy import select
 
-    from app.bootstrap import open_database
+    from app.bootstrap.builders import open_database
     from store.tables import IndexSnapshot
 
     db = open_database(served_env, migrate=False)
@@ -103,7 +100,7 @@ def test_bench_quality_measures_an_older_index_state(served_env, tmp_path, capsy
             first = s.scalars(select(IndexSnapshot.snapshot_id).order_by(IndexSnapshot.id)).first()
     finally:
         db.close()
-    main = _main()
+    main = bench_quality.main
     base = ["--home", str(served_env.home), "--windows", "2024-02-01:2024-03-31", "--baseline", ""]
     assert main([*base, "--out", str(tmp_path / "now.json")]) == 0
     assert main([*base, "--snapshot", first, "--out", str(tmp_path / "lag.json")]) == 0
@@ -122,10 +119,10 @@ def test_bench_quality_counts_the_answers_a_reader_sees_only_in_a_headline(serve
     """A reader that prints each article's headline (models.reader_context.add_titles, as the trained Gemma
     versions do) sees more answers than the same reader without them, and the difference is what the
     bench reports as seen in a headline only. Both read the first 12 words of each passage."""
-    from models.gemma import reader_context
+    from models.gemma_prompt import reader_context
     from models.readers import FirstEntityReader
 
-    main = _main()
+    main = bench_quality.main
     base = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31", "--baseline", ""]
     results = {}
     for titles in (False, True):
@@ -151,7 +148,7 @@ def test_bench_quality_splits_the_published_system_by_what_our_reader_reads(serv
     the rest. A system right exactly where ours reads an answer scores 100 there and 0 elsewhere."""
     import gzip
 
-    main = _main()
+    main = bench_quality.main
     base = ["--home", str(served_env.home), "--windows", "2024-01-01:2024-03-31"]
     assert main([*base, "--baseline", "", "--out", str(tmp_path / "first.json")]) == 0
     [window] = json.loads((tmp_path / "first.json").read_text())["windows"].values()
@@ -191,12 +188,12 @@ def test_bench_quality_splits_the_published_system_by_what_our_reader_reads(serv
 
 
 def test_recent_news_holds_an_answer_published_in_the_days_before_the_question(sqlite_settings):
-    """RecentNews: an article published on the question's date or up to N days before counts for N;
-    one published a day earlier, or after the question, does not; answers match as whole words."""
-    from app.bootstrap import open_database
+    """RecentNews over the stored articles (bench_quality.stored_articles): an article published on the
+    question's date or up to N days before counts for N; one published a day earlier, or after the
+    question, does not; answers match as whole words."""
+    from app.bootstrap.builders import open_database
     from store.tables import Article
 
-    RecentNews = load_script("bench/bench_quality.py").RecentNews
     asked = dt.date(2023, 4, 14)
     articles = [
         ("Jon Rahm won the Masters.", asked - dt.timedelta(days=7)),
@@ -219,13 +216,14 @@ def test_recent_news_holds_an_answer_published_in_the_days_before_the_question(s
             def q(*answers):
                 return SimpleNamespace(asked=asked, answers=answers)
 
-            news = RecentNews(session, [q("x")])
+            news = RecentNews([q("x")], bench_quality.stored_articles(session), (7, 30))
             assert news.holds(q("Jon Rahm"), 7) and news.holds(q("jon rahm."), 30)
             assert not news.holds(q("Jon Rahm"), 6)  # a day too early
             assert not news.holds(q("Denver Nuggets"), 30)  # 31 days before
             assert not news.holds(q("Miami"), 30)  # published after the question
             assert not news.holds(q("Chicago"), 7)  # "Chicagoland" is another word
             assert news.holds(q("Chicago", "Chicagoland weather"), 7)
-            assert not RecentNews(session, []).holds(q("Jon Rahm"), 7)  # no questions, no news loaded
+            nothing = RecentNews([], bench_quality.stored_articles(session), (7, 30))  # no questions, no news loaded
+            assert not nothing.holds(q("Jon Rahm"), 7)
     finally:
         db.close()

@@ -7,11 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import load_script
-
-
-def _main():
-    return load_script("bench/compare_quality.py").main
+from bench import compare_quality
 
 
 def _run(path, windows: dict[str, dict[str, tuple[str, str, bool]]], config: dict | None = None):
@@ -49,7 +45,7 @@ def test_compare_quality_pairs_two_runs_by_question(tmp_path, capsys):
     )
     b = _run(tmp_path / "b.json", {"2023-03-01..2023-03-31": variant})
     out = tmp_path / "cmp.json"
-    assert _main()([str(a), str(b), "--names", "default,variant", "--out", str(out)]) == 0
+    assert compare_quality.main([str(a), str(b), "--names", "default,variant", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "2023-04-01..2023-06-30: in one run only, left out" in printed
     assert "variant 80.0 against default 60.0 (n 5): +20.0 EM" in printed  # B against A: B - A
@@ -81,7 +77,7 @@ def test_compare_quality_pools_the_windows_it_shares(tmp_path, capsys):
         },
     )
     out = tmp_path / "cmp.json"
-    assert _main()([str(a), str(b), "--out", str(out)]) == 0
+    assert compare_quality.main([str(a), str(b), "--out", str(out)]) == 0
     pooled = json.loads(out.read_text())["pooled"]
     assert (pooled["all"]["n"], pooled["all"]["gained"], pooled["all"]["lost"]) == (4, 2, 1)
     assert (pooled["read"]["n"], pooled["not_read"]["n"]) == (2, 2)
@@ -99,7 +95,7 @@ def test_compare_quality_skips_a_window_without_a_shared_question_and_says_why(t
         {"w1": {"q1": ("a", "a", True)}, "w2": {"q3": ("b", "b", True)}},
         config={"seed": 1, "max_questions": 400},
     )
-    assert _main()([str(a), str(b)]) == 0
+    assert compare_quality.main([str(a), str(b)]) == 0
     printed = capsys.readouterr().out
     assert "w2: no question in both runs, left out" in printed
     assert "note: the runs were sampled differently (seed 0 against 1)" in printed
@@ -121,7 +117,7 @@ def test_compare_quality_refuses_a_file_that_is_not_a_run(tmp_path, capsys, cont
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     good = _run(tmp_path / "good.json", {"w": {"q1": ("a", "a", True)}})
-    assert _main()([str(good), str(bad)]) == 2
+    assert compare_quality.main([str(good), str(bad)]) == 2
     err = capsys.readouterr().err
     assert message in err and str(bad) in err
 
@@ -129,7 +125,7 @@ def test_compare_quality_refuses_a_file_that_is_not_a_run(tmp_path, capsys, cont
 def test_compare_quality_refuses_runs_without_a_shared_question(tmp_path, capsys):
     a = _run(tmp_path / "a.json", {"w1": {"q1": ("a", "a", True)}})
     b = _run(tmp_path / "b.json", {"w2": {"q1": ("a", "a", True)}})
-    assert _main()([str(a), str(b)]) == 2
+    assert compare_quality.main([str(a), str(b)]) == 2
     assert "share no question in any window" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _main()([str(a), str(b), "--names", "one"])
+        compare_quality.main([str(a), str(b), "--names", "one"])

@@ -4,7 +4,7 @@ import datetime as dt
 
 import pytest
 
-from models.gemma import build_prompt, reader_context
+from models.gemma_prompt import build_prompt, reader_context
 from models.reader_base import ReaderPassage
 from models.reader_context import add_titles, clean_title, content_terms, select_context, split_passage
 

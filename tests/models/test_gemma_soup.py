@@ -1,4 +1,4 @@
-"""A soup of LoRA runs (models.gemma_train.soup_state / soup_config / write_soup): one LoRA whose
+"""A soup of LoRA runs (models.gemma_soup.soup_state / soup_config, models.gemma_train.write_soup): one LoRA whose
 weight change is the mean of the members', checked through peft itself on a small model."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
-from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig, soup_config, soup_state, write_soup
+from models.gemma_config import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
+from models.gemma_soup import soup_config, soup_state
+from models.gemma_train import write_soup
 
 
 class Tiny(torch.nn.Module):

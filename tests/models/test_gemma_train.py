@@ -13,8 +13,10 @@ import torch
 
 import models.gemma_train as gemma_train
 from indexer.dates import format_long
-from models.gemma import build_prompt, build_target, reader_context
-from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig, GemmaModel, fit_prompt
+from models.gemma_config import CONFIG_FILE, LORA_TARGETS, WEIGHTS_FILE, GemmaConfig
+from models.gemma_prompt import build_prompt, build_target, fit_prompt, reader_context
+from models.gemma_train import GemmaModel
+from models.gemma_weights import FOLDER_NAME
 from models.reader_base import ReaderPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample
 
@@ -42,7 +44,7 @@ class CharTokenizer:
     pad_token_id, eos_token_id, bos_token_id = 0, 1, 2
 
     def __call__(self, text, add_special_tokens=True, return_tensors=None):
-        if isinstance(text, list):  # a batch of texts: models.gemma.answer_vocabulary's call
+        if isinstance(text, list):  # a batch of texts: models.gemma_decoding.answer_vocabulary's call
             return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
         ids = ([self.bos_token_id] if add_special_tokens else []) + [ord(c) % 256 + 4 for c in text]
         if return_tensors == "pt":  # GemmaReader's call
@@ -168,7 +170,7 @@ def test_only_the_lora_adapters_get_gradients_never_the_embeddings():
     trainable = model.named_trainable()
     assert trainable and all("lora_" in name for name, _ in trainable)
     targets = {name.split(".lora_")[0].rsplit(".", 1)[1] for name, _ in trainable}
-    assert targets == set(gemma_train.LORA_TARGETS)
+    assert targets == set(LORA_TARGETS)
     assert all(p.grad is not None for name, p in trainable)
     frozen = [p for n, p in lm.named_parameters() if "lora_" not in n]
     assert all(p.grad is None and not p.requires_grad for p in frozen)
@@ -195,15 +197,15 @@ def test_bfloat16_training_computes_in_bfloat16_and_keeps_float32_weights_and_gr
 
 
 def test_auto_precision_trains_under_bfloat16_autocast_where_onednn_emulates_it(monkeypatch):
-    import models.gemma as gemma
+    import models.gemma_weights as gemma_weights
 
     exact = tiny()
     auto = tiny(GemmaConfig(max_length=400, lora_r=4, precision="auto"))
-    monkeypatch.setattr(gemma, "native_bfloat16", lambda device="cpu": False)
-    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": True)
+    monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": False)
+    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": True)
     assert auto.training_precision == "bfloat16"
     assert auto.loss(ITEMS, ANSWERS).item() != exact.loss(ITEMS, ANSWERS).item()  # under autocast
-    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": False)
+    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": False)
     assert auto.training_precision == "float32"
     assert auto.loss(ITEMS, ANSWERS).item() == exact.loss(ITEMS, ANSWERS).item()  # the same float32 model
 
@@ -236,7 +238,7 @@ def test_encode_examples_with_max_length_0_train_on_the_served_prompt_whole():
 
 
 def test_config_refuses_a_negative_max_length_and_a_train_spec_passes_its_own_on():
-    from workers.train import ReaderJobSpec
+    from workers.reader_spec import ReaderJobSpec
 
     with pytest.raises(ValueError, match="max_length must be 0"):
         GemmaConfig(max_length=-1)
@@ -330,8 +332,8 @@ def test_a_soup_of_saved_runs_loads_and_trains_on_as_one_lora_of_the_summed_rank
 
 def test_load_looks_for_the_base_beside_the_version_then_where_it_was_trained(tmp_path, tiny_base):
     trained_from = tmp_path / "cache"
-    (trained_from / gemma_train.FOLDER_NAME).mkdir(parents=True)
-    (trained_from / gemma_train.FOLDER_NAME / "model.safetensors").write_bytes(b"w")
+    (trained_from / FOLDER_NAME).mkdir(parents=True)
+    (trained_from / FOLDER_NAME / "model.safetensors").write_bytes(b"w")
     model = GemmaModel(tiny_lm(), CharTokenizer(), GemmaConfig(lora_r=4), base_cache=trained_from)
     model.save(tmp_path / "work" / "checkpoint")  # no base/ beside it
     GemmaModel.load(tmp_path / "work" / "checkpoint")
@@ -456,8 +458,10 @@ def test_greedy_within_the_whole_vocabulary_is_the_served_greedy_decoding():
 
 def test_the_served_confidence_is_the_models_probability_of_the_line_it_wrote():
     # Checked against one forward pass over prompt + answer: the log-softmax at each position that
-    # predicts an answer token, summed over the first line (models.gemma.line_probability).
-    from models.gemma import GemmaReader, build_prompt, line_probability
+    # predicts an answer token, summed over the first line (models.gemma_decoding.line_probability).
+    from models.gemma import GemmaReader
+    from models.gemma_decoding import line_probability
+    from models.gemma_prompt import build_prompt
 
     reader = GemmaReader(tiny_lm(), CharTokenizer(), max_new_tokens=6)
     question, as_of, passages = ITEMS[1]
@@ -476,7 +480,8 @@ def test_the_served_confidence_is_the_models_probability_of_the_line_it_wrote():
 
 
 def test_greedy_within_picks_the_best_allowed_token_and_copies_from_what_was_read():
-    from models.gemma import GemmaReader, greedy_within
+    from models.gemma import GemmaReader
+    from models.gemma_decoding import greedy_within
 
     lm, tok = tiny_lm(), CharTokenizer()
     ids = tok(build_prompt(*ITEMS[0], 100), return_tensors="pt")
@@ -495,7 +500,7 @@ def test_greedy_within_picks_the_best_allowed_token_and_copies_from_what_was_rea
 
 
 def test_answer_vocabulary_holds_the_words_read_in_their_cases_and_nothing_else():
-    from models.gemma import answer_vocabulary
+    from models.gemma_decoding import answer_vocabulary
 
     tok = CharTokenizer()
     allowed = {chr(i - 4) for i in answer_vocabulary(tok, ["Jokic won.", "MVP"]) if i >= 4}

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import models.train_exported as te
-from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig, GemmaModel
+from models.gemma_config import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
+from models.gemma_train import GemmaModel
 from models.trained import INFO_FILE, read_reader_info
 from models.training import TrainConfig, TrainExample, save_examples
 from tests.models.test_gemma_train import NBA, CharTokenizer, tiny_lm

@@ -7,14 +7,10 @@ import datetime as dt
 import pytest
 from sqlalchemy import select
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from evaluation.metrics import answer_in_evidence, answer_in_text
+from scripts import demo
 from store.tables import Article, Question
-from tests.conftest import load_script
-
-
-def _demo():
-    return load_script("scripts/demo.py")
 
 
 def _stored(settings):
@@ -27,7 +23,7 @@ def _stored(settings):
 
 
 def test_without_cited_articles_it_asks_questions_some_earlier_passage_gives_evidence_for(loaded_settings):
-    chosen = _demo().pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
+    chosen = demo.pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
     _, articles = _stored(loaded_settings)
     assert len(chosen) == 3
     assert len({asked[:7] for _, asked, _ in chosen}) == 3  # one a month
@@ -58,5 +54,5 @@ def test_with_own_articles_it_asks_only_questions_whose_own_article_holds_the_an
             s.commit()
     finally:
         db.close()
-    chosen = _demo().pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
+    chosen = demo.pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
     assert chosen == [(first.text, first.asked.isoformat(), first.answers[0])]

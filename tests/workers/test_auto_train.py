@@ -63,10 +63,11 @@ def test_held_back_questions_are_the_months_gold_questions(loaded_settings):
 
 @pytest.mark.integration  # spaCy for the self-labeled questions
 def test_held_back_questions_of_a_news_only_store_are_self_labeled(settings):
-    from app.bootstrap import build_encoder
+    from app.bootstrap.builders import build_encoder
     from indexer.importers import read_realtimeqa
     from workers.imports import store_records
-    from workers.ingest import IngestParams, ingest
+    from workers.ingest import ingest
+    from workers.ingest_plans import IngestParams
 
     with open_context(settings) as ctx:
         articles, _, _ = read_realtimeqa(SAMPLE)
@@ -166,7 +167,7 @@ def test_a_first_training_is_capped_at_its_first_validation_and_a_fine_tune_is_n
     fine-tune of the serving version runs on its budget."""
     from unittest.mock import patch
 
-    from workers.train import GEMMA_MAX_STEPS
+    from workers.reader_spec import GEMMA_MAX_STEPS
 
     class Handed(Exception):
         pass
@@ -222,7 +223,7 @@ def test_a_first_training_runs_seeds_while_the_budget_has_room_and_serves_their_
     from unittest.mock import patch
 
     from workers.auto_train import train_seeds
-    from workers.train import ReaderJobSpec
+    from workers.reader_spec import ReaderJobSpec
 
     ctx, job = new_job(loaded_settings, AUTO_TRAIN)
     loaded = []
@@ -258,7 +259,7 @@ def test_a_rerun_takes_the_runs_and_the_soup_a_stopped_job_saved_over_the_same_p
 
     from serving.reader_registry import list_versions
     from workers.auto_train import train_seeds
-    from workers.train import ReaderJobSpec
+    from workers.reader_spec import ReaderJobSpec
 
     ctx, job = new_job(loaded_settings, AUTO_TRAIN)
     ctx = dataclasses.replace(ctx, load_reader_folder=lambda folder: None)
@@ -293,7 +294,8 @@ def test_a_rerun_takes_the_runs_and_the_soup_a_stopped_job_saved_over_the_same_p
 @pytest.mark.parametrize("change", ["active", "fine-tune", "imported", "soup", "until", "budget", "seed", "key"])
 def test_a_saved_run_is_only_a_first_training_of_this_very_spec_cut_and_passages(loaded_settings, new_job, change):
     from tests.gemma_runs import gemma_run
-    from workers.train import ReaderJobSpec, saved_run
+    from workers.reader_spec import ReaderJobSpec
+    from workers.train import saved_run
 
     ctx, _ = new_job(loaded_settings, AUTO_TRAIN)
     spec = ReaderJobSpec.for_gemma(max_minutes=30, seed=0, validate_first=False)

@@ -7,13 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.bootstrap import build_encoder, ingest_config, open_database
+from app.bootstrap.builders import build_encoder, open_database
+from app.bootstrap.job_configs import ingest_config
 from indexer.importers import read_realtimeqa
 from models.encoders import HashEncoder
 from serving.index_state import IndexState
 from tests.conftest import SAMPLE
 from workers.imports import store_records
-from workers.ingest import IngestParams, ingest
+from workers.ingest import ingest
+from workers.ingest_plans import IngestParams
 
 ray = pytest.importorskip("ray")
 

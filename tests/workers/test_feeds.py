@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from serving.errors import ConflictError, InvalidInputError, NotFoundError
 from store.tables import Article, Feed, LiveQueueItem
 from workers.config import FeedConfig

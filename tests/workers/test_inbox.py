@@ -8,7 +8,9 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from app.bootstrap import inbox_config, open_database, worker_services
+from app.bootstrap import worker_services
+from app.bootstrap.builders import open_database
+from app.bootstrap.job_configs import inbox_config
 from store.tables import Article, LiveQueueItem
 from workers.inbox import InboxWatcher
 from workers.live_publisher import LivePublisher

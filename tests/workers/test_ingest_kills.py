@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import func, select
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from serving.index_state import IndexState
 from store.tables import Article, Job, Passage
 from tests.conftest import load_sample

@@ -12,9 +12,9 @@ import types
 import pytest
 from sqlalchemy import select
 
-from app.bootstrap import open_database
 from app.bootstrap import scheduled_monthly_ingest as monthly_ingest
 from app.bootstrap import scheduled_quarterly_evaluation as quarterly_evaluation
+from app.bootstrap.builders import open_database
 from serving.errors import InvalidInputError
 from settings import get_settings
 from store.tables import Article, EvalRun, IndexSnapshot, Job

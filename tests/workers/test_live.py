@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.bootstrap import build_encoder, ingest_config, open_database
+from app.bootstrap.builders import build_encoder, open_database
+from app.bootstrap.job_configs import ingest_config
 from indexer.manifest import read_manifest
 from indexer.records import ArticleRecord
 from indexer.shards import is_live_key

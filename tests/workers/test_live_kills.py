@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import func, select
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from indexer.chunking import chunk_texts
 from indexer.ids import id_day
 from indexer.manifest import read_manifest
@@ -42,7 +42,8 @@ DELAY_MS = 15  # the hash encoder sleeps this long per passage in the killed pro
 # "ready" once imported and warm (spaCy), so the parent times the work alone; "done" at the end.
 PUBLISH = f"""
 import datetime as dt
-from app.bootstrap import build_encoder, ingest_config, open_database
+from app.bootstrap.builders import build_encoder, open_database
+from app.bootstrap.job_configs import ingest_config
 from settings import Settings
 from indexer.chunking import chunk_texts
 from workers.live_publisher import LiveConfig, publish_live

@@ -15,7 +15,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.bootstrap import build_encoder, ingest_config, live_config, open_database
+from app.bootstrap.builders import build_encoder, open_database
+from app.bootstrap.job_configs import ingest_config, live_config
 from app.main import create_app
 from indexer.records import ArticleRecord
 from store.intake import intake_articles

@@ -16,7 +16,8 @@ import time
 import pytest
 from sqlalchemy import select
 
-from app.bootstrap import open_context, open_database
+from app.bootstrap import open_context
+from app.bootstrap.builders import open_database
 from store.tables import Job
 from workers.locks import AdvisoryLock, JobLock
 from workers.scheduled import MONTHLY_INGEST

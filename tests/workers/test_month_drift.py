@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.bootstrap import build_encoder, drift_config, ingest_config, open_database
+from app.bootstrap.builders import build_encoder, open_database
+from app.bootstrap.job_configs import drift_config, ingest_config
 from evaluation.drift import load_profile
 from serving import reader_registry as registry
 from serving.errors import InvalidInputError

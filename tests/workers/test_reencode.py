@@ -7,7 +7,8 @@ import datetime as dt
 
 import pytest
 
-from app.bootstrap import index_state, ingest_config, open_database
+from app.bootstrap.builders import index_state, open_database
+from app.bootstrap.job_configs import ingest_config
 from indexer.manifest import read_manifest
 from models.encoders import HashEncoder
 from serving.index_state import latest_snapshot_row
@@ -47,7 +48,7 @@ def test_reencode_commits_one_snapshot_whose_every_shard_records_the_new_encoder
     assert after.total == before.total
 
     # SQA_ENCODER=auto: the snapshot carries its own query encoder; the answer cites the new encoder
-    from app.bootstrap import build_answer_service
+    from app.bootstrap.builders import build_answer_service
 
     auto = loaded_settings.model_copy(update={"encoder": "auto"})
     db = open_database(auto)
@@ -97,7 +98,7 @@ def test_passage_rows_outlive_the_snapshot_that_wrote_them(loaded_settings):
         for _ in range(cfg.keep_snapshots + 1):  # re-ingest the last month until the original snapshot is dropped
             ingest(db.sessions, HashEncoder(256), cfg, {"month": "2024-03"})
         auto = loaded_settings.model_copy(update={"encoder": "auto"})
-        from app.bootstrap import build_answer_service
+        from app.bootstrap.builders import build_answer_service
 
         service = build_answer_service(auto, db, HashEncoder(256))
         service.index_state.refresh()

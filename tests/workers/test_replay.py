@@ -8,7 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.bootstrap.builders import build_answer_service, build_encoder, build_reader, open_database
+from app.bootstrap.job_configs import ingest_config
 from app.main import create_app
 from store.tables import EvalResult, EvalRun, IndexSnapshot
 from workers.config import EvalConfig

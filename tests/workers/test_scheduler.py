@@ -21,7 +21,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, func, select, table
 
 from app.api.routes import schedule
-from app.bootstrap import open_database, scheduler_config
+from app.bootstrap.builders import open_database
+from app.bootstrap.job_configs import scheduler_config
 from app.main import create_app
 from store.tables import Job
 from workers import scheduled as jobs

@@ -7,12 +7,13 @@ import datetime as dt
 import pytest
 import torch
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from models.trained import load_trained_reader, read_reader_info
 from models.training import load_examples
 from serving.reader_registry import active_version, list_versions
 from workers.reader_data import DataConfig, build_datasets
-from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
+from workers.reader_spec import ReaderJobSpec
+from workers.train import run_finetune_job, run_train_job
 
 # Every test here reads with the packaged spaCy (self-labeled data) or trains an extractive reader from MiniLM.
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def _one_thread():
 
 
 def _datasets(settings, until: dt.date, val_from: dt.date, *, gold: bool = True, progress=None):
-    from app.bootstrap import build_encoder
+    from app.bootstrap.builders import build_encoder
     from serving.index_state import IndexState
     from serving.retrieval import DenseRetriever
 

@@ -11,13 +11,14 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from app.bootstrap import open_database
-from models.gemma import resolve_training_precision
-from models.gemma_train import CONFIG_FILE, WEIGHTS_FILE
+from app.bootstrap.builders import open_database
+from models.gemma_config import CONFIG_FILE, WEIGHTS_FILE
+from models.gemma_weights import resolve_training_precision
 from models.reader_base import ReaderPassage
 from models.trained import INFO_FILE, load_trained_reader, read_reader_info
 from serving.reader_registry import active_version, list_versions
-from workers.train import GEMMA_KEEP_WITHIN, GEMMA_MAX_STEPS, ReaderJobSpec, run_finetune_job, run_train_job
+from workers.reader_spec import GEMMA_KEEP_WITHIN, GEMMA_MAX_STEPS, ReaderJobSpec
+from workers.train import run_finetune_job, run_train_job
 
 
 def test_gemma_spec_defaults():
@@ -219,11 +220,11 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
 
 
 def test_forced_bfloat16_on_a_cpu_without_avx512_is_named_as_slow(monkeypatch):
-    import models.gemma as gemma
+    import models.gemma_weights as gemma_weights
     from workers.train import slow_bfloat16
 
-    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": False)
+    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": False)
     assert "many times slower than float32" in slow_bfloat16("cpu")
     assert slow_bfloat16("cuda:0") is None  # a GPU's bfloat16 is its own
-    monkeypatch.setattr(gemma, "onednn_bfloat16", lambda device="cpu": True)
+    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": True)
     assert slow_bfloat16("cpu") is None  # oneDNN computes it, natively or emulated

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from app.bootstrap import build_answer_service, build_encoder, open_context, open_database
+from app.bootstrap import open_context
+from app.bootstrap.builders import build_answer_service, build_encoder, open_database
 from evaluation.bakeoff import generation_subset
 from models.candidates import CandidateRanker
 from models.ranker import CandidateReader, RankerConfig, RankerModel
@@ -16,7 +17,8 @@ from models.trained import load_trained_reader, read_reader_info
 from serving.reader_registry import active_version
 from workers.progress import NullProgress as _NoProgress
 from workers.ranker_items import prepare_items
-from workers.train import ReaderJobSpec, run_finetune_job, run_train_job
+from workers.reader_spec import ReaderJobSpec
+from workers.train import run_finetune_job, run_train_job
 
 UNTIL = dt.date(2024, 3, 1)
 RANKER = dict(kind="ranker", n_passages=10, infer_passages=10, max_self_articles=0)

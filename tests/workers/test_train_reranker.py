@@ -47,7 +47,7 @@ def test_train_a_reranker_version_and_activate_it_only_if_it_beats_the_first_sta
 
 
 def test_train_a_feature_reranker_version_that_serves_through_the_first_stage(loaded_settings, new_job):
-    from app.bootstrap import build_answer_service, build_encoder, open_database
+    from app.bootstrap.builders import build_answer_service, build_encoder, open_database
     from models.ltr import FeatureReranker
     from models.reranker import load_reranker
     from serving.reranking import activate_reranker

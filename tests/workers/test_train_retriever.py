@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.bootstrap import open_database
+from app.bootstrap.builders import open_database
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.encoders import (
     DualEncoder,
@@ -167,7 +167,7 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
     assert days and max(days) < dt.date(2024, 2, 1)  # nothing from the validation month or after the cut
     assert all(p["query"].split(". ", 1)[1] and p["positive"] != p["negative"] for p in pairs)
 
-    from app.bootstrap import ingest_config
+    from app.bootstrap.job_configs import ingest_config
     from workers.reencode import reencode
 
     db = open_database(loaded_settings)
@@ -176,7 +176,7 @@ def test_train_retriever_job_registers_a_version_the_index_can_switch_to(sqlite_
         assert job.state == "succeeded" and job.counts["encoder"] == version
     finally:
         db.close()
-    from app.bootstrap import build_encoder
+    from app.bootstrap.builders import build_encoder
 
     auto = loaded_settings.model_copy(update={"encoder": "auto"})
     assert build_encoder(auto).name == version  # ingests after the switch use the index's encoder

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from app.bootstrap import build_answer_service, build_encoder, build_reader, ingest_config, open_database
+from app.bootstrap.builders import build_answer_service, build_encoder, build_reader, open_database
+from app.bootstrap.job_configs import ingest_config
 from app.cli import cli
 from evaluation.drift import profile_vectors
 from settings import get_settings
@@ -211,7 +212,7 @@ def test_on_drift_decision_needs_an_evaluated_version(evaluated):
 
 
 def test_quarterly_report_shows_drift_and_predicted_against_measured(evaluated, tmp_path):
-    from app.bootstrap import eval_config
+    from app.bootstrap.job_configs import eval_config
     from workers.evaluate import render_report
 
     db = open_database(evaluated)

@@ -34,7 +34,8 @@ from serving.reader_registry import (
     list_versions,
 )
 from store.tables import Job
-from workers.ingest import STAGE_WEIGHTS, IngestParams, check_month_request, ingest_lock, ingest_work
+from workers.ingest import STAGE_WEIGHTS, ingest_lock, ingest_work
+from workers.ingest_plans import IngestParams, check_month_request
 from workers.month_drift import REFERENCES, drift_rows
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def start_reencode(
 ) -> JobStarted:
     """Re-encode every shard with another encoder version in the background; the server switches to
     the new snapshot (and its query encoder) at once when the job commits. Needs SQA_ENCODER=auto."""
-    from app.bootstrap import resolve_device
+    from app.bootstrap.builders import resolve_device
     from models.encoders import load_encoder
     from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS
     from workers.reencode import reencode_work, serving_manifest

@@ -25,7 +25,7 @@ from app.api.schemas import (
     LivePieceMonthPublic,
     LiveStatusPublic,
 )
-from app.bootstrap import live_config, push_limits
+from app.bootstrap.job_configs import live_config, push_limits
 from indexer.push import BodyError, parse_articles
 from indexer.shards import live_key_parts
 from serving.errors import InvalidInputError

@@ -1,0 +1,262 @@
+"""Building the serving objects from the settings: the database, the encoder (SQA_ENCODER; "auto":
+the one the index records), the reader, or the reader state that follows the registry (SQA_READER),
+the index state, the retriever with its re-ranker, and the answer service; and the device the
+models load on (SQA_DEVICE). The jobs' context over them is app.bootstrap's.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from models.encoders import TextEncoder, describe_encoder, load_encoder, resolve_encoder
+from models.readers import Reader, load_reader
+from serving.answering import AnswerLimits, AnswerService
+from serving.index_state import IndexState
+from serving.reader_registry import check_servable, get_version
+from serving.reader_state import ReaderState, RegistrySource
+from serving.reranking import RerankerState, RerankingRetriever
+from serving.retrieval import Retriever, make_retriever
+from settings import ReaderSpec, Settings
+from store.engine import Database, make_engine, make_session_factory
+from store.engine import open_database as _open_url
+
+
+def open_database(settings: Settings, *, migrate: bool = True) -> Database:
+    """The settings' database (SQLite under SQA_HOME by default), migrated to the newest schema
+    (app.cli.common has the same for the commands that need nothing else)."""
+    settings.ensure_dirs()
+    return _open_url(settings.db_url, migrate=migrate)
+
+
+def configure_torch(settings: Settings) -> None:
+    if settings.torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+
+
+def build_encoder(settings: Settings) -> TextEncoder:
+    """SQA_ENCODER's encoder; with "auto", the one the serving index records (MiniLM for a new index)."""
+    configure_torch(settings)
+    if settings.encoder == AUTO_ENCODER:
+        name = index_encoder_name(settings)
+        if name is not None:
+            return resolve_encoder(
+                name,
+                encoders_dir=settings.encoders_dir,
+                device=resolve_device(settings),
+                backend=settings.encoder_backend,
+            )
+        return load_encoder("minilm", device=resolve_device(settings), backend=settings.encoder_backend)
+    return load_encoder(
+        settings.encoder,
+        device=resolve_device(settings),
+        encoders_dir=settings.encoders_dir,
+        backend=settings.encoder_backend,
+    )
+
+
+AUTO_ENCODER = "auto"
+
+
+def encoder_identity(settings: Settings) -> tuple[str, int]:
+    """SQA_ENCODER's (name, dim) as `build_encoder` would give them, read from the model's files where
+    they tell (no torch, no weights: `sqa index status` starts in a second); built otherwise."""
+    spec = settings.encoder
+    if spec == AUTO_ENCODER:
+        spec = index_encoder_name(settings) or "minilm"
+    found = describe_encoder(spec, encoders_dir=settings.encoders_dir)
+    if found is None:
+        encoder = build_encoder(settings)
+        found = (encoder.name, encoder.dim)
+    return found
+
+
+def index_encoder_name(settings: Settings) -> str | None:
+    """The encoder the newest serving snapshot was built with, None while there is none."""
+    from sqlalchemy import inspect
+
+    from serving.index_state import latest_snapshot_row
+
+    engine = make_engine(settings.db_url)
+    try:
+        if not inspect(engine).has_table("index_snapshots"):
+            return None
+        with make_session_factory(engine)() as session:
+            row = latest_snapshot_row(session)
+            return row.encoder if row is not None else None
+    finally:
+        engine.dispose()
+
+
+class EncoderResolver:
+    """Encoder by the name an index snapshot records, loaded once each (SQA_ENCODER=auto)."""
+
+    def __init__(self, settings: Settings, *known: TextEncoder) -> None:
+        self._settings = settings
+        self._cache = {e.name: e for e in known}
+
+    def __call__(self, name: str) -> TextEncoder:
+        if name not in self._cache:
+            self._cache[name] = resolve_encoder(
+                name,
+                encoders_dir=self._settings.encoders_dir,
+                device=resolve_device(self._settings),
+                backend=self._settings.encoder_backend,
+            )
+        return self._cache[name]
+
+
+def index_state(settings: Settings, db: Database, encoder: TextEncoder, *, lexical: bool = False) -> IndexState:
+    """The IndexState for `encoder`: pinned to it, or (SQA_ENCODER=auto) each snapshot with its own encoder."""
+    resolver = EncoderResolver(settings, encoder) if settings.encoder == AUTO_ENCODER else None
+    return IndexState(
+        db.sessions, settings.index_dir, encoder=encoder.name, dim=encoder.dim, lexical=lexical, resolver=resolver
+    )
+
+
+FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained version is active
+
+
+def load_builtin_reader(settings: Settings, name: str) -> Reader:
+    """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
+    return load_reader(
+        name,
+        device=resolve_device(settings),
+        max_passages=settings.reader_passages or 3,
+        cache_dir=settings.models_dir / "base",
+        context_words=settings.reader_context_words,
+        answer_beams=settings.reader_answer_beams,
+        vocabulary=settings.reader_vocabulary,
+        precision=settings.reader_precision,
+        echo_beams=settings.reader_echo_beams,
+    )
+
+
+def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
+    """The trained reader in a version folder; `expect` ("fid", "gemma", ...) must match its reader.json."""
+    from models.trained import load_trained_reader, read_reader_info  # imported here: heavy, only when used
+
+    if expect is not None:
+        kind = read_reader_info(folder).get("kind")
+        if kind != expect:
+            raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
+    return load_trained_reader(
+        folder,
+        device=resolve_device(settings),
+        max_passages=settings.reader_passages or None,
+        answer_beams=settings.reader_answer_beams,
+        vocabulary=settings.reader_vocabulary,
+        precision=settings.reader_precision,
+        echo_beams=settings.reader_echo_beams,
+    )
+
+
+def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
+    """The serving reader SQA_READER names; with "auto" a state that follows the active version.
+
+    `db` may be None only for specs that need no registry (built-in names and folders).
+    """
+    configure_torch(settings)
+    spec: ReaderSpec = settings.reader_spec
+    if spec.kind == "builtin":
+        return ReaderState(load_builtin_reader(settings, spec.value))
+    if spec.kind == "path":
+        return ReaderState(load_trained_folder(settings, Path(spec.value), expect=spec.expect))
+    if db is None:
+        raise ValueError(f"SQA_READER={settings.reader} reads the reader registry: it needs the database")
+    if spec.kind == "version":
+        with db.sessions() as session:
+            row = get_version(session, spec.value)  # NotFoundError
+            folder = check_servable(row, settings.models_dir)  # ConflictError: not ready, folder missing
+        return ReaderState(load_trained_folder(settings, folder), version=spec.value)
+    state = ReaderState(
+        source=RegistrySource(
+            db.sessions,
+            settings.models_dir,
+            load_version=lambda folder: load_trained_folder(settings, folder),
+            load_fallback=lambda: load_builtin_reader(settings, FALLBACK_READER),
+        )
+    )
+    state.refresh()  # the active version, else the fallback; raises only if nothing can serve
+    return state
+
+
+def build_reader(settings: Settings, db: Database | None = None) -> Reader:
+    """The reader SQA_READER names, resolved now (one-shot commands; the server keeps a ReaderState).
+
+    "auto" and "version:NAME" read the registry: from `db`, or a database opened for the lookup.
+    """
+    if db is None and settings.reader_spec.kind in ("auto", "version"):
+        db = open_database(settings)
+        try:
+            return build_reader_state(settings, db).reader()
+        finally:
+            db.close()
+    return build_reader_state(settings, db).reader()
+
+
+@functools.cache
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_device(settings: Settings) -> str:
+    """SQA_DEVICE made concrete: "auto" is "cuda" when torch sees a GPU, else "cpu"."""
+    if settings.device != "auto":
+        return settings.device
+    return "cuda" if _cuda_available() else "cpu"
+
+
+def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = True) -> Retriever:
+    """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT,
+    SQA_RECENCY_WEIGHT, then the active re-ranker version (SQA_RERANKER; `rerank=False`: the first
+    stage alone, what a re-ranker is trained on)."""
+    first = make_retriever(
+        settings.retriever,
+        encoder,
+        fusion=settings.fusion,
+        dense_weight=settings.fusion_dense_weight,
+        recency=settings.recency_weight,
+    )
+    if not rerank or settings.reranker == "none":
+        return first
+    return RerankingRetriever(first, reranker_state(settings), depth=settings.rerank_depth)
+
+
+def reranker_state(settings: Settings) -> RerankerState:
+    """Follows SQA_HOME/rerankers/ACTIVE; versions load on the SQA_DEVICE."""
+
+    def load(folder: Path):
+        from models.reranker import load_reranker
+
+        return load_reranker(folder, device=resolve_device(settings))
+
+    return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5))
+
+
+def build_answer_service(
+    settings: Settings, db: Database, encoder: TextEncoder, reader: Reader | ReaderState | None = None
+) -> AnswerService:
+    """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names."""
+    if reader is None:
+        reader = build_reader_state(settings, db)
+    state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")  # SQA_RETRIEVER
+    limits = AnswerLimits(
+        default_top_k=settings.top_k,
+        max_top_k=settings.max_top_k,
+        reader_passages=settings.reader_passages,
+        max_question_chars=settings.max_question_chars,
+    )
+    retriever = build_retriever(settings, encoder)
+    return AnswerService(
+        encoder=encoder,
+        reader=reader,
+        index_state=state,
+        session_factory=db.sessions,
+        limits=limits,
+        retriever=retriever,
+    )
