@@ -13,10 +13,11 @@ day right after that day's articles arrived, against the monthly schedule and th
    and --clients threads ask random window questions without pause (the load; its errors are
    counted). First the articles of the first --load-days days are POSTed at once (the ingest rate:
    passages until all are searchable); then day by day, the day's articles are POSTed; once the
-   live queue is empty, up to --probes articles of the day are asked for by their title and first
-   words until an answer as of the day cites them (arrival -> answerable latency, from the POST's answer to the
-   first citing answer); then the day's questions are asked over HTTP (schedule b, live). The load
-   runs through the burst's days and as many streamed days, then stops.
+   live queue is empty, up to --probes articles of the day are asked for at once (a thread each) by
+   their title and first words until an answer as of the day cites them (arrival -> answerable
+   latency, from the POST's answer to the first citing answer); then the day's questions are
+   asked over HTTP (schedule b, live). The load runs through the burst's days and as many streamed
+   days, then stops.
 3. On the final index, in this process: (c) every question as of its day (everything indexed up
    front: the date filter keeps the rest out), and (a) the monthly schedule: as of its day, but
    retrieving only what was published before its month (`AnswerService.answer(index_as_of=)`: what
