@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -11,8 +12,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from indexer.dates import month_key
+from indexer.manifest import Manifest, write_manifest
 from indexer.records import ArticleRecord, QuestionRecord
-from store.tables import Article, Passage, Question
+from indexer.storage import IndexStore
+from store.tables import Article, IndexSnapshot, Passage, Question
 
 CHUNK = 500
 
@@ -124,3 +127,31 @@ def newest_indexed_article_at(session: Session, builds: Sequence[str]) -> dt.dat
     if value is not None and value.tzinfo is None:
         value = value.replace(tzinfo=dt.UTC)
     return value
+
+
+def add_snapshot(
+    session: Session,
+    index_dir: IndexStore | str | os.PathLike[str],
+    manifest: Manifest,
+    *,
+    job_id: int | None = None,
+    kind: str = "serving",
+    label: str | None = None,
+) -> IndexSnapshot:
+    """Write `manifest` under `index_dir` and add its snapshot row to `session` (committed with the
+    caller's transaction: until then no reader sees the snapshot)."""
+    name, sha = write_manifest(index_dir, manifest)
+    row = IndexSnapshot(
+        snapshot_id=manifest.snapshot_id,
+        manifest_file=name,
+        manifest_sha256=sha,
+        encoder=manifest.encoder,
+        dim=manifest.dim,
+        total=manifest.total,
+        shard_keys=[e.key for e in manifest.shards],
+        job_id=job_id,
+        kind=kind,
+        label=label,
+    )
+    session.add(row)
+    return row

@@ -17,11 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.lexical import Bm25Shard
-from indexer.manifest import Manifest, read_manifest, write_manifest
+from indexer.manifest import Manifest, read_manifest
 from indexer.snapshot import write_lexical
 from serving.errors import InvalidInputError
 from serving.index_state import latest_snapshot_row
-from store.tables import IndexSnapshot, Passage
+from store.queries import add_snapshot
+from store.tables import Passage
 from workers.ingest import ingest_lock
 
 log = logging.getLogger(__name__)
@@ -61,17 +62,6 @@ def build_missing_lexical(sf: sessionmaker[Session], index_dir: Path) -> dict:
             passages += len(rows)
             log.info("BM25 index of shard %s: %d passages", entry.key, len(rows))
         new = Manifest.new(manifest.encoder, manifest.dim, [done.get(e.key, e) for e in manifest.shards])
-        name, sha = write_manifest(index_dir, new)
         with sf() as session, session.begin():
-            session.add(
-                IndexSnapshot(
-                    snapshot_id=new.snapshot_id,
-                    manifest_file=name,
-                    manifest_sha256=sha,
-                    encoder=new.encoder,
-                    dim=new.dim,
-                    total=new.total,
-                    shard_keys=[e.key for e in new.shards],
-                )
-            )
+            add_snapshot(session, index_dir, new)
     return {"snapshot": new.snapshot_id, "built": list(done), "passages": passages}

@@ -29,12 +29,13 @@ from indexer.dates import day_number
 from indexer.ids import make_ids
 from indexer.index_errors import IndexIntegrityError
 from indexer.lexical import Bm25Shard
-from indexer.manifest import read_manifest, write_manifest
+from indexer.manifest import read_manifest
 from indexer.shards import MonthShard
 from indexer.snapshot import garbage_files, write_shard
 from indexer.storage import as_store
 from models.encoders import TextEncoder
 from serving.errors import ConflictError, NoArticlesError
+from store.queries import add_snapshot
 from store.tables import Article, IndexSnapshot, Job, LiveQueueItem, Passage
 from workers.compaction import commit_lock, gather_live, live_articles, live_entries
 from workers.config import IngestConfig
@@ -238,19 +239,7 @@ def ingest_shard(
                 )
             )
         manifest = base.with_shard(entry, drop=overlapping_keys(base, plan))
-        name, sha = write_manifest(cfg.index_dir, manifest)
-        session.add(
-            IndexSnapshot(
-                snapshot_id=manifest.snapshot_id,
-                manifest_file=name,
-                manifest_sha256=sha,
-                encoder=manifest.encoder,
-                dim=manifest.dim,
-                total=manifest.total,
-                shard_keys=[e.key for e in manifest.shards],
-                job_id=job_id,
-            )
-        )
+        add_snapshot(session, cfg.index_dir, manifest, job_id=job_id)
         t3 = time.perf_counter()
         counts = {
             "articles": len(arts),

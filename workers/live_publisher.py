@@ -39,11 +39,12 @@ from indexer.chunking import chunk_texts
 from indexer.dates import day_number
 from indexer.ids import make_ids
 from indexer.lexical import Bm25Shard
-from indexer.manifest import Manifest, ShardEntry, write_manifest
+from indexer.manifest import Manifest, ShardEntry
 from indexer.shards import MonthShard, is_live_key, live_key, live_key_parts
 from indexer.snapshot import ShardCache, write_shard
 from models.encoders import TextEncoder
-from store.tables import Article, IndexSnapshot, LiveQueueItem, Passage
+from store.queries import add_snapshot
+from store.tables import Article, LiveQueueItem, Passage
 from workers.compaction import commit_lock
 from workers.config import IngestConfig, LiveConfig
 from workers.ingest import collect_garbage
@@ -288,18 +289,7 @@ def _commit(
             )
 
     manifest = base.with_shards(add, drop=drop)
-    name, sha = write_manifest(cfg.index_dir, manifest)
-    session.add(
-        IndexSnapshot(
-            snapshot_id=manifest.snapshot_id,
-            manifest_file=name,
-            manifest_sha256=sha,
-            encoder=manifest.encoder,
-            dim=manifest.dim,
-            total=manifest.total,
-            shard_keys=[e.key for e in manifest.shards],
-        )
-    )
+    add_snapshot(session, cfg.index_dir, manifest)
     done = [(q.item_id, q.version) for q in queued if q.article_id in keep_q]
     if done:
         session.execute(

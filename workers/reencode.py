@@ -22,13 +22,14 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from indexer.manifest import Manifest, read_manifest, write_manifest
+from indexer.manifest import Manifest, read_manifest
 from indexer.shards import MonthShard
 from indexer.snapshot import write_shard
 from models.encoders import TextEncoder
 from serving.errors import InvalidInputError
 from serving.index_state import latest_snapshot_row
-from store.tables import IndexSnapshot, Job, Passage
+from store.queries import add_snapshot
+from store.tables import Job, Passage
 from workers.config import IngestConfig
 from workers.ingest import collect_garbage, encode_with_checkpoints, ingest_lock
 from workers.runner import JobHandle, JobRunner
@@ -94,19 +95,7 @@ def _reencode(sf, encoder: TextEncoder, cfg: IngestConfig, job: JobHandle) -> No
         if serving_manifest(session, cfg).snapshot_id != old.snapshot_id:  # cannot happen under the lock
             raise InvalidInputError("the index changed while it was being re-encoded; run the job again")
         manifest = Manifest.new(encoder.name, encoder.dim, entries)
-        name, sha = write_manifest(cfg.index_dir, manifest)
-        session.add(
-            IndexSnapshot(
-                snapshot_id=manifest.snapshot_id,
-                manifest_file=name,
-                manifest_sha256=sha,
-                encoder=manifest.encoder,
-                dim=manifest.dim,
-                total=manifest.total,
-                shard_keys=[e.key for e in manifest.shards],
-                job_id=job.job_id,
-            )
-        )
+        add_snapshot(session, cfg.index_dir, manifest, job_id=job.job_id)
         job.succeed_in(
             session,
             counts={

@@ -23,9 +23,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from evaluation.temporal import quarter_bounds, quarter_of, quarter_range
 from indexer.dates import parse_month
-from indexer.manifest import Manifest, read_manifest, write_manifest
+from indexer.manifest import Manifest, read_manifest
 from serving.answering import AnswerService
 from serving.index_state import LoadedSnapshot, latest_snapshot_row
+from store.queries import add_snapshot
 from store.tables import IndexSnapshot
 from workers.config import EvalConfig, IngestConfig
 from workers.evaluate import complete_run, find_or_create_run
@@ -76,19 +77,7 @@ def record_quarter_states(sf: sessionmaker[Session], index_dir, quarters: list[s
                     break
             else:
                 state = Manifest.new(encoder=manifest.encoder, dim=manifest.dim, shards=shards)
-                name, sha = write_manifest(index_dir, state)
-                row = IndexSnapshot(
-                    snapshot_id=state.snapshot_id,
-                    manifest_file=name,
-                    manifest_sha256=sha,
-                    encoder=state.encoder,
-                    dim=state.dim,
-                    total=state.total,
-                    shard_keys=[e.key for e in state.shards],
-                    kind="quarter",
-                    label=q,
-                )
-                session.add(row)
+                row = add_snapshot(session, index_dir, state, kind="quarter", label=q)
                 session.flush()
                 out[q] = row.id
     return out
