@@ -1,7 +1,9 @@
 """The one Settings object. Field names are the environment variables, prefixed SQA_.
 
-Only entry points (app/main.py, app/cli.py, workers/, migrations/env.py) read it; they pass
-plain values down to indexer/, models/ and evaluation/.
+A leaf of the layers: it imports nothing of the project, and every layer may read it (the
+drift feature kinds and measures are spelled here, once). The entry points (app/) build the
+Settings object and pass plain values and configs down; the layers below take those, not the
+Settings object.
 """
 
 from __future__ import annotations
@@ -116,11 +118,13 @@ class Settings(BaseSettings):
         env_prefix="SQA_", extra="ignore", secrets_dir=SECRETS_DIR if os.path.isdir(SECRETS_DIR) else None
     )
 
+    # "production" refuses to start without an admin token and marks cookies Secure.
     env: Literal["development", "production", "test"] = "development"
     # All state lives under one directory: database file, index shards, snapshots, job work files.
     home: Path = Path(".sqa")
     # Empty means the embedded default, sqlite:///<home>/sqa.db.
     database_url: str = ""
+    # The X-Admin-Token the admin routes and the dashboard take; empty: the admin routes answer 403.
     admin_token: str = ""
 
     # Question and passage encoder: "auto" (the encoder the serving index was built with, the
