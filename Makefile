@@ -60,7 +60,7 @@ lint: install
 	$(MAKE) docs
 
 docs: install
-	$(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Chromium and ChromeDriver for the browser tests of the pages (installed with apt-get where it may).
 browser:

@@ -8,7 +8,8 @@ Each reference page (docs/reference/*.md) holds a hand-written introduction and 
 - `cli`: every `sqa` command and group (`app.cli.cli`), with its help and each option's help, as
   `--help` prints them;
 - `settings`: every field of `settings.Settings` as its SQA_* variable, with its type, default and
-  the comment written above it in settings/__init__.py.
+  the comment written above it in settings/__init__.py;
+- `changelog`: CHANGELOG.md of the repository root (docs/changelog.md shows it on the site).
 
 A page that lost its marker fails the build (strict), and so does a generator that raises.
 """
@@ -200,8 +201,24 @@ def settings_reference() -> str:
     return "\n".join(out)
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"http-api": http_api, "cli": cli_reference, "settings": settings_reference}
-PAGES = {"reference/http-api.md": "http-api", "reference/cli.md": "cli", "reference/settings.md": "settings"}
+def changelog() -> str:
+    """CHANGELOG.md of the repository root, its links made relative to docs/ (one text, two places)."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").split("\n", 1)[1]  # the page has its own title
+    return text.replace("](docs/", "](")
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "http-api": http_api,
+    "cli": cli_reference,
+    "settings": settings_reference,
+    "changelog": changelog,
+}
+PAGES = {
+    "reference/http-api.md": "http-api",
+    "reference/cli.md": "cli",
+    "reference/settings.md": "settings",
+    "changelog.md": "changelog",
+}
 
 
 def render(markdown: str, expected: str) -> str:
