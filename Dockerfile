@@ -22,10 +22,13 @@ RUN pip install --require-hashes --no-deps -r requirements.lock \
 COPY pyproject.toml ./
 COPY alembic.ini ./
 COPY app/ app/
-COPY indexer/ indexer/
+COPY workers/ workers/
+COPY serving/ serving/
+COPY store/ store/
 COPY models/ models/
 COPY evaluation/ evaluation/
-COPY workers/ workers/
+COPY indexer/ indexer/
+COPY settings/ settings/
 COPY migrations/ migrations/
 COPY scripts/ scripts/
 RUN pip install --no-deps --no-build-isolation . \

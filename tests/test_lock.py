@@ -47,3 +47,13 @@ def test_the_makefile_installs_from_the_locks_in_hash_checking_mode():
     makefile = (ROOT / "Makefile").read_text()
     assert "--require-hashes --no-deps -r requirements.lock" in makefile
     assert "$(PIP) check" in makefile
+
+
+def test_the_image_copies_every_package_the_project_installs():
+    """The Dockerfile's build stage copies each top-level package pyproject.toml installs (a package
+    added or renamed without its COPY line would be missing from the image)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    missing = sorted(p for p in packages if f"COPY {p}/ {p}/" not in dockerfile)
+    assert not missing, f"the Dockerfile does not copy {missing}"
