@@ -141,7 +141,7 @@ class Settings(BaseSettings):
     # "version:NAME" (a registered version, whether active or not). Only "auto" follows activations.
     reader: str = "auto"
     # Where the encoder and the readers run: auto (a CUDA GPU when torch sees one, else the CPU), cpu,
-    # cuda or cuda:N. Resolved when a model loads (app.bootstrap.resolve_device), never at import.
+    # cuda or cuda:N. Resolved when a model loads (app.bootstrap.builders.resolve_device), never at import.
     device: str = "auto"
     torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
     # What runs the encoder's model on the CPU: torch, or ONNX Runtime with float or int8 weights
@@ -164,15 +164,15 @@ class Settings(BaseSettings):
     # not an echo wins (models.gemma.GemmaReader); 0 keeps the echo.
     reader_echo_beams: int = Field(default=0, ge=0, le=16)
     # Gemma readers, greedy: "read" writes the answer with the words of the passages read and the
-    # question only (models.gemma.greedy_within: each token then skips the 262k-word output head);
+    # question only (models.gemma_decoding.greedy_within: each token then skips the 262k-word output head);
     # "full" may use any token.
     reader_vocabulary: Literal["full", "read"] = "full"
     # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
-    # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma.resolve_precision).
+    # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma_weights.resolve_precision).
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     # Gemma trainings' number format (every job that trains or fine-tunes one): "auto" trains under
     # bfloat16 autocast on a GPU with bfloat16 and on every CPU oneDNN computes it on, natively or
-    # emulated on AVX-512 (models.gemma.resolve_training_precision); "float32" trains in float32.
+    # emulated on AVX-512 (models.gemma_weights.resolve_training_precision); "float32" trains in float32.
     train_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     max_question_chars: int = Field(default=1000, ge=10)
     # Logs: "text" lines or one JSON object a line ("json", for a log shipper); both carry request ids.
