@@ -237,7 +237,7 @@ class Settings(BaseSettings):
     eval_cron: str = "0 4 2 1,4,7,10 *"
     # A run missed while the worker was down still runs (once) if it is at most this late.
     misfire_grace_s: int = Field(default=6 * 3600, ge=1)
-    # Train the reader after an ingest (`sqa ingest`, the monthly job) on what is dated before the
+    # Train the reader after an ingest (`sqa ingest`, the monthly job, POST /admin/ingest) on what is dated before the
     # ingested month, and activate it if it answers better on the month before (workers/auto_train.py).
     auto_train: bool = True
     # The training budget of one such job, in minutes (the best checkpoint within it is kept).
@@ -253,7 +253,7 @@ class Settings(BaseSettings):
     # Which re-ranker it trains: "features" (a logistic model over cheap question/passage features,
     # seconds to train; models/ltr.py) or "cross-encoder" (MiniLM reads each pair; wants a GPU).
     auto_train_reranker_kind: Literal["features", "cross-encoder"] = "features"
-    # Also fine-tune the active reader on each monthly ingest's own month: never | always | on-drift
+    # Also fine-tune the active reader on each ingest's (last) month: never | always | on-drift
     # (after the training SQA_AUTO_TRAIN does, which learns only what is dated before the month).
     finetune_policy: Literal["never", "always", "on-drift"] = "never"
     # on-drift: fine-tune when the drift regression (workers/version_transport.py) predicts that the new

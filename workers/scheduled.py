@@ -11,7 +11,6 @@ named lock, released if the process dies).
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,8 @@ from indexer.jsonl import keep_longest
 from indexer.records import ArticleRecord, ImportReport, QuestionRecord
 from serving.errors import InvalidInputError, NoArticlesError
 from store.tables import Article, EvalRun
+from workers import evaluate
+from workers.after_ingest import train_after_ingest
 from workers.imports import store_records
 from workers.ingest import ingest
 from workers.ingest_plans import IngestParams
@@ -35,19 +36,9 @@ from workers.runner import JobHandle
 if TYPE_CHECKING:
     from workers.job_context import JobContext
 
-log = logging.getLogger(__name__)
 
 MONTHLY_INGEST = "monthly-ingest"
 QUARTERLY_EVALUATION = "quarterly-evaluation"
-NO_ACTIVE_READER = "no trained reader is active: run `sqa train reader --until YYYY-MM-DD` first"
-RANKER_REFIT = (
-    "the active reader is a ranker, which is refitted rather than fine-tuned: run "
-    "`sqa train reader --kind ranker --until YYYY-MM-DD --activate`"
-)
-NO_EVALUATION = (
-    "the on-drift policy predicts from evaluated quarters, and {name} has none yet: run `sqa evaluate "
-    "--quarter YYYYQn` with it serving"
-)
 
 
 # ---- periods ---------------------------------------------------------------------------------------
@@ -119,81 +110,6 @@ def read_news_source(
     )
 
 
-def _finetune(ctx: JobContext, month: str, ingested: dict | None) -> dict:
-    """Apply SQA_FINETUNE_POLICY after a month was ingested: `always` fine-tunes the active reader
-    on the month (as its own job, which activates the new version)."""
-    from serving.reader_registry import READER_TRAINING_LOCK, active_version
-
-    policy = ctx.finetune_policy
-    if policy == "never":
-        return {"policy": policy, "ran": False}
-    if ingested is None:
-        return {"policy": policy, "ran": False, "reason": f"no articles in {month}"}
-    with ctx.sessions() as session:
-        active = active_version(session)
-        if active is None:
-            log.warning("SQA_FINETUNE_POLICY=%s: %s", policy, NO_ACTIVE_READER)
-            return {"policy": policy, "ran": False, "reason": NO_ACTIVE_READER}
-        if active.kind == "ranker":  # refitted on gold questions, never fine-tuned on a month
-            log.info("SQA_FINETUNE_POLICY=%s: %s", policy, RANKER_REFIT)
-            return {"policy": policy, "ran": False, "reason": RANKER_REFIT}
-        decision = drift_decision(ctx, session, active, month) if policy == "on-drift" else {}
-    if policy == "on-drift" and not decision.get("finetune"):
-        log.info("SQA_FINETUNE_POLICY=on-drift: not fine-tuning on %s: %s", month, decision.get("reason"))
-        return {"policy": policy, "ran": False, **decision}
-    from workers.train import run_finetune_job
-
-    job_id = ctx.runner.create("finetune", {"month": month})
-    try:
-        version = ctx.runner.run(
-            job_id,
-            lambda handle: run_finetune_job(ctx, handle, month=month),
-            lock=ctx.runner.lock(READER_TRAINING_LOCK),
-            message=lambda v: f"version {v}",
-        )
-    except Exception as exc:  # the month stays ingested; the failure is on the finetune job's row
-        log.error("fine-tuning on %s failed (job %d): %s", month, job_id, exc)
-        return {"policy": policy, "ran": True, "job_id": job_id, "error": str(exc)}
-    return {"policy": policy, "ran": True, "job_id": job_id, "version": version, **decision}
-
-
-def _auto_train(ctx: JobContext, first: dt.date, ingested: dict | None) -> dict:
-    """SQA_AUTO_TRAIN: train the reader on what is dated before the month, as its own job
-    (workers/auto_train.py); a failure leaves the month ingested and is on that job's row."""
-    from workers.auto_train import run_after_ingest
-
-    if ingested is None:
-        return {"action": "skip", "reason": f"no articles in {month_key(first)}"}
-    return run_after_ingest(ctx, first, ctx.auto_train, keep_going=True)
-
-
-def drift_decision(ctx: JobContext, session: Session, active, month: str) -> dict:
-    """on-drift: fine-tune when the predicted F1 drop of the new month exceeds SQA_DRIFT_DROP_THRESHOLD.
-
-    The regression is fitted on the active version's own evaluated months (workers/version_transport.py);
-    a version never evaluated has nothing to predict from, so it is not fine-tuned (say so).
-    """
-    from workers.version_transport import month_scores, predicted_drop, profile_loader
-
-    name = f"{active.kind}:{active.version}"
-    scores = {v: sc for v, sc in month_scores(session).items() if v.split(" @ ")[0] == name}
-    if not scores:
-        return {"finetune": False, "reason": NO_EVALUATION.format(name=name)}
-    version = max(scores, key=lambda v: sum(m.n for m in scores[v].values()))  # the most evaluated encoder
-    try:
-        p = predicted_drop(scores[version], profile_loader(session, ctx.transport), month, measure=ctx.drift_measure)
-    except ValueError as exc:
-        return {"finetune": False, "reason": f"no drift prediction: {exc}"}
-    threshold = ctx.drift_drop_threshold
-    verdict = "exceeds" if p["predicted_drop"] > threshold else "is within"
-    return {
-        "finetune": p["predicted_drop"] > threshold,
-        "prediction": p,
-        "reason": f"predicted F1 drop {p['predicted_drop']:.2f} {verdict} the threshold {threshold:.2f} "
-        f"({ctx.drift_measure} drift {p['drift']:.4f} from {p['source']})",
-    }
-
-
 def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
     first = parse_month(month)
     last = month_end(first)
@@ -232,10 +148,7 @@ def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
         except NoArticlesError:
             ingested = None
     t2 = time.perf_counter()
-    counts: dict = {"ingest": ingested}
-    if ctx.auto_train.enabled:
-        counts["auto_train"] = _auto_train(ctx, first, ingested)
-    counts["finetune"] = _finetune(ctx, month, ingested)
+    counts: dict = {"ingest": ingested, **train_after_ingest(ctx, first, indexed=ingested is not None)}
     if ingested is None:
         counts["note"] = "no articles"
         message = f"no articles published in {month}: nothing to index"
@@ -249,7 +162,8 @@ def _ingest_month(ctx: JobContext, run: JobHandle, month: str) -> str:
 
 
 def monthly_ingest(ctx: JobContext, month: str | None = None, *, wait_s: float = 0.0) -> dict:
-    """Import the news of a month from SQA_NEWS_SOURCE, index it, then apply SQA_FINETUNE_POLICY.
+    """Import the news of a month from SQA_NEWS_SOURCE, index it, then train after it
+    (`workers.after_ingest.train_after_ingest`: SQA_AUTO_TRAIN, then SQA_FINETUNE_POLICY).
 
     Args:
         month: 'YYYY-MM'; default the month just ended (UTC).
@@ -285,10 +199,8 @@ def _quarter_evaluated(session: Session, quarter: str) -> tuple[str, dict] | Non
 
 
 def _evaluate_quarter(ctx: JobContext, run: JobHandle, quarter: str) -> str:
-    from workers.evaluate import run_quarterly_evaluation  # imported here: a heavy module, only for this job
-
     run.update(progress=0.02, message=f"evaluating {quarter}")
-    eval_run_id = run_quarterly_evaluation(ctx, quarter, job_id=run.job_id)
+    eval_run_id = evaluate.run_quarterly_evaluation(ctx, quarter, job_id=run.job_id)
     with ctx.sessions() as session:
         row = session.get(EvalRun, eval_run_id)
         state, error = (row.state, row.error) if row is not None else (None, None)

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
 from pathlib import Path
 
 import typer
+from sqlalchemy import func, select
+from tqdm import tqdm
 
-from app.cli.common import cli, context, day_option, fail, guard, month_option, settings
+from app.cli.common import cli, context, day_option, fail, guard, month_option, open_database, settings
+from indexer.dates import month_key, month_start
+from indexer.importers import read_articles_jsonl, read_realtimeqa, read_streamingqa
+from indexer.records import ImportReport
+from models.encoders import load_encoder
+from store.migrate import upgrade
+from store.tables import Passage
 
 db_cli = typer.Typer(no_args_is_help=True, help="Database schema.")
 import_cli = typer.Typer(no_args_is_help=True, help="Import articles and questions.")
@@ -23,8 +33,6 @@ cli.add_typer(index_cli, name="index")
 @guard
 def db_upgrade() -> None:
     """Apply the database migrations (also done automatically on start)."""
-    from store.migrate import upgrade
-
     s = settings()
     s.ensure_dirs()
     upgrade(s.db_url)
@@ -35,8 +43,7 @@ def db_upgrade() -> None:
 
 
 def _store(articles, questions, report) -> None:
-    from app.cli.common import open_database
-    from workers.imports import store_records
+    from workers.imports import store_records  # noqa: PLC0415 (lazy: faiss)
 
     db = open_database(settings())
     try:
@@ -70,8 +77,6 @@ def import_realtimeqa(
     until: str | None = typer.Option(None, help="YYYY-MM-DD: skip questions and articles after"),
 ) -> None:
     """Import RealTimeQA questions and their search-result articles (.jsonl or .jsonl.gz)."""
-    from indexer.importers import read_realtimeqa
-
     if not path.exists():
         fail(f"{path} does not exist")
     articles, questions, report = read_realtimeqa(
@@ -91,8 +96,6 @@ def import_streamingqa(
     until: str | None = typer.Option(None),
 ) -> None:
     """Import StreamingQA questions (and a plain article JSONL)."""
-    from indexer.importers import read_streamingqa
-
     for p in (questions_path, articles):
         if p is not None and not p.exists():
             fail(f"{p} does not exist")
@@ -111,9 +114,6 @@ def import_articles(
     source: str = typer.Option("jsonl", help="name stored with each article"),
 ) -> None:
     """Import plain article JSONL (id, url, title, text, published)."""
-    from indexer.importers import read_articles_jsonl
-    from indexer.records import ImportReport
-
     if not path.exists():
         fail(f"{path} does not exist")
     report = ImportReport()
@@ -130,13 +130,11 @@ def _fill_on_ray(ctx, encoder, params, address: str | None, actors: int) -> None
     """Encode the planned months' passages on Ray into the ingest's checkpoints (workers/backfill_ray.py),
     under the index's ingest lock; the ingest that follows finds them encoded."""
     try:
-        import ray  # noqa: F401
+        import ray  # noqa: F401, PLC0415 (lazy: ray, an optional extra)
     except ImportError:
         fail("--executor ray needs Ray: pip install '.[ray]'")
-    from tqdm import tqdm
-
-    from workers.backfill_ray import fill_checkpoints
-    from workers.ingest import ingest_lock
+    from workers.backfill_ray import fill_checkpoints  # noqa: PLC0415 (lazy: faiss)
+    from workers.ingest import ingest_lock  # noqa: PLC0415 (lazy: faiss)
 
     with ingest_lock(ctx.ingest.index_dir).hold(), tqdm(desc="encode on ray", unit="passage", disable=None) as bar:
         done = fill_checkpoints(
@@ -159,15 +157,10 @@ def _run_ingest(
     actors: int = 0,
 ) -> None:
     """Run an ingest job (`workers.ingest_plans.IngestParams`) here, print what each shard got, then train
-    the reader on what is dated before the last ingested month (workers/auto_train.py) unless told not to."""
-    import dataclasses
-    import json
-
-    from sqlalchemy import func, select
-
-    from indexer.dates import month_start
-    from store.tables import Passage
-    from workers.ingest import ingest as run_ingest
+    after it as the scheduler and the API do (`workers.after_ingest.train_after_ingest`: SQA_AUTO_TRAIN on
+    what is dated before the last ingested month, then SQA_FINETUNE_POLICY) unless told not to."""
+    from workers.after_ingest import train_after_ingest  # noqa: PLC0415 (lazy: faiss)
+    from workers.ingest import ingest as run_ingest  # noqa: PLC0415 (lazy: faiss)
 
     with context() as ctx:
         typer.echo(f"ingest: {json.dumps(params.to_json())}", err=True)
@@ -190,37 +183,60 @@ def _run_ingest(
         last = params.month or params.through
         if last is None:  # a history backfill: no month of news to learn up to
             return
-        cfg = (
-            ctx.auto_train if train_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=train_minutes)
-        )
-        if not train or not cfg.enabled:
-            typer.echo("training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
-            return
         with ctx.sessions() as session:  # the last ingested month: one that holds passages
             newest = session.scalar(select(func.max(Passage.published)))
-        if newest is not None:
-            run_auto_train(ctx, min(last, month_start(newest)), cfg)
+        done = train_after_ingest(
+            ctx,
+            last if newest is None else min(last, month_start(newest)),
+            indexed=newest is not None,
+            train=train,
+            train_minutes=train_minutes,
+            keep_going=False,
+            on_train=_say_training,
+        )
+        report_training(done)
+
+
+def _say_training(until, cfg) -> None:
+    """Say what is coming before an auto-train job starts: it takes a while."""
+    typer.echo(
+        f"training after ingest: on what is dated before {until}, checked on "
+        f"{month_key(until - timedelta(days=1))} ({'a re-ranker, then ' if cfg.rerank else ''}the reader "
+        f"within {cfg.max_minutes:g} min; --no-train skips it)",
+        err=True,
+    )
+
+
+def report_training(done: dict) -> None:
+    """Print what `workers.after_ingest.train_after_ingest` did: auto-train, then the fine-tune policy."""
+    from workers.auto_train import describe  # noqa: PLC0415 (lazy: faiss)
+
+    auto = done["auto_train"]
+    if auto["action"] == "off":
+        typer.echo("training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)", err=True)
+    elif auto["action"] == "skip" and "job_id" not in auto:
+        typer.echo(f"training after ingest: skipped ({auto['reason']})", err=True)
+    else:
+        typer.echo(f"training after ingest: {describe(auto)}")
+    tune = done["finetune"]
+    if tune["policy"] == "never":
+        return
+    head = f"fine-tune after ingest (SQA_FINETUNE_POLICY={tune['policy']})"
+    if not tune["ran"]:
+        typer.echo(f"{head}: skipped ({tune['reason']})", err=True)
+    elif "error" in tune:
+        typer.echo(f"{head}: job {tune['job_id']} failed: {tune['error']}", err=True)
+    else:
+        typer.echo(f"{head}: version {tune['version']} (job {tune['job_id']})")
 
 
 def run_auto_train(ctx, until, cfg) -> None:
-    """Train after an ingest (workers/auto_train.py) and print what happened; shared with `sqa train auto`."""
-    from datetime import timedelta
+    """`sqa train auto`: the auto-train step alone, whatever SQA_AUTO_TRAIN says, and print what happened."""
+    from workers.auto_train import nothing_to_do, run_after_ingest  # noqa: PLC0415 (lazy: faiss)
 
-    from indexer.dates import month_key
-    from workers.auto_train import describe, nothing_to_do, run_after_ingest
-
-    if nothing_to_do(ctx, until, cfg) is None:  # say what is coming: it takes a while
-        typer.echo(
-            f"training after ingest: on what is dated before {until}, checked on "
-            f"{month_key(until - timedelta(days=1))} ({'a re-ranker, then ' if cfg.rerank else ''}the reader "
-            f"within {cfg.max_minutes:g} min; --no-train skips it)",
-            err=True,
-        )
-    done = run_after_ingest(ctx, until, cfg)
-    if done["action"] == "skip" and "job_id" not in done:
-        typer.echo(f"training after ingest: skipped ({done['reason']})", err=True)
-        return
-    typer.echo(f"training after ingest: {describe(done)}")
+    if nothing_to_do(ctx, until, cfg) is None:
+        _say_training(until, cfg)
+    report_training({"auto_train": run_after_ingest(ctx, until, cfg), "finetune": {"policy": "never"}})
 
 
 @cli.command("ingest", epilog="Example: sqa ingest --through 2023-06 --from 2022-06 --no-train")
@@ -262,7 +278,7 @@ def ingest(
     last ingested month and becomes the served default only if it answers better than the serving
     reader on the month before it (a job of its own, resumable: run the same command again).
     """
-    from workers.ingest_plans import IngestParams
+    from workers.ingest_plans import IngestParams  # noqa: PLC0415 (lazy: faiss)
 
     given = [x for x in (month, through, history_before) if x]
     if len(given) != 1:
@@ -292,7 +308,7 @@ def ingest(
 @guard
 def index_rebuild() -> None:
     """Re-encode every shard of the newest snapshot from the database (after corruption or an encoder change)."""
-    from workers.ingest_plans import IngestParams
+    from workers.ingest_plans import IngestParams  # noqa: PLC0415 (lazy: faiss)
 
     _run_ingest(IngestParams(rebuild=True))
 
@@ -311,9 +327,8 @@ def index_reencode(
 
 def reencode_index(spec: str) -> None:
     """Switch the index to the encoder `spec` names (a trained version, minilm or a folder)."""
-    from app.bootstrap.builders import resolve_device
-    from models.encoders import load_encoder
-    from workers.reencode import reencode
+    from app.bootstrap.builders import resolve_device  # noqa: PLC0415 (lazy: faiss)
+    from workers.reencode import reencode  # noqa: PLC0415 (lazy: faiss)
 
     s = settings()
     try:
@@ -341,8 +356,7 @@ def reencode_index(spec: str) -> None:
 @guard
 def index_status() -> None:
     """Show the newest snapshot and check its files against the database."""
-    from app.cli.common import open_database
-    from serving.index_state import IndexState
+    from serving.index_state import IndexState  # noqa: PLC0415 (lazy: faiss)
 
     s = settings()
     db = open_database(s)
@@ -369,8 +383,7 @@ def index_status() -> None:
 @guard
 def index_bm25() -> None:
     """Build the BM25 files of shards ingested before BM25 existed (SQA_RETRIEVER=bm25|hybrid needs them)."""
-    from app.cli.common import open_database
-    from workers.bm25_backfill import build_missing_lexical
+    from workers.bm25_backfill import build_missing_lexical  # noqa: PLC0415 (lazy: faiss)
 
     s = settings()
     db = open_database(s)
@@ -385,7 +398,7 @@ def index_bm25() -> None:
 
 
 def _encoder_identity(s) -> dict:
-    from app.bootstrap.builders import encoder_identity
+    from app.bootstrap.builders import encoder_identity  # noqa: PLC0415 (lazy: faiss)
 
     name, dim = encoder_identity(s)
     return {"encoder": name, "dim": dim}

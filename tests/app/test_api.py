@@ -217,6 +217,30 @@ def test_admin_ingest_runs_in_background_and_swaps_snapshot(client, loaded_setti
     assert listing[0]["id"] == job["id"]
 
 
+def test_admin_ingest_trains_after_it_as_the_scheduler_does(loaded_settings, wait_job):
+    """After the ingest job succeeded, `workers.after_ingest.train_after_ingest` runs with the server's
+    settings (auto-train on, the fine-tune policy `always`) and its result lands in the job's counts."""
+    from workers.after_ingest import NO_ACTIVE_READER
+
+    settings = loaded_settings.model_copy(
+        update={"auto_train": True, "auto_train_reranker": False, "finetune_policy": "always"}
+    )
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/admin/ingest", json={"month": "2024-02"}, headers=ADMIN)
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+        assert wait_job(c, job_id)["state"] == "succeeded"
+        runner = c.app.state.jobs.runner
+        runner.wait("ingest", timeout=30)  # its follow-up starts the training ...
+        runner.wait("training", timeout=30)  # ... on the training slot
+        job = c.get(f"/admin/jobs/{job_id}", headers=ADMIN).json()
+    done = job["counts"]["after_ingest"]
+    assert done["auto_train"]["action"] == "skip"
+    assert "SQA_READER=first-entity pins the reader" in done["auto_train"]["reason"]
+    assert done["finetune"] == {"policy": "always", "ran": False, "reason": NO_ACTIVE_READER}
+    assert job["counts"]["2024-02"]["articles"] == 12  # the ingest's own counts stay
+
+
 @pytest.mark.parametrize(
     "path",
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 
@@ -53,6 +54,40 @@ def test_cli_bad_input_exits_non_zero_with_a_message(sqa, sample_root, args, fra
     r = sqa(*[str(sample_root) if a == "SAMPLE" else a for a in args])
     assert r.exit_code == 2, r.output
     assert fragment in r.output
+
+
+def test_cli_ingest_trains_through_train_after_ingest(sqa, sample_root, monkeypatch):
+    """`sqa ingest` hands the last ingested month and its --no-train / --train-minutes to the one
+    post-ingest function (workers/after_ingest.py) and prints what it returned."""
+    import workers.after_ingest
+
+    calls = []
+
+    def train_after_ingest(ctx, month, **options):
+        calls.append((month, options["indexed"], options["train"], options["train_minutes"]))
+        tuned = {"policy": "always", "ran": True, "job_id": 9, "version": "gemma-tuned"}
+        return {"auto_train": {"action": "skip", "reason": "faked"}, "finetune": tuned}
+
+    monkeypatch.setattr(workers.after_ingest, "train_after_ingest", train_after_ingest)
+    assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
+    r = sqa("ingest", "--through", "2024-02", "--train-minutes", "2.5")
+    assert r.exit_code == 0, r.output
+    assert "training after ingest: skipped (faked)" in r.output
+    assert "fine-tune after ingest (SQA_FINETUNE_POLICY=always): version gemma-tuned (job 9)" in r.output
+    assert sqa("ingest", "--month", "2024-03", "--no-train").exit_code == 0
+    assert calls == [(dt.date(2024, 2, 1), True, True, 2.5), (dt.date(2024, 3, 1), True, False, None)]
+
+
+def test_cli_ingest_applies_the_fine_tune_policy(sqa, sample_root, monkeypatch):
+    from settings import get_settings
+
+    monkeypatch.setenv("SQA_FINETUNE_POLICY", "always")
+    get_settings.cache_clear()
+    assert sqa("import", "realtimeqa", str(sample_root)).exit_code == 0
+    r = sqa("ingest", "--month", "2024-01")
+    assert r.exit_code == 0, r.output
+    assert "training after ingest: off (--no-train or SQA_AUTO_TRAIN=false)" in r.output
+    assert "fine-tune after ingest (SQA_FINETUNE_POLICY=always): skipped (no trained reader is active" in r.output
 
 
 def test_cli_ingest_then_ask_prints_dated_passages(sqa, sample_root):

@@ -18,7 +18,8 @@ from app.bootstrap.builders import open_database
 from serving.errors import InvalidInputError
 from settings import get_settings
 from store.tables import Article, EvalRun, IndexSnapshot, Job
-from workers.scheduled import NO_ACTIVE_READER, RANKER_REFIT, previous_month, previous_quarter, today_utc
+from workers.after_ingest import NO_ACTIVE_READER, RANKER_REFIT
+from workers.scheduled import previous_month, previous_quarter, today_utc
 
 
 @pytest.fixture
@@ -147,6 +148,29 @@ def test_monthly_ingest_runs_a_failed_month_again(use_env, tmp_path):
     result = monthly_ingest("2024-05")
     assert result["state"] == "succeeded" and not result["skipped"]
     assert [j.state for j in rows(settings, Job, Job.kind == "monthly-ingest")] == ["failed", "succeeded"]
+
+
+@pytest.mark.parametrize("month, indexed", [("2024-05", True), ("2024-04", False)])
+def test_monthly_ingest_trains_through_train_after_ingest(use_env, tmp_path, monkeypatch, month, indexed):
+    """The month's job hands its month (and whether it had articles) to the one post-ingest function
+    and keeps what that returned in its counts."""
+    import workers.scheduled
+
+    inbox = tmp_path / "inbox"
+    write_inbox(inbox, [article(1, "2024-05-03")])
+    use_env(news_source=f"inbox:{inbox}")
+    calls = []
+
+    def train_after_ingest(ctx, first, *, indexed):
+        calls.append((first, indexed))
+        return {"auto_train": {"action": "skip", "reason": "faked"}, "finetune": {"policy": "never", "ran": False}}
+
+    monkeypatch.setattr(workers.scheduled, "train_after_ingest", train_after_ingest)
+    result = monthly_ingest(month)
+    assert result["state"] == "succeeded"
+    assert calls == [(dt.date.fromisoformat(f"{month}-01"), indexed)]
+    assert result["counts"]["auto_train"] == {"action": "skip", "reason": "faked"}
+    assert result["counts"]["finetune"] == {"policy": "never", "ran": False}
 
 
 def test_monthly_ingest_rejects_an_unknown_news_source(use_env):

@@ -171,7 +171,7 @@ def _activate_fake_version(settings, reader_name_in_runs: str):
 def test_on_drift_decision_compares_the_predicted_drop_with_the_threshold(evaluated):
     from app.bootstrap import build_context
     from serving.reader_registry import active_version
-    from workers.scheduled import drift_decision
+    from workers.after_ingest import drift_decision
 
     db = _activate_fake_version(evaluated, "extractive:v1")
     try:
@@ -200,7 +200,7 @@ def test_on_drift_decision_compares_the_predicted_drop_with_the_threshold(evalua
 def test_on_drift_decision_needs_an_evaluated_version(evaluated):
     from app.bootstrap import build_context
     from serving.reader_registry import active_version
-    from workers.scheduled import drift_decision
+    from workers.after_ingest import drift_decision
 
     db = _activate_fake_version(evaluated, "first-entity")  # runs answered by another reader
     try:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 
@@ -22,7 +23,9 @@ from app.api.schemas import (
     ServingReaderPublic,
     SnapshotPublic,
 )
+from app.bootstrap.builders import resolve_device
 from indexer.dates import InvalidDateError, month_key, parse_month
+from models.encoders import PACKAGED_MINILM, list_encoder_versions, load_encoder
 from serving.errors import ConflictError, InvalidInputError, NotFoundError
 from serving.reader_registry import (
     READER_TRAINING_LOCK,
@@ -34,9 +37,14 @@ from serving.reader_registry import (
     list_versions,
 )
 from store.tables import Job
+from workers.after_ingest import record_after_ingest, train_after_ingest
 from workers.ingest import STAGE_WEIGHTS, ingest_lock, ingest_work
 from workers.ingest_plans import IngestParams, check_month_request
+from workers.job_context import JobContext
 from workers.month_drift import REFERENCES, drift_rows
+from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS
+from workers.reencode import reencode_work, serving_manifest
+from workers.runner import JobHandle
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
@@ -48,23 +56,52 @@ def _public(job: Job) -> JobPublic:
 
 @router.post("/ingest", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
 def start_ingest(body: IngestRequest, request: Request, session: SessionDep, jobs: JobsDep) -> JobStarted:
-    """Ingest (or re-ingest) one month in the background; poll the returned job."""
+    """Ingest (or re-ingest) one month in the background; poll the returned job. Once it succeeded, the
+    training that follows an ingest runs as the scheduler's does (`workers.after_ingest`: SQA_AUTO_TRAIN,
+    then SQA_FINETUNE_POLICY), as jobs of its own; the ingest job's counts then keep what it did under
+    "after_ingest"."""
     app = request.app
     encoder = _index_encoder(app)
     cfg = jobs.ingest
     plan = check_month_request(session, cfg.index_dir, encoder, body.month)  # 422 before any job exists
     params = IngestParams(month=plan.first)
+    ingest_month = ingest_work(jobs.sessions, encoder, cfg, params)
+    ran: list[int] = []  # the job's id, known on its own thread before `after` runs
+
+    def work(job: JobHandle) -> None:
+        ingest_month(job)
+        ran.append(job.job_id)
+
+    def after() -> None:
+        app.state.answers.index_state.refresh()  # serve the new snapshot now
+        _train_after_ingest(app, jobs, plan.first, ran[0])
+
     job_id = jobs.runner.submit(
         "ingest",
         params.to_json(),
-        ingest_work(jobs.sessions, encoder, cfg, params),
+        work,
         slot="ingest",
         lock=ingest_lock(cfg.index_dir),
         weights=STAGE_WEIGHTS,
-        after=app.state.answers.index_state.refresh,  # serve the new snapshot now
+        after=after,
         conflict="an ingest is already running; poll GET /admin/jobs and try again when it ends",
     )
     return _started(job_id)
+
+
+def _train_after_ingest(app, jobs: JobContext, month: dt.date, ingest_job_id: int) -> None:
+    """`train_after_ingest` on the training slot (one training at a time in this process, as
+    POST /admin/finetune), then serve the reader it activated, if any."""
+
+    def train() -> None:
+        train_after_ingest(jobs, month, record_on=ingest_job_id)
+        app.state.answers.reader_state.refresh()
+
+    try:
+        jobs.runner.spawn("training", train, conflict="a reader training or fine-tune is already running")
+    except ConflictError as exc:
+        log.warning("no training after ingest job %d: %s", ingest_job_id, exc)
+        record_after_ingest(jobs, ingest_job_id, {"error": str(exc)})
 
 
 def _started(job_id: int) -> JobStarted:
@@ -84,11 +121,6 @@ def start_reencode(
 ) -> JobStarted:
     """Re-encode every shard with another encoder version in the background; the server switches to
     the new snapshot (and its query encoder) at once when the job commits. Needs SQA_ENCODER=auto."""
-    from app.bootstrap.builders import resolve_device
-    from models.encoders import load_encoder
-    from workers.reencode import STAGE_WEIGHTS as REENCODE_WEIGHTS
-    from workers.reencode import reencode_work, serving_manifest
-
     app = request.app
     cfg = jobs.ingest
     if settings.encoder != "auto":
@@ -98,8 +130,6 @@ def start_reencode(
         )
     # Only names the server knows: the packaged model, a trained version, or the tests' hash fake.
     # Never a path (a request must not make the server load whatever folder it names).
-    from models.encoders import list_encoder_versions
-
     known = [i["version"] for i in list_encoder_versions(settings.encoders_dir)]
     if body.encoder not in ("minilm", *known) and not re.fullmatch(
         r"hash(-[0-9]+|:[a-z_]+=[0-9.]+(,[a-z_]+=[0-9.]+)*)?", body.encoder
@@ -134,8 +164,6 @@ def start_reencode(
 @router.get("/encoders", response_model=list[EncoderVersionPublic])
 def list_encoders(request: Request, settings: SettingsDep) -> list[EncoderVersionPublic]:
     """The packaged encoder and the trained versions; `serving` marks the one the index uses."""
-    from models.encoders import PACKAGED_MINILM, list_encoder_versions
-
     snap = request.app.state.answers.index_state.current()
     serving = snap.manifest.encoder if snap is not None else None
     out = [EncoderVersionPublic(version=PACKAGED_MINILM, serving=serving == PACKAGED_MINILM)]
@@ -273,7 +301,7 @@ def activate_model(version: str, request: Request, session: SessionDep, settings
 @router.post("/finetune", response_model=JobStarted, status_code=status.HTTP_202_ACCEPTED)
 def start_finetune(body: FinetuneRequest, request: Request, session: SessionDep, jobs: JobsDep) -> JobStarted:
     """Fine-tune the active trained reader on a month's news in the background; poll the returned job."""
-    from workers.train import run_finetune_job
+    from workers.train import run_finetune_job  # noqa: PLC0415 (lazy: torch)
 
     month = month_key(parse_month(body.month))  # InvalidDateError: 422
     parent = active_version(session)
