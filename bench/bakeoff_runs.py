@@ -14,8 +14,8 @@ from pathlib import Path
 
 from evaluation.bakeoff import baseline_files, latency_summary, load_baseline_predictions, score
 from evaluation.metrics import answer_in_text
+from evaluation.questions import DatedQuestion
 from indexer.chunking import passage_body
-from workers.bakeoff_gold import BenchQuestion
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ReaderSpec:
 class Item:
     """What one reader call sees: the question and its passages."""
 
-    question: BenchQuestion
+    question: DatedQuestion
     passages: tuple  # ReaderPassage, ...
     passage_ids: tuple[int, ...]
 
@@ -113,7 +113,7 @@ class PartialCache:
             self._handle.close()
 
 
-def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passages: int, bar: bool):
+def retrieve_all(settings, db, questions: list[DatedQuestion], top_k: int, passages: int, bar: bool):
     """Retrieve once per question with the service's retriever (SQA_RETRIEVER, as `sqa serve` does):
     ({qid: Item with the top `passages`}, retrieval figures)."""
     from tqdm import tqdm
@@ -164,7 +164,7 @@ def retrieve_all(settings, db, questions: list[BenchQuestion], top_k: int, passa
     return items, figures
 
 
-def gold_items(sessions, questions: list[BenchQuestion]) -> dict[str, Item]:
+def gold_items(sessions, questions: list[DatedQuestion]) -> dict[str, Item]:
     from models.readers import ReaderPassage
     from workers.bakeoff_gold import gold_passage
 
@@ -216,7 +216,7 @@ def run_reader(label: str, spec: str, items: list[Item], cache: PartialCache, ge
     return out
 
 
-def reader_row(system: str, kind: str, spec: str, questions: list[BenchQuestion], run: dict, left_out: int = 0) -> dict:
+def reader_row(system: str, kind: str, spec: str, questions: list[DatedQuestion], run: dict, left_out: int = 0) -> dict:
     lat = latency_summary([run["ms"][q.qid] for q in questions if q.qid in run["ms"]])
     return {
         "system": system,
@@ -234,7 +234,7 @@ def reader_row(system: str, kind: str, spec: str, questions: list[BenchQuestion]
     }
 
 
-def baseline_rows(data: Path, systems: list[str], questions: list[BenchQuestion]) -> tuple[list[dict], list[str]]:
+def baseline_rows(data: Path, systems: list[str], questions: list[DatedQuestion]) -> tuple[list[dict], list[str]]:
     from indexer.records import ImportReport
 
     rows, notes = [], []

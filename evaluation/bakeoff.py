@@ -3,21 +3,21 @@ summaries. `bench/bench_readers.py` (its parts in `bench/bakeoff_runs.py`) wires
 the index and the readers; the gold-containing passage is looked up in the database by
 `workers/bakeoff_gold.py`.
 
-Questions are anything with `qid`, `text`, `asked`, `answers` (gold strings) and `meta` (the ORM
-`Question` or a plain stand-in). Scores are fractions in [0, 1]; the primary metric is
-`PRIMARY_METRIC` ("f1"), greater is better.
+Questions are `evaluation.questions.DatedQuestion`s (`DatedQuestion.of` a stored row). Scores are
+fractions in [0, 1]; the primary metric is `PRIMARY_METRIC` ("f1"), greater is better.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+
+import numpy as np
 
 from evaluation.metrics import PRIMARY_METRIC, exact_match, normalize_answer, token_f1
+from evaluation.questions import DatedQuestion
 from evaluation.subsets import needs_choices
 from indexer.jsonl import iter_jsonl
 from indexer.records import ImportReport
@@ -43,17 +43,9 @@ def over_tokens_reason(max_tokens: int) -> str:
     return f"answer over {max_tokens} tokens"
 
 
-class BakeoffQuestion(Protocol):
-    qid: str
-    text: str
-    asked: dt.date
-    answers: Sequence[str]
-    meta: dict
-
-
 def generation_subset(
-    questions: Iterable[BakeoffQuestion], max_tokens: int = MAX_ANSWER_TOKENS
-) -> tuple[list[BakeoffQuestion], Counter]:
+    questions: Iterable[DatedQuestion], max_tokens: int = MAX_ANSWER_TOKENS
+) -> tuple[list[DatedQuestion], Counter]:
     """Questions a generative reader can be scored on, and why the others were left out.
 
     Kept: the first gold answer has 1..max_tokens tokens after SQuAD normalisation, and the
@@ -131,7 +123,7 @@ def load_baseline_predictions(root: Path, system: str, report: ImportReport | No
     return out
 
 
-def score(predictions: dict[str, str], questions: Sequence[BakeoffQuestion]) -> dict[str, float]:
+def score(predictions: dict[str, str], questions: Sequence[DatedQuestion]) -> dict[str, float]:
     """EM and token F1 (each the best over the question's gold answers), averaged over `questions`.
 
     A question without a prediction scores 0 and is not counted in "answered"; an empty-string
@@ -156,8 +148,6 @@ def score(predictions: dict[str, str], questions: Sequence[BakeoffQuestion]) -> 
 def latency_summary(ms: Sequence[float]) -> dict[str, float | int | None]:
     """{"n", "p50_ms", "p95_ms", "mean_ms"} of per-question times in ms (numpy's linear
     percentiles); None values when there are none."""
-    import numpy as np
-
     if not len(ms):
         return {"n": 0, "p50_ms": None, "p95_ms": None, "mean_ms": None}
     x = np.asarray(ms, dtype=float)

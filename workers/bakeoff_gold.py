@@ -6,18 +6,17 @@ The pure parts (generation subset, baselines, scoring) are `evaluation/bakeoff.p
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evaluation.bakeoff import BakeoffQuestion
 from evaluation.metrics import answer_in_text
+from evaluation.questions import DatedQuestion
 from indexer.chunking import passage_body
 from store.tables import Article, Passage, Question
 
 
-def gold_passage(session: Session, question: BakeoffQuestion):
+def gold_passage(session: Session, question: DatedQuestion):
     """The passage that holds a gold answer and was published on or before the question date.
 
     Looks in the articles of the question's `gold_urls` (the quiz's own citation) first, then its
@@ -55,19 +54,10 @@ def gold_passage(session: Session, question: BakeoffQuestion):
     return None
 
 
-@dataclass(frozen=True)
-class BenchQuestion:
-    qid: str
-    text: str
-    asked: dt.date
-    answers: tuple[str, ...]
-    meta: dict = field(default_factory=dict, hash=False, compare=False)
-
-
-def load_questions(sessions, first: dt.date, last: dt.date) -> list[BenchQuestion]:
-    """The questions asked in [first, last], by day, as plain values (a BakeoffQuestion each)."""
+def load_questions(sessions, first: dt.date, last: dt.date) -> list[DatedQuestion]:
+    """The questions asked in [first, last], by day, as plain values."""
     with sessions() as session:
         rows = session.scalars(
             select(Question).where(Question.asked.between(first, last)).order_by(Question.asked, Question.qid)
         ).all()
-        return [BenchQuestion(q.qid, q.text, q.asked, tuple(q.answers or ()), dict(q.meta or {})) for q in rows]
+        return [DatedQuestion.of(q) for q in rows]

@@ -9,42 +9,24 @@ run reuses what an estimate retrieved (and the other way round).
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from evaluation.questions import DatedQuestion
 from indexer.chunking import passage_body
 from models.candidates import RankerItem, annotate_passages, annotated
+from models.readers import FirstEntityReader
+from models.selflabel import load_nlp
 from workers.progress import Progress
 
 if TYPE_CHECKING:
     from workers.job_context import JobContext
-
-
-class ItemQuestion(Protocol):
-    """What a question needs to become an item (the ORM Question has it; so does `PlainQuestion`)."""
-
-    qid: str
-    text: str
-    asked: dt.date
-    answers: Sequence[str]
-
-
-@dataclass(frozen=True)
-class PlainQuestion:
-    """A question that is not a database row (a self-labeled one)."""
-
-    qid: str
-    text: str
-    asked: dt.date
-    answers: tuple[str, ...]
 
 
 class ItemCache:
@@ -87,7 +69,7 @@ def cache_path(work_dir: Path, retriever: str, snapshot_id: str, passages: int) 
 
 def prepare_items(
     ctx: JobContext,
-    questions: Sequence[ItemQuestion],
+    questions: Sequence[DatedQuestion],
     passages: int,
     progress: Progress,
     *,
@@ -97,15 +79,12 @@ def prepare_items(
     """Retrieve and annotate each question once (cached).
 
     Args:
-        questions: ORM Questions or PlainQuestions, each retrieved as of its `asked` day.
+        questions: gold or self-labeled questions, each retrieved as of its `asked` day.
         passages: retrieved passages per question (part of the cache key).
         embed: also encode the questions (the adversarial splits need them).
     Returns:
         (items by qid, (n, dim) question embeddings in input order, or None when `embed` is false).
     """
-    from models.readers import FirstEntityReader
-    from models.selflabel import load_nlp
-
     encoder = ctx.load_encoder()
     service = ctx.load_answer_service(FirstEntityReader())  # retrieves only: no reader is loaded
     service.index_state.refresh()

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
+from evaluation.questions import DatedQuestion
 from indexer.chunking import passage_body
 from models.readers import ReaderPassage
 from models.training import TrainExample
@@ -87,11 +88,11 @@ def _self_gold_row(session: Session, url: str, answer: str, sentence: str):
     return holding[0] if holding else None
 
 
-def gold_questions(session: Session, first: dt.date, before: dt.date) -> tuple[list[Question], dict]:
+def gold_questions(session: Session, first: dt.date, before: dt.date) -> tuple[list[DatedQuestion], dict]:
     rows = session.scalars(
         select(Question).where(Question.asked >= first, Question.asked < before).order_by(Question.asked, Question.qid)
     ).all()
-    kept, left_out = generation_subset(rows)
+    kept, left_out = generation_subset([DatedQuestion.of(q) for q in rows])
     return kept, dict(left_out)
 
 

@@ -19,9 +19,10 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from evaluation.questions import DatedQuestion
 from indexer.dates import month_key, month_start
 from models.candidates import CandidateRanker, RankerItem, candidates, is_positive
-from workers.ranker_items import PlainQuestion, prepare_items
+from workers.ranker_items import prepare_items
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
@@ -34,11 +35,11 @@ PASSAGES = 10  # passages read per question (training and serving), as `sqa esti
 SELF_ARTICLES = 0  # articles sampled for self-labeled questions by default (0: gold questions only)
 
 
-def self_question(g) -> PlainQuestion:
+def self_question(g) -> DatedQuestion:
     """A self-labeled question as an item question; its id is a digest of what it is, so a cached
     item never belongs to a different question."""
     key = hashlib.sha256(f"{g.url}|{g.published}|{g.question}|{g.answer}".encode()).hexdigest()[:16]
-    return PlainQuestion(f"self-{key}", g.question, g.published, (g.answer,))
+    return DatedQuestion(f"self-{key}", g.question, g.published, (g.answer,))
 
 
 def reachable(items: list[RankerItem]) -> float:

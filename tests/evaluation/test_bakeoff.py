@@ -3,10 +3,10 @@ end-to-end run of bench.bench_readers on the shipped sample (hash encoder, first
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import gzip
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ import pytest
 from bench import bench_readers
 from evaluation.bakeoff import generation_subset, latency_summary, load_baseline_predictions, score
 from evaluation.metrics import exact_match, token_f1
+from evaluation.questions import DatedQuestion
 from indexer.chunking import passage_body
 from indexer.records import ImportReport
 from workers.bakeoff_gold import gold_passage
@@ -25,13 +26,8 @@ RESIGNS = f"{KC}/02/13/verhoeven-resigns-okafor-appointed"  # both names
 WINNING_START = f"{KC}/02/19/okafor-winning-start"  # "Ines Okafor"
 
 
-@dataclass
-class Q:
-    qid: str
-    text: str
-    answers: tuple[str, ...]
-    asked: dt.date = dt.date(2024, 1, 24)
-    meta: dict = field(default_factory=dict)
+def Q(qid: str, text: str, answers: tuple[str, ...], asked: dt.date = dt.date(2024, 1, 24), meta=None) -> DatedQuestion:
+    return DatedQuestion(qid, text, asked, answers, {} if meta is None else meta)
 
 
 def test_generation_subset_keeps_short_answers_without_choices_and_counts_the_rest():
@@ -156,7 +152,7 @@ def test_gold_passage_never_returns_a_passage_published_after_the_question(loade
             meta={"gold_urls": [RESIGNS], "search_result_urls": [WINNING_START, RESIGNS]},
         )
         assert gold_passage(session, q) is None
-        q.asked = dt.date(2024, 2, 13)  # published that day: allowed
+        q = dataclasses.replace(q, asked=dt.date(2024, 2, 13))  # published that day: allowed
         row = gold_passage(session, q)
         assert row.article.url == RESIGNS and row.published == dt.date(2024, 2, 13)
         # A later article first in the search order is skipped, the earlier one found.

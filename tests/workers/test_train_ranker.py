@@ -11,6 +11,7 @@ import pytest
 from app.bootstrap import open_context
 from app.bootstrap.builders import build_answer_service, build_encoder, open_database
 from evaluation.bakeoff import generation_subset
+from evaluation.questions import DatedQuestion
 from models.candidates import CandidateRanker
 from models.ranker import CandidateReader, RankerConfig, RankerModel
 from models.trained import load_trained_reader, read_reader_info
@@ -32,7 +33,7 @@ def _gold(db):
     with db.sessions() as session:
         rows = session.scalars(select(Question).order_by(Question.asked, Question.qid)).all()
         session.expunge_all()
-    return generation_subset(rows)[0]
+    return generation_subset([DatedQuestion.of(q) for q in rows])[0]
 
 
 class _SpyReader(CandidateReader):
