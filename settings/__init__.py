@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from limits import parse
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -307,7 +308,6 @@ class Settings(BaseSettings):
         v = v.strip()
         if not v and info.field_name == "rate_limit":
             return v
-        from limits import parse
 
         try:
             parse(v)
