@@ -18,7 +18,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from limits import parse
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -308,6 +307,7 @@ class Settings(BaseSettings):
         v = v.strip()
         if not v and info.field_name == "rate_limit":
             return v
+        from limits import parse  # noqa: PLC0415 (lazy: limits, 0.1 s; `sqa --help` imports settings)
 
         try:
             parse(v)
