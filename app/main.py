@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import typing
 from collections.abc import AsyncIterator
 from urllib.parse import urlencode
 
@@ -13,6 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi_offline import FastAPIOffline
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api import protection
@@ -65,10 +67,6 @@ async def _poll_reader(app: FastAPI, every_s: float) -> None:
 
 def body_fields(request: Request) -> list[str]:
     """The fields of the JSON body model the request's endpoint takes (for "unknown field" errors)."""
-    import typing
-
-    from pydantic import BaseModel
-
     endpoint = request.scope.get("endpoint")
     try:
         hints = typing.get_type_hints(endpoint) if endpoint is not None else {}

@@ -33,11 +33,20 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
+import numpy as np
+from sqlalchemy import select
 
 from app.server_process import ServerNotReady, served
 from evaluation.subsets import needs_choices
+from indexer.importers import read_realtimeqa
+from settings import Settings
+from store.tables import Question
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
@@ -48,12 +57,10 @@ def build_home(
     home: Path, data: Path, since: dt.date | None, until: dt.date | None, encoder: str, max_articles: int = 0
 ) -> None:
     """Import the window's questions and articles into a fresh SQA_HOME and ingest its months."""
-    from app.bootstrap.builders import build_encoder, open_database
-    from app.bootstrap.job_configs import ingest_config
-    from indexer.importers import read_realtimeqa
-    from settings import Settings
-    from workers.imports import store_records
-    from workers.ingest import ingest
+    from app.bootstrap.builders import build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import ingest_config  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from workers.imports import store_records  # noqa: PLC0415 (lazy: workers.imports pulls faiss)
+    from workers.ingest import ingest  # noqa: PLC0415 (lazy: workers.ingest pulls faiss)
 
     settings = Settings(home=home, database_url="", encoder=encoder)
     db = open_database(settings)
@@ -92,11 +99,7 @@ def pick_questions(
     home: Path, database_url: str | None, since: dt.date | None, until: dt.date | None, n: int, seed: int
 ) -> tuple[list[tuple[str, dt.date, str]], int]:
     """Up to n (text, asked, gold) from the home's database, and how many were left out for needing choices."""
-    from sqlalchemy import select
-
-    from app.bootstrap.builders import open_database
-    from settings import Settings
-    from store.tables import Question
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
 
     overrides = {} if database_url is None else {"database_url": database_url}
     db = open_database(Settings(home=home, **overrides), migrate=False)
@@ -116,8 +119,6 @@ def pick_questions(
 
 
 def pct(values: list[float], q: float) -> float:
-    import numpy as np
-
     return float(np.percentile(values, q)) if values else float("nan")
 
 
@@ -133,11 +134,6 @@ STAGES = {
 def send_questions(server, questions, args):
     """Warm up, then send each question once (from args.clients clients); returns latencies, the
     server's timings per stage (STAGES), errors, examples and the 503 refusals' waits."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
-
     latencies, errors, examples, refused = [], [], [], []
     stages: dict[str, list[float]] = {name: [] for name in STAGES}  # the server's timings_ms, and the rest
     lock = threading.Lock()

@@ -25,19 +25,29 @@ The target: per-month ingest and swap cost flat (within 20%) from the first mont
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
+import psutil
+from sqlalchemy import select
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from app.server_process import served  # noqa: E402
+from indexer.records import ArticleRecord  # noqa: E402
+from settings import Settings  # noqa: E402
+from store.tables import IndexSnapshot  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(20_000)]  # invented words: BM25 and the hash encoder see a real vocabulary
 NAMES = ["Port Calder", "Harbor Hawks", "Mayor Lind", "River Council", "Doyle Bank", "Astra Motors"]
@@ -45,8 +55,6 @@ NAMES = ["Port Calder", "Harbor Hawks", "Mayor Lind", "River Council", "Doyle Ba
 
 def month_articles(month: dt.date, n_passages: int, rng: np.random.Generator):
     """Articles of `month` that the chunker cuts into about n_passages passages (two each)."""
-    from indexer.records import ArticleRecord
-
     days = (dt.date(month.year + month.month // 12, month.month % 12 + 1, 1) - month).days
     out = []
     for i in range(n_passages // 2):
@@ -71,14 +79,10 @@ class SnapshotWatch:
     """Polls a server's /readyz every 20 ms and notes when it first names each snapshot (UTC)."""
 
     def __init__(self, base: str):
-        import threading
-
         self.base, self.seen, self.load_s, self._stop = base, {}, {}, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        import httpx
-
         with httpx.Client(base_url=self.base, timeout=30) as http:
             while not self._stop.is_set():
                 try:
@@ -118,17 +122,10 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=40)
     args = ap.parse_args()
 
-    import httpx
-    import psutil
-    from sqlalchemy import select
-
-    from app.bootstrap.builders import build_encoder, open_database
-    from app.bootstrap.job_configs import ingest_config
-    from app.server_process import served
-    from settings import Settings
-    from store.tables import IndexSnapshot
-    from workers.imports import store_records
-    from workers.ingest import ingest
+    from app.bootstrap.builders import build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import ingest_config  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from workers.imports import store_records  # noqa: PLC0415 (lazy: workers.imports pulls faiss)
+    from workers.ingest import ingest  # noqa: PLC0415 (lazy: workers.ingest pulls faiss)
 
     rng = np.random.default_rng(0)
     pick = random.Random(0)
@@ -173,8 +170,6 @@ def main() -> int:
                 passages = int(counts.get("passages", 0))
                 snapshot = counts.get("snapshot")
                 if server is None:
-                    import contextlib
-
                     stack = contextlib.ExitStack()
                     server = stack.enter_context(served(env, Path(tmp) / "server.log"))
                     watch = stack.enter_context(SnapshotWatch(server.base))

@@ -25,6 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from sqlalchemy import select
+
+from indexer.chunking import chunk_texts
+from indexer.importers import read_realtimeqa
+from models.onnx_encoder import CPU_BATCH
+from settings import Settings
+from store.tables import Article, Passage
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 
@@ -37,10 +45,7 @@ def cores() -> str:
 
 def read_back(sf, keys: list[str]) -> list[tuple[str, dt.date]]:
     """(text, published) of the articles each planned shard read, in the ingest job's own order."""
-    from sqlalchemy import select
-
-    from store.tables import Article
-    from workers.ingest_plans import ShardPlan
+    from workers.ingest_plans import ShardPlan  # noqa: PLC0415 (lazy: workers.ingest_plans pulls faiss)
 
     out = []
     with sf() as session:
@@ -55,10 +60,6 @@ def read_back(sf, keys: list[str]) -> list[tuple[str, dt.date]]:
 
 
 def stored_passages(sf) -> list[str]:
-    from sqlalchemy import select
-
-    from store.tables import Passage
-
     with sf() as session:
         return list(session.scalars(select(Passage.text).order_by(Passage.id)))
 
@@ -85,7 +86,6 @@ def main() -> int:
     ap.add_argument("--skip-sliced", action="store_true", help="skip timing the encoder slice by slice")
     ap.add_argument("--json", metavar="OUT", help="also write the figures to this JSON file")
     args = ap.parse_args()
-    from models.onnx_encoder import CPU_BATCH
 
     batch = args.batch_size or CPU_BATCH  # 0: the encoder's own choice, 8 on a CPU
 
@@ -97,15 +97,12 @@ def main() -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     since, until = dt.date.fromisoformat(args.since), dt.date.fromisoformat(args.until)
 
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch, after the HF offline variables are set)
 
-    from app.bootstrap.builders import build_encoder, open_database
-    from app.bootstrap.job_configs import ingest_config
-    from indexer.chunking import chunk_texts
-    from indexer.importers import read_realtimeqa
-    from settings import Settings
-    from workers.imports import store_records
-    from workers.ingest import ingest
+    from app.bootstrap.builders import build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import ingest_config  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from workers.imports import store_records  # noqa: PLC0415 (lazy: workers.imports pulls faiss)
+    from workers.ingest import ingest  # noqa: PLC0415 (lazy: workers.ingest pulls faiss)
 
     with tempfile.TemporaryDirectory(prefix="sqa-bench-ingest-") as home:
         settings = Settings(

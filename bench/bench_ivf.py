@@ -37,7 +37,7 @@ import numpy as np
 
 from indexer.dates import day_number, from_day_number, month_end, month_key, next_month
 from indexer.ids import ids_through, make_ids
-from indexer.ivf import FLAT, ivf_spec
+from indexer.ivf import FLAT, filtered_nprobe, ivf_spec
 from indexer.manifest import Manifest, write_manifest
 from indexer.shards import MonthShard, ShardedIndex
 from indexer.snapshot import ShardCache, write_shard
@@ -166,8 +166,6 @@ def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
 
 def boundary_nprobe(index: ShardedIndex, as_of: dt.date) -> str:
     """The nprobe the boundary shard uses for as_of (the shard holding as_of), as 'used/nlist'."""
-    from indexer.ivf import filtered_nprobe
-
     for s in index.shards:
         if s.min_day <= as_of < s.max_day and s.spec.is_ivf:
             share = s.count_through(as_of) / s.ntotal

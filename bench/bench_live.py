@@ -37,8 +37,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from sqlalchemy import delete, func, select
+
 from bench.live_stream import ROOT, log, score_row, stream
+from bench.served_questions import open_served, window_questions
 from evaluation.paired import describe_paired, paired_em
+from indexer.importers import read_realtimeqa
+from settings import Settings
+from store.tables import Article, IndexSnapshot, LiveQueueItem, Passage
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 
@@ -53,8 +59,6 @@ def parse_window(text: str) -> tuple[dt.date, dt.date]:
 
 def window_articles(data: Path, first: dt.date, last: dt.date, since: dt.date):
     """(articles before the window, the window's articles by day, questions) from the slice."""
-    from indexer.importers import read_realtimeqa
-
     articles, questions, report = read_realtimeqa(data, since=since)
     before = [a for a in articles if a.published < first]
     by_day: dict[dt.date, list] = defaultdict(list)
@@ -70,12 +74,11 @@ def window_articles(data: Path, first: dt.date, last: dt.date, since: dt.date):
 
 def setup(home: Path, data: Path, first: dt.date, since: dt.date):
     """Import and ingest everything before the window (skipped when the home serves already)."""
-    from app.bootstrap.builders import build_encoder, open_database
-    from app.bootstrap.job_configs import ingest_config
-    from serving.index_state import latest_snapshot_row
-    from settings import Settings
-    from workers.imports import store_records
-    from workers.ingest import ingest
+    from app.bootstrap.builders import build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import ingest_config  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from serving.index_state import latest_snapshot_row  # noqa: PLC0415 (lazy: serving.index_state pulls faiss)
+    from workers.imports import store_records  # noqa: PLC0415 (lazy: workers.imports pulls faiss)
+    from workers.ingest import ingest  # noqa: PLC0415 (lazy: workers.ingest pulls faiss)
 
     before, by_day, questions = window_articles(data, first, dt.date(9999, 12, 31), since)
     settings = Settings(home=home)
@@ -101,11 +104,7 @@ def reset_stream(home: Path, first: dt.date) -> bool:
     """Take a home back to the end of its setup: the window's articles, their passages, the live queue
     and the snapshots committed after the setup's last ingest go (the setup's shard files are still
     referenced by that snapshot). Returns whether there was anything to take back."""
-    from sqlalchemy import delete, func, select
-
-    from app.bootstrap.builders import open_database
-    from settings import Settings
-    from store.tables import Article, IndexSnapshot, LiveQueueItem, Passage
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
 
     db = open_database(Settings(home=home), migrate=False)
     try:
@@ -129,8 +128,6 @@ def reset_stream(home: Path, first: dt.date) -> bool:
 
 def offline(args, questions) -> tuple[dict, dict]:
     """Schedules (c) ceiling and (a) monthly, on the final index in this process."""
-    from bench.served_questions import open_served
-
     db, service, snapshot = open_served(args.home)
     ceiling, monthly = {}, {}
     try:
@@ -187,9 +184,7 @@ def main(argv=None) -> int:
     by_day = {d: v for d, v in by_day.items() if d <= last}
     reset_stream(args.home, first)  # a rerun streams into the home as the setup left it
 
-    from app.bootstrap.builders import open_database
-    from bench.served_questions import window_questions
-    from settings import Settings
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
 
     db = open_database(Settings(home=args.home), migrate=False)
     try:

@@ -48,6 +48,7 @@ from bench.bakeoff_runs import (
     trained_info,
 )
 from evaluation.bakeoff import MAX_ANSWER_TOKENS, generation_subset, score
+from settings import Settings
 from workers.bakeoff_gold import load_questions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,14 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
     if args.threads:
-        import faiss
-        import torch
+        import faiss  # noqa: PLC0415 (lazy: faiss)
+        import torch  # noqa: PLC0415 (lazy: torch)
 
         torch.set_num_threads(args.threads)
         faiss.omp_set_num_threads(args.threads)
 
-    from app.bootstrap.builders import open_database
-    from settings import Settings
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
 
     overrides = {} if args.database_url is None else {"database_url": args.database_url}
     settings = Settings(home=Path(args.home), encoder=args.encoder, device=args.device, **overrides)

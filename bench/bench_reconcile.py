@@ -38,8 +38,15 @@ from types import SimpleNamespace
 import numpy as np
 
 from bench.served_questions import parse_windows
-from evaluation.bakeoff import score
+from evaluation.bakeoff import generation_subset, score
 from evaluation.metrics import exact_match, normalize_answer
+from models.candidates import annotate_passages, candidates, features, question_type
+from models.gemma_prompt import build_prompt
+from models.ranker import passage_bodies, ranker_item
+from models.readers import ReaderPassage
+from models.selflabel.generate import load_nlp
+from settings import Settings
+from workers.bakeoff_gold import load_questions
 
 DEFAULT_WINDOWS = "2023-03-01:2023-03-31,2023-04-01:2023-06-30"
 N_WINDOWS = 3
@@ -48,7 +55,7 @@ N_WINDOWS = 3
 def score_continuations(model, tokenizer, prompt: str, answers: list[str]) -> list[float]:
     """The mean log-probability per token of " <answer>\\n" after `prompt`, for each answer: one
     forward pass over the prompt, then all answers at once from its cache."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     if not answers:
         return []
@@ -78,11 +85,6 @@ def score_continuations(model, tokenizer, prompt: str, answers: list[str]) -> li
 
 def measure(service, session, snap, q, nlp, *, max_candidates: int) -> dict:
     """One question's record: the window answers, the candidates and the log-probability matrix."""
-    from models.candidates import annotate_passages, candidates, features, question_type
-    from models.gemma_prompt import build_prompt
-    from models.ranker import passage_bodies, ranker_item
-    from models.readers import ReaderPassage
-
     reader = service.reader
     n = service.passages_for(reader)
     found = service.retriever.retrieve(session, snap, q.text, q.asked, N_WINDOWS * n)
@@ -146,8 +148,8 @@ def answer_rows(r: dict, *, with_candidates: bool) -> list[tuple[str, dict]]:
 
 
 def pick_learned(train: list[dict], test: list[dict], *, with_candidates: bool, c: float = 0.3) -> list[str]:
-    from sklearn.feature_extraction import DictVectorizer
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.feature_extraction import DictVectorizer  # noqa: PLC0415 (lazy: sklearn)
+    from sklearn.linear_model import LogisticRegression  # noqa: PLC0415 (lazy: sklearn)
 
     x, y = [], []
     for r in train:
@@ -230,11 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    from app.bootstrap.builders import build_answer_service, build_encoder, open_database
-    from evaluation.bakeoff import generation_subset
-    from models.selflabel.generate import load_nlp
-    from settings import Settings
-    from workers.bakeoff_gold import load_questions
+    from app.bootstrap.builders import build_answer_service, build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
 
     settings = Settings(home=home)
     db = open_database(settings, migrate=False)

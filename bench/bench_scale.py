@@ -35,24 +35,29 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+import numpy as np
+from sqlalchemy import create_engine, func, select, text
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.server_process import free_port, served  # noqa: E402
 from bench.bench_answers import SAMPLE  # noqa: E402
 from bench.scale_load import load, load_wrk  # noqa: E402
+from indexer.importers import read_realtimeqa  # noqa: E402
+from settings import Settings  # noqa: E402
 from store.scratch import scratch_database  # noqa: E402
+from store.tables import Job, Passage  # noqa: E402
 
 MONTH = "2024-03"
 
 
 def build_home(home: Path, db_url: str) -> None:
-    from app.bootstrap.builders import build_encoder, open_database
-    from app.bootstrap.job_configs import ingest_config
-    from indexer.importers import read_realtimeqa
-    from settings import Settings
-    from workers.imports import store_records
-    from workers.ingest import ingest
+    from app.bootstrap.builders import build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import ingest_config  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from workers.imports import store_records  # noqa: PLC0415 (lazy: workers.imports pulls faiss)
+    from workers.ingest import ingest  # noqa: PLC0415 (lazy: workers.ingest pulls faiss)
 
     settings = Settings(home=home, database_url=db_url, encoder="hash")
     db = open_database(settings)
@@ -109,7 +114,6 @@ http {{
     proc = subprocess.Popen(
         ["nginx", "-c", str(conf), "-p", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
     )
-    import httpx
 
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -141,13 +145,8 @@ def worker_process(env: dict, log: Path) -> subprocess.Popen:
 
 def month_check(db_url: str, home: Path) -> dict:
     """The month's scheduled runs and ingests, and whether the serving snapshot indexes its passages once."""
-    import numpy as np
-    from sqlalchemy import func, select
-
-    from app.bootstrap.builders import open_database
-    from serving.index_state import IndexState
-    from settings import Settings
-    from store.tables import Job, Passage
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from serving.index_state import IndexState  # noqa: PLC0415 (lazy: serving.index_state pulls faiss)
 
     settings = Settings(home=home, database_url=db_url, encoder="hash")
     db = open_database(settings, migrate=False)
@@ -260,8 +259,6 @@ def main() -> int:
 
             def kill_holder() -> None:
                 """Kill the worker whose run holds the month, once its ingest is under way."""
-                from sqlalchemy import create_engine, text
-
                 engine = create_engine(db_url)
                 pid, deadline = None, time.monotonic() + 60
                 with engine.connect() as conn:
@@ -297,7 +294,6 @@ def main() -> int:
                 for w in workers:
                     w.wait(timeout=600)
                 time.sleep(3)  # the replicas' snapshot poll (1 s)
-                import httpx
 
                 served_snapshots = [
                     httpx.get(f"{r.base}/readyz", timeout=5).json().get("snapshot") for r in replicas[:-1]

@@ -19,6 +19,7 @@ model; --reader gemma --encoder minilm soaks the default models, far fewer reque
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import random
 import sys
@@ -27,6 +28,9 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.server_process import ServerNotReady, served  # noqa: E402
@@ -34,8 +38,6 @@ from bench.bench_answers import SAMPLE, build_home, pct, pick_questions  # noqa:
 
 
 def rss_mb(pid: int) -> float:
-    import psutil
-
     proc = psutil.Process(pid)
     total = proc.memory_info().rss
     for child in proc.children(recursive=True):
@@ -59,9 +61,6 @@ def main() -> int:
     ap.add_argument("--warmup-fraction", type=float, default=0.2, help="share of the run before the RSS baseline")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    import datetime as dt
-
-    import httpx
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.data:

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
 from bench.bench_answers import pct
 
 QUESTIONS = [
@@ -24,8 +26,6 @@ QUESTIONS = [
 
 def load(base: str, clients: int, seconds: float, events: list[tuple[float, callable]] | None = None) -> dict:
     """`clients` clients for `seconds`; `events`: (at second, action) run on the way. Returns figures."""
-    import httpx
-
     results: list[tuple[float, float, int, str]] = []  # (start s, ms, status, detail)
     lock = threading.Lock()
     t_start = time.perf_counter()

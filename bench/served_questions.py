@@ -13,8 +13,13 @@ import os
 import random
 from pathlib import Path
 
+from sqlalchemy import select
+
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
+from settings import Settings
+from store.tables import Article, IndexSnapshot
+from workers.bakeoff_gold import load_questions
 
 KS = (1, 5, 10, 20, 50)  # the retrieval depths recall is reported at
 
@@ -59,8 +64,7 @@ def open_served(home: Path):
             f"{home} holds no database: import and ingest the RealTimeQA slice first "
             "(../shared/data/realtimeqa; see README)"
         )
-    from app.bootstrap.builders import build_answer_service, build_encoder, open_database
-    from settings import Settings
+    from app.bootstrap.builders import build_answer_service, build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
 
     settings = Settings(home=home)
     db = open_database(settings, migrate=False)
@@ -77,8 +81,6 @@ def open_served(home: Path):
 def window_questions(db, first: dt.date, last: dt.date, max_questions: int, seed: int):
     """(questions, left out by reason): RealTimeQA's generation subset of the questions asked in
     [first, last], a `seed` sample of `max_questions` of them (0: all), by date."""
-    from workers.bakeoff_gold import load_questions
-
     kept, left_out = generation_subset(load_questions(db.sessions, first, last))
     questions = sorted(kept, key=lambda q: (q.asked, q.qid))
     if max_questions and len(questions) > max_questions:
@@ -89,10 +91,6 @@ def window_questions(db, first: dt.date, last: dt.date, max_questions: int, seed
 def own_article_hit(session, question) -> bool:
     """Does any stored article of the question's own (its gold and search-result articles, published
     by its date) hold a gold answer?"""
-    from sqlalchemy import select
-
-    from store.tables import Article
-
     meta = question.meta or {}
     urls = list(dict.fromkeys([*meta.get("gold_urls", []), *meta.get("search_result_urls", [])]))
     if not urls:
@@ -105,10 +103,6 @@ def own_article_hit(session, question) -> bool:
 
 def open_recorded_snapshot(service, db, snapshot_id: str):
     """A recorded index state (an older serving snapshot, or a replay's quarter-end one), or None."""
-    from sqlalchemy import select
-
-    from store.tables import IndexSnapshot
-
     with db.sessions() as session:
         row = session.scalars(select(IndexSnapshot).where(IndexSnapshot.snapshot_id == snapshot_id)).first()
         if row is None:

@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import re
 import secrets
@@ -325,8 +326,6 @@ def save_profile(profile: MonthProfile, stem: Path) -> tuple[Path, Path]:
 
     Both files carry one random token, so a crash between the two writes is caught by `load_profile`.
     """
-    import io
-
     npz_path, json_path = profile_files(stem)
     npz_path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(8)

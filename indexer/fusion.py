@@ -17,6 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from indexer.ids import id_day_numbers
+
 RRF_C = 60
 FUSIONS = ("rrf", "weighted")
 
@@ -86,10 +90,6 @@ def recency_prior(
     News questions are mostly about the last days before their date, but not always: a soft prior
     keeps older evidence reachable where a hard window would drop it. Ties keep the input order.
     """
-    import numpy as np
-
-    from indexer.ids import id_day_numbers
-
     if weight < 0 or scale_days <= 0:
         raise ValueError(f"weight must be >= 0 and scale_days > 0, got {weight} and {scale_days}")
     if not hits:

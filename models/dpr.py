@@ -81,7 +81,7 @@ class BiEncoder:
     """The towers being trained; `encode_*` give numpy arrays for validation."""
 
     def __init__(self, base: Path | str, cfg: DprConfig, device: str = "cpu") -> None:
-        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import SentenceTransformer  # noqa: PLC0415 (lazy: sentence_transformers)
 
         self.cfg, self.device = cfg, device
         self.query = SentenceTransformer(str(base), device=device, local_files_only=True)
@@ -99,7 +99,7 @@ class BiEncoder:
         return [p for m in self.modules for p in m.parameters()]
 
     def _embed(self, model, texts: Sequence[str], max_len: int):
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # noqa: PLC0415 (lazy: torch)
 
         model.max_seq_length = max_len
         prepare = getattr(model, "preprocess", None) or model.tokenize  # sentence-transformers >= 6 / older
@@ -107,8 +107,8 @@ class BiEncoder:
         return F.normalize(model(features)["sentence_embedding"], dim=-1)  # (n, dim)
 
     def loss(self, batch: Sequence[Pair]):
-        import torch
-        import torch.nn.functional as F
+        import torch  # noqa: PLC0415 (lazy: torch)
+        import torch.nn.functional as F  # noqa: PLC0415 (lazy: torch)
 
         cfg = self.cfg
         texts = [p.positive for p in batch]
@@ -194,7 +194,7 @@ def train_biencoder(
     """Train `model` on `pairs`; validate before and after each epoch (`validate(model)` returns
     figures, `metric` is the one to maximise); the best state ends in `work/best.pt`. Resumes from
     `work/ckpt.pt` when it exists."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     cfg = model.cfg
     work.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import importlib.util
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from models.onnx_encoder import CPU_BATCH
+from models.onnx_encoder import CPU_BATCH, OnnxTower
 from models.reader_base import dated_question
 
 PACKAGED_MINILM = "all-MiniLM-L6-v2"
@@ -78,7 +79,7 @@ class SentenceTransformerEncoder:
     """
 
     def __init__(self, path: Path | str, *, name: str | None = None, device: str = "cpu") -> None:
-        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import SentenceTransformer  # noqa: PLC0415 (lazy: sentence_transformers)
 
         path = Path(path)
         if not path.is_dir():
@@ -120,7 +121,6 @@ def make_tower(folder: Path | str, *, name: str, device: str = "cpu", backend: s
         raise ValueError(f"encoder backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend == "torch" or str(device).startswith("cuda"):
         return SentenceTransformerEncoder(folder, name=name, device=device)
-    from models.onnx_encoder import OnnxTower
 
     if not Path(folder).is_dir():
         raise ValueError(f"encoder folder {folder} does not exist")
@@ -211,8 +211,6 @@ class DualEncoder:
 
 
 def read_encoder_info(folder: Path) -> dict:
-    import json
-
     path = Path(folder) / ENCODER_INFO
     try:
         info = json.loads(path.read_text())
@@ -268,8 +266,6 @@ def resolve_encoder(
 def _folder_dim(folder: Path) -> int | None:
     """A sentence-transformers folder's output size read from its files (Transformer, Pooling and
     Normalize modules only: another module may change the size, so None then)."""
-    import json
-
     try:
         modules = json.loads((folder / "modules.json").read_text())
         kinds = {m["type"].rsplit(".", 1)[-1] for m in modules}

@@ -69,7 +69,7 @@ class GemmaReader:
         # "auto": bfloat16 where the device has it natively (resolve_precision).
         self.precision = resolve_precision(precision, device)
         if self.precision == "bfloat16":
-            import torch
+            import torch  # noqa: PLC0415 (lazy: torch)
 
             model = model.to(torch.bfloat16)
         if hasattr(model, "get_output_embeddings"):
@@ -117,7 +117,7 @@ class GemmaReader:
         )
 
     def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
-        import torch
+        import torch  # noqa: PLC0415 (lazy: torch)
 
         check_passages(as_of, passages)
         if not passages:
@@ -155,7 +155,7 @@ class GemmaReader:
     def _generate(self, input_ids, attention_mask, beams: int) -> list[tuple[str, float]]:
         """(text, probability of its first line: `line_probability`) of the `beams` best
         continuations (greedy for 1), best first."""
-        import torch
+        import torch  # noqa: PLC0415 (lazy: torch)
 
         pad = self.tokenizer.pad_token_id  # Gemma's is 0: test for None, not truth
         search = {} if beams == 1 else {"num_beams": beams, "num_return_sequences": beams}

@@ -9,6 +9,7 @@ A base model continues the prompt (models.gemma_prompt) with " <answer>\\n" and 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -79,7 +80,7 @@ def greedy_within(model, tokenizer, input_ids, attention_mask, allowed: Sequence
     line; the text generated. The logits are computed for the allowed rows of the output head alone,
     so a step costs the decoder's, not also the 262k-word head's (most of a float step's time on a
     CPU). Exact: the token chosen is the one the full head would rank first among `allowed`."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     allowed_t = torch.tensor(list(allowed), dtype=torch.long, device=input_ids.device)
     head = model.get_output_embeddings().weight.index_select(0, allowed_t)  # A x H
@@ -108,8 +109,6 @@ def line_probability(tokenizer, token_ids: Sequence[int], logprobs: Sequence[flo
     words are what it scores, not whether the line ends after them: with one token a character,
     "Paris\nX" at log-probabilities (-0.1, 0, 0, 0, 0, -2, -3) scores exp(-0.1) = 0.905.
     """
-    import math
-
     stop = {tokenizer.pad_token_id, *_eos_ids(tokenizer)} - {None}
     total, text = 0.0, ""
     for token, lp in zip(token_ids, logprobs):
@@ -126,8 +125,8 @@ def line_probability(tokenizer, token_ids: Sequence[int], logprobs: Sequence[flo
 def _first_line_stop(tokenizer, prompt_len: int):
     """Stop once the generated text has a newline after some non-blank text: the answer is the first
     line, and a base model would otherwise run on to max_new_tokens (most of the latency)."""
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
+    import torch  # noqa: PLC0415 (lazy: torch)
+    from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: PLC0415 (lazy: transformers)
 
     class FirstLineStop(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):  # input_ids: (B, prompt_len + generated)
@@ -145,7 +144,7 @@ def _compact_input(module, args):
     L*H, H, 1). When the head's weight does not require grad (a trained version: every weight frozen
     after merging), torch's matmul then copies the whole 262k x 640 weight to multiply it: about
     0.8 s per call in bfloat16, against 25 ms for the same product with a compact input."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     x = args[0]
     if x.dim() == 3 and not x.requires_grad:

@@ -32,19 +32,19 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from models.gemma import GemmaReader
 from models.gemma_config import CONFIG_FILE, WEIGHTS_FILE, GemmaConfig
+from models.gemma_decoding import _first_line_stop
 from models.gemma_prompt import build_prompt, build_target, fit_prompt, reader_context
 from models.gemma_soup import soup_config, soup_state
-from models.gemma_weights import FOLDER_NAME, gemma_folder, resolve_training_precision
+from models.gemma_weights import FOLDER_NAME, _load, gemma_folder, resolve_training_precision
 from models.reader_base import Item, ReaderPassage, final_answer
 
 
 def _load_base(cache_dir: Path | None):
     """(Gemma3ForCausalLM in float32, tokenizer) of the packaged base, converted on first use."""
-    from models.gemma_weights import _load
-
     return _load(gemma_folder(cache_dir))
 
 
@@ -80,7 +80,7 @@ class GemmaModel:
         for p in lm.parameters():
             p.requires_grad_(False)
         if config.method == "lora":
-            from peft import LoraConfig, get_peft_model
+            from peft import LoraConfig, get_peft_model  # noqa: PLC0415 (lazy: peft, pulls transformers)
 
             lora = LoraConfig(
                 r=config.lora_r,
@@ -117,8 +117,6 @@ class GemmaModel:
     def load(cls, folder: Path | str, *, device: str = "cpu", cache_dir: Path | None = None) -> GemmaModel:
         """A saved version: the base (see `_base_cache` for where it is looked for) plus the saved
         tensors. The stored config decides the method and sizes."""
-        from safetensors.torch import load_file
-
         folder = Path(folder)
         cfg_file = folder / CONFIG_FILE
         if not cfg_file.exists():
@@ -132,8 +130,6 @@ class GemmaModel:
 
     def save(self, folder: Path | str) -> None:
         """The trained tensors and the config; not the base (rebuilt from the package on load)."""
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, folder / WEIGHTS_FILE)
@@ -286,8 +282,6 @@ class GemmaModel:
     def _generate_rows(self, items: Sequence[Item]) -> list[str]:
         """The raw first lines generated for items whose passages are what the reader reads
         (`context`, as cut; none empty), as one left-padded batch."""
-        from models.gemma_decoding import _first_line_stop
-
         cfg = self.config
         prompts = [self._ids(build_prompt(q, as_of, ps, None), special=True) for q, as_of, ps in items]
         length = max(len(p) for p in prompts)
@@ -356,8 +350,6 @@ class GemmaModel:
 def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     """Write the soup of the Gemma version folders `folders` (trained tensors and config, as
     `GemmaModel.save` writes them) to `dest`; returns its config. `GemmaModel.load(dest)` serves it."""
-    from safetensors.torch import load_file, save_file
-
     folders = [Path(f) for f in folders]
     configs = []
     for f in folders:

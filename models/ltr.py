@@ -153,7 +153,7 @@ class FeatureReranker:
         """Fit on items whose candidates hold at least one positive and one negative (the others
         teach nothing about order): every candidate is an example, positives weighted so that each
         question's positives and negatives weigh the same."""
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.linear_model import LogisticRegression  # noqa: PLC0415 (lazy: sklearn, only when fitting)
 
         xs, ys, ws = [], [], []
         for item in learnable(items):

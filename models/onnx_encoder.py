@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 # Passages per batch when the caller leaves it to the encoder (batch_size 0) on a CPU, torch or ONNX:
 # on 2 cores small batches are fastest (bench/bench_encoder.py: 8 gave 1.3-1.5x the speed of 64).
@@ -96,7 +97,7 @@ def export_onnx(folder: Path | str, *, quantize: bool, cache_dir: Path | str | N
         else:
             _export_float(folder, tmp / FLOAT_FILE)
         if quantize:
-            from onnxruntime.quantization import QuantType, quantize_dynamic
+            from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415 (lazy: onnxruntime)
 
             quantize_dynamic(
                 str(tmp / FLOAT_FILE), str(tmp / INT8_FILE), weight_type=QuantType.QInt8, per_channel=True
@@ -111,8 +112,8 @@ def export_onnx(folder: Path | str, *, quantize: bool, cache_dir: Path | str | N
 
 
 def _export_float(folder: Path, path: Path) -> None:
-    import torch
-    from transformers import AutoModel
+    import torch  # noqa: PLC0415 (lazy: torch)
+    from transformers import AutoModel  # noqa: PLC0415 (lazy: transformers)
 
     model = AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
 
@@ -147,8 +148,7 @@ class OnnxTower:
     def __init__(
         self, folder: Path | str, *, name: str, quantize: bool, cache_dir: Path | str | None = None, threads: int = 0
     ) -> None:
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
+        import onnxruntime as ort  # noqa: PLC0415 (lazy: onnxruntime)
 
         folder = Path(folder)
         self._args = (folder, name, quantize, cache_dir, threads)  # to rebuild it elsewhere (pickling: Ray actors)

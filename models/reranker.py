@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from models.encoders import packaged_minilm_path
+from models.ltr import KIND, FeatureReranker
+
 log = logging.getLogger(__name__)
 
 INFO_FILE = "reranker.json"
@@ -76,8 +79,6 @@ class CrossEncoderReranker:
     @classmethod
     def from_packaged(cls, cfg: RerankerConfig | None = None, *, device: str = "cpu") -> CrossEncoderReranker:
         """The packaged MiniLM with a fresh scoring head (untrained: train it before use)."""
-        from models.encoders import packaged_minilm_path
-
         return cls._load(packaged_minilm_path(), cfg or RerankerConfig(), device=device, name="minilm-cross")
 
     @classmethod
@@ -94,9 +95,9 @@ class CrossEncoderReranker:
 
     @classmethod
     def _load(cls, path: Path, cfg: RerankerConfig, *, device: str, name: str, info: dict | None = None):
-        import torch
-        import transformers
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        import torch  # noqa: PLC0415 (lazy: torch)
+        import transformers  # noqa: PLC0415 (lazy: transformers)
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # "newly initialized: classifier" is expected from MiniLM
@@ -127,7 +128,7 @@ class CrossEncoderReranker:
 
     def scores(self, query: str, passages: Sequence[str]) -> np.ndarray:
         """(len(passages),) float32 relevance scores, higher is better."""
-        import torch
+        import torch  # noqa: PLC0415 (lazy: torch)
 
         out = []
         self.model.eval()
@@ -149,7 +150,7 @@ class CrossEncoderReranker:
         {"steps", "seconds", "stopped", "history": [validate() after each epoch], "best_epoch"}.
         With `better(new, best)` the weights of the best epoch by it are kept (validated each epoch),
         else the last ones."""
-        import torch
+        import torch  # noqa: PLC0415 (lazy: torch)
 
         cfg = self.cfg
         if not groups:
@@ -299,7 +300,6 @@ def load_reranker(folder: Path | str, *, device: str = "cpu"):
     info_path = folder / INFO_FILE
     if not info_path.exists():
         raise FileNotFoundError(f"{folder} is not a re-ranker version (no {INFO_FILE})")
-    from models.ltr import KIND, FeatureReranker  # numpy only: sklearn is imported when fitting
 
     if json.loads(info_path.read_text()).get("kind") == KIND:
         return FeatureReranker.load(folder)

@@ -30,6 +30,10 @@ import sys
 import time
 from pathlib import Path
 
+from models.gemma_config import GemmaConfig
+from models.gemma_weights import PRECISIONS
+from models.trained import write_reader_info
+
 JOB_FILE = "job.json"
 TOKENIZER_DIR = "tokenizer"  # the exporting machine's tokenizer files
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -42,7 +46,7 @@ def save_tokenizer(base_folder: Path, dest: Path, text: str) -> dict:
     data because another machine's transformers may convert the GGUF's tokenizer differently: one
     GPU machine's (transformers 5.17) split every word into characters, and the adapters it trained
     learnt to read characters."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
     out = dest / TOKENIZER_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +86,7 @@ def read_job(folder: Path) -> dict:
 
 
 def device_name(device: str) -> str:
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
@@ -103,12 +107,10 @@ def train_exported(
     `overrides` replace TrainConfig fields of the job (epochs, batch size, lr, budget...),
     `model_overrides` GemmaConfig fields (lora_r, method, precision...). Checkpoints go to `<out>.run/`: the
     same command resumes an interrupted run (with the same overrides)."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
-    from models.gemma_config import GemmaConfig
-    from models.gemma_train import GemmaModel
-    from models.trained import write_reader_info
-    from models.training import ReaderTrainer, TrainConfig, _write_folder, load_examples
+    from models.gemma_train import GemmaModel  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
+    from models.training import ReaderTrainer, TrainConfig, _write_folder, load_examples  # noqa: PLC0415 (lazy: models.training imports torch)
 
     job = read_job(folder)
     if out.resolve() == folder.resolve() or out.resolve().is_relative_to(folder.resolve()):
@@ -134,7 +136,7 @@ def train_exported(
     t0 = time.perf_counter()
     model = GemmaModel.from_base(mcfg, cache_dir=base_cache, device=device)
     if (folder / TOKENIZER_DIR).is_dir():  # the exporting machine's, not this machine's conversion of the GGUF
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
         model.tokenizer = AutoTokenizer.from_pretrained(folder / TOKENIZER_DIR)
     check_tokenizer(model.tokenizer, job.get("tokenizer_check"))
@@ -215,8 +217,6 @@ def train_exported(
 
 
 def _parser() -> argparse.ArgumentParser:
-    from models.gemma_weights import PRECISIONS  # light: no torch, no transformers
-
     p = argparse.ArgumentParser(
         prog="python -m models.train_exported",
         description=__doc__.split("\n\n")[0],
@@ -289,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     flags = {

@@ -23,11 +23,26 @@ import datetime as dt
 import json
 import logging
 import lzma
+import random
 import secrets
 import shutil
 import sys
 import time
 from pathlib import Path
+
+from models.encoders import packaged_minilm_path
+from models.reranker import (
+    FIRST_STAGE_GRID,
+    RECENCY_GRID,
+    CrossEncoderReranker,
+    RerankerConfig,
+    beats,
+    fit_weights,
+    groups_of,
+    prior_alone,
+    ranking_figures,
+    worth_serving,
+)
 
 EXPORT_FILE = "reranker-job.json"
 PASSAGES, TRAIN, VAL = "passages.jsonl.xz", "train.jsonl.xz", "val.jsonl.xz"
@@ -50,8 +65,6 @@ def write_export(dest: Path, items: dict, info: dict, *, max_positives: int, neg
     `dest` as an export: the job file goes last (without it the folder is no export). A training
     question keeps its first `max_positives` candidates with the answer and `negatives` without, sampled
     with `seed` (it teaches nothing without both); a held-back one keeps all. Returns the job file's content."""
-    import random
-
     rng = random.Random(seed)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / EXPORT_FILE).unlink(missing_ok=True)
@@ -133,19 +146,6 @@ def train_exported(
 ) -> dict:
     """Train, validate each epoch (the best kept), fit the weights, write the version folder `out`.
     Returns its info (reranker.json)."""
-    from models.reranker import (
-        FIRST_STAGE_GRID,
-        RECENCY_GRID,
-        CrossEncoderReranker,
-        RerankerConfig,
-        beats,
-        fit_weights,
-        groups_of,
-        prior_alone,
-        ranking_figures,
-        worth_serving,
-    )
-
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty: name a new folder")
     job, train, val = read_export(folder)
@@ -169,8 +169,6 @@ def train_exported(
         precision=precision,
     )
     if base is None:
-        from models.encoders import packaged_minilm_path
-
         base = packaged_minilm_path()
     t_load = time.perf_counter()
     model = CrossEncoderReranker._load(Path(base), cfg, device=device, name="minilm-cross")

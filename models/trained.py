@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from models.ranker import CandidateReader, RankerModel
 from models.reader_base import Reader
 
 INFO_FILE = "reader.json"
@@ -41,18 +42,16 @@ def load_trained_model(path: Path | str, *, device: str = "cpu"):
     base is rebuilt from the package into the folder's sibling `base/`, see models.gemma_train)."""
     info = read_reader_info(path)
     if info["kind"] == "gemma":
-        from models.gemma_train import GemmaModel
+        from models.gemma_train import GemmaModel  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
 
         return GemmaModel.load(path, device=device)
     if info["kind"] == "ranker":
-        from models.ranker import RankerModel
-
         return RankerModel.load(path)
     if info["kind"] == "fid":
-        from models.fid import FiDModel
+        from models.fid import FiDModel  # noqa: PLC0415 (lazy: models.fid imports torch)
 
         return FiDModel.load(path, device=device)
-    from models.extractive import SpanModel
+    from models.extractive import SpanModel  # noqa: PLC0415 (lazy: models.extractive imports torch)
 
     return SpanModel.load(path, device=device)
 
@@ -83,13 +82,11 @@ def load_trained_reader(
             echo_beams=echo_beams,
         )
     if info["kind"] == "fid":
-        from models.fid import FiDReader
+        from models.fid import FiDReader  # noqa: PLC0415 (lazy: models.fid imports torch)
 
         return FiDReader(model, name=name, n_passages=max_passages)
     if info["kind"] == "ranker":
-        from models.ranker import CandidateReader
-
         return CandidateReader(model, name=name, n_passages=max_passages)
-    from models.extractive import ExtractiveReader
+    from models.extractive import ExtractiveReader  # noqa: PLC0415 (lazy: models.extractive imports torch)
 
     return ExtractiveReader(model, name=name, n_passages=max_passages)

@@ -25,10 +25,14 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import httpx
+from sqlalchemy import select
 
+from app.bootstrap.builders import open_database
 from app.server_process import ServerNotReady, free_port, port_is_free, served
 from evaluation.metrics import answer_in_evidence, exact_match
 from evaluation.subsets import needs_choices
+from settings import get_settings
+from store.tables import Article, Passage, Question
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
@@ -47,11 +51,6 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
     evidence that the article says how many). A store whose questions name no articles (the shipped
     sample) falls back to any passage published by then that holds such a sentence.
     """
-    from sqlalchemy import select
-
-    from app.bootstrap.builders import open_database
-    from settings import get_settings
-    from store.tables import Article, Passage, Question
 
     def cited_urls(q) -> list[str]:
         meta = q.meta or {}

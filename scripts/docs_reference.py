@@ -27,9 +27,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import typer
+from mkdocs.exceptions import PluginError
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # mkdocs runs from the root, but a hook is loaded by file path
     sys.path.insert(0, str(ROOT))
+
+# The project's modules, importable once ROOT is on the path (app.main, which loads the services, is
+# imported where the schema is made).
+import settings  # noqa: E402
+from app.cli import cli  # noqa: E402
+from settings import Settings  # noqa: E402
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 
@@ -43,8 +52,7 @@ def cell(text: object) -> str:
 
 
 def openapi_schema() -> dict[str, Any]:
-    from app.main import create_app
-    from settings import Settings
+    from app.main import create_app  # noqa: PLC0415 (lazy: app.main pulls the services and faiss)
 
     with tempfile.TemporaryDirectory() as home:  # the schema needs no state: the lifespan never runs
         return create_app(Settings(home=Path(home))).openapi()
@@ -141,10 +149,6 @@ def command_text(name: str, command: Any, depth: int) -> list[str]:
 
 
 def cli_reference() -> str:
-    import typer
-
-    from app.cli import cli
-
     root = typer.main.get_command(cli)
     out = [inspect.cleandoc(root.help or ""), ""]
     for name in root.commands:
@@ -157,8 +161,6 @@ def cli_reference() -> str:
 
 def field_comments() -> dict[str, str]:
     """Each Settings field's comment: the comment lines right above it, and one at its line's end."""
-    import settings
-
     source = Path(settings.__file__).read_text(encoding="utf-8")
     lines = source.splitlines()
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Settings")
@@ -189,8 +191,6 @@ def type_name(annotation: Any) -> str:
 
 
 def settings_reference() -> str:
-    from settings import Settings
-
     comments = field_comments()
     out = ["| variable | type | default | description |", "| --- | --- | --- | --- |"]
     for name, field in Settings.model_fields.items():
@@ -233,7 +233,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     expected = PAGES.get(page.file.src_path)
     if expected is None:
         return markdown
-    from mkdocs.exceptions import PluginError
 
     try:
         return render(markdown, expected)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from models.trained import read_reader_info, write_reader_info
 from serving.errors import ConflictError, NotFoundError
 from store.tables import ReaderModel
 
@@ -208,10 +210,6 @@ def import_version(
     Raises:
         ValueError for a folder that is not a trained reader (or whose tensors do not fit).
     """
-    import shutil
-
-    from models.trained import read_reader_info, write_reader_info
-
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder")
@@ -269,8 +267,6 @@ def ready_infos(
 ) -> Iterator[tuple[ReaderModel, dict[str, Any]]]:
     """(row, reader.json) of each ready version of `kind`, newest first; a folder whose reader.json is
     missing or unreadable is passed over."""
-    from models.trained import read_reader_info
-
     for row in list_versions(session):
         if row.kind != kind or row.state != "ready":
             continue
@@ -305,10 +301,7 @@ def soup_versions(
         NotFoundError for an unknown version; ConflictError for one not ready; ValueError for fewer
         than two, a repeated one, a kind other than gemma or members that do not average.
     """
-    import shutil
-
-    from models.gemma_train import write_soup
-    from models.trained import read_reader_info, write_reader_info
+    from models.gemma_train import write_soup  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
 
     if len(versions) < 2:
         raise ValueError(f"a soup needs at least two versions, got {len(versions)}")

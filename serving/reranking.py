@@ -15,9 +15,11 @@ own order follows). With no active version it is the first stage itself.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models.reranker import load_reranker
 from serving.errors import NotFoundError
 
 if TYPE_CHECKING:
@@ -41,8 +44,6 @@ INFO_FILE = "reranker.json"  # models.reranker.INFO_FILE (not imported: that mod
 
 def list_reranker_versions(rerankers_dir: Path) -> list[dict[str, Any]]:
     """The info of every version folder, oldest first, each with "active": bool."""
-    import json
-
     active = active_reranker(rerankers_dir)
     out = []
     for info_path in sorted(Path(rerankers_dir).glob(f"*/{INFO_FILE}")):
@@ -59,11 +60,6 @@ def import_reranker(rerankers_dir: Path, folder: Path) -> dict[str, Any]:
     """Copy a version folder trained elsewhere (`python -m models.train_exported_reranker`) into
     `rerankers_dir` under its version name, after checking that it loads and scores; a folder that
     does not, or a name already there, is refused (ValueError) and nothing is written. Returns its info."""
-    import json
-    import shutil
-
-    from models.reranker import load_reranker
-
     folder, rerankers_dir = Path(folder), Path(rerankers_dir)
     if not (folder / INFO_FILE).is_file():
         raise ValueError(

@@ -23,6 +23,7 @@ a list.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,15 +64,13 @@ def pending_blocks(
 
 
 def _actor_class():
-    import ray
+    import ray  # noqa: PLC0415 (lazy: ray, an optional extra)
 
     @ray.remote(max_restarts=2, max_task_retries=2)
     class EncoderActor:
         """Holds one encoder (sent once through the object store) and encodes blocks with it."""
 
         def __init__(self, encoder: TextEncoder, threads: int) -> None:
-            import sys
-
             torch = sys.modules.get("torch")  # a model encoder brought torch with it; the hash fake did not
             if torch is not None:
                 torch.set_num_threads(max(1, threads))
@@ -104,8 +103,8 @@ def fill_checkpoints(
     Returns:
         {"passages": planned, "encoded": encoded now, "blocks": encoded blocks, "actors": n}.
     """
-    import ray
-    from ray.util import ActorPool
+    import ray  # noqa: PLC0415 (lazy: ray, an optional extra)
+    from ray.util import ActorPool  # noqa: PLC0415 (lazy: ray, an optional extra)
 
     pending, total = pending_blocks(sf, encoder, cfg, params)
     if not pending:

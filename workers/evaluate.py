@@ -25,6 +25,7 @@ from evaluation.subsets import needs_choices
 from evaluation.temporal import TemporalGrid, jsonable, quarter_bounds, quarter_index, quarter_of
 from evaluation.trust import trust_by_quarter
 from serving.answering import AnswerService
+from serving.errors import IndexNotReadyError
 from serving.index_state import LoadedSnapshot
 from store.base import utcnow
 from store.tables import Article, EvalResult, EvalRun, Question
@@ -221,7 +222,7 @@ def render_report(
     if trust:
         summary["trust"] = trust
     transport = run_transport(sf, run_id, cfg.transport) if cfg is not None and cfg.transport else None
-    from evaluation.report import write_report  # matplotlib: loaded by the jobs that draw, not by every command
+    from evaluation.report import write_report  # noqa: PLC0415 (lazy: evaluation.report imports matplotlib; only the jobs that draw load it)
 
     return summary, write_report(out, title=title, summary=summary, grid=grid, by_quarter=None, transport=transport)
 
@@ -285,8 +286,6 @@ def evaluate_current(
     service.index_state.refresh()
     snap = service.index_state.current()
     if snap is None:
-        from serving.errors import IndexNotReadyError
-
         raise IndexNotReadyError("no index to evaluate: run `sqa ingest` first")
     state_q = quarter_of(snap.newest_day) if snap.newest_day else quarter
     params = {

@@ -72,7 +72,7 @@ class JobContext:
         """The device a job's model goes to: SQA_DEVICE, with "auto" the GPU when torch sees one."""
         if self.device != "auto":
             return self.device
-        import torch
+        import torch  # noqa: PLC0415 (lazy: torch)
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -8,6 +8,7 @@ import time
 from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
+from tqdm import tqdm
 
 from store.base import utcnow
 from store.tables import Job
@@ -52,8 +53,6 @@ class JobProgress:
         if self._bar is not None:
             self._bar.close()
         if self._bar_enabled:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total, desc=name, unit="it", file=sys.stderr, dynamic_ncols=True)
         self._write(force=True)
 

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING
 
 from indexer.atomic import write_atomic
 from indexer.dates import month_key, month_start, next_month, parse_month
+from models.extractive import SpanConfig, SpanModel
+from models.fid import FiDConfig, FiDModel
+from models.gemma_prompt import build_prompt
+from models.gemma_train import GemmaModel
+from models.gemma_weights import gemma_folder, onednn_bfloat16
+from models.train_exported import JOB_FILE, save_tokenizer
+from models.trained import load_trained_model, read_reader_info, write_reader_info
 from models.training import ReaderTrainer, load_examples, save_examples
+from serving.reader_registry import active_version, check_servable, new_version_name, ready_infos, register_version
 from workers.bakeoff_gold import gold_passage
 from workers.progress import fraction_reporter
 from workers.reader_data import (
@@ -38,6 +46,7 @@ from workers.reader_data import (
 )
 from workers.reader_spec import ReaderJobSpec
 from workers.runner import JobHandle
+from workers.train_ranker import run_ranker_job
 
 if TYPE_CHECKING:
     from workers.job_context import JobContext
@@ -52,14 +61,10 @@ def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
     """An untrained model of the spec's kind; Gemma's base is converted into `models_dir/base` (where
     the serving fallback keeps it too, and where its versions look for it)."""
     if spec.kind == "gemma":
-        from models.gemma_train import GemmaModel
-
         return GemmaModel.from_base(
             spec.gemma_config(), cache_dir=models_dir / "base" if models_dir is not None else None
         )
     if spec.kind == "fid":
-        from models.fid import FiDConfig, FiDModel
-
         return FiDModel.warm_start(
             FiDConfig(
                 backbone=spec.backbone,
@@ -69,8 +74,6 @@ def _new_model(spec: ReaderJobSpec, models_dir: Path | None = None):
             )
         )
     if spec.kind == "extractive":
-        from models.extractive import SpanConfig, SpanModel
-
         return SpanModel.warm_start(
             SpanConfig(n_passages=spec.infer_passages, max_passage_tokens=spec.max_passage_tokens)
         )
@@ -124,8 +127,6 @@ def _training_data(ctx: JobContext, job: JobHandle, work: Path, make_data) -> tu
 def slow_bfloat16(device: str) -> str | None:
     """What to tell a user who trains in bfloat16 (SQA_TRAIN_PRECISION=bfloat16) on a CPU that
     oneDNN has no bfloat16 kernels for (no AVX-512), where each step falls back to loops; None elsewhere."""
-    from models.gemma_weights import onednn_bfloat16
-
     if device.startswith("cuda") or onednn_bfloat16(device):
         return None
     return (
@@ -151,9 +152,6 @@ def _train_and_register(
 ) -> str:
     """Shared by training and fine-tuning: data (cached in `work`), the loop, the version folder.
     Run it under the reader-training lock (`READER_TRAINING_LOCK`): one reader training per SQA_HOME."""
-    from models.trained import write_reader_info
-    from serving.reader_registry import new_version_name, register_version
-
     db, progress = ctx.db, job
     t0 = time.perf_counter()
     train, val, counts = _training_data(ctx, job, work, make_data)
@@ -238,8 +236,6 @@ def saved_run(ctx: JobContext, *, until: dt.date, spec: ReaderJobSpec, key: str)
     import or a soup) with this very spec (seed and budget included) and examples retrieved under
     `key`. The newest such (version, reader.json), or None. A job that trains several runs (`sqa
     train auto`'s seeds) resumes with it rather than training it again."""
-    from serving.reader_registry import ready_infos
-
     want = asdict(spec)  # plain str, int, float and bool fields: equal to what reader.json reads back
     with ctx.sessions() as session:
         for row, info in ready_infos(session, ctx.models_dir, spec.kind):
@@ -289,8 +285,6 @@ def run_train_job(
     spec = spec or ReaderJobSpec()
     data = spec.data_config(data)
     if spec.kind == "ranker":  # no network to train: a logistic regression (workers/train_ranker.py)
-        from workers.train_ranker import run_ranker_job
-
         return run_ranker_job(ctx, job, until=until, spec=spec, data=data, activate=activate)
     work = ctx.work_dir / "train" / f"{spec.kind}-{until}-{digest(spec, data)}"
     return _train_and_register(
@@ -313,10 +307,6 @@ def run_export_job(
     on (built the same way, resumable the same way), written to `dest` with the settings a training
     elsewhere needs (`models.train_exported`, e.g. on a GPU machine that has neither the store nor
     the index); `sqa models import` brings the trained version back. Returns the job file's content."""
-    from models.gemma_prompt import build_prompt
-    from models.gemma_weights import gemma_folder
-    from models.train_exported import JOB_FILE, save_tokenizer
-
     spec = spec or ReaderJobSpec.for_gemma()
     if spec.kind != "gemma":
         raise ValueError(
@@ -371,9 +361,6 @@ def run_finetune_job(
     """`sqa finetune --month M`: continue from the active version on M's self-labeled questions
     plus a replay sample of older self-labeled and gold questions (so it does not forget);
     validated on the gold questions of the month before M. The new version becomes active."""
-    from models.trained import load_trained_model, read_reader_info
-    from serving.reader_registry import active_version, check_servable
-
     first = parse_month(month)
     until = next_month(first)
     with ctx.sessions() as session:

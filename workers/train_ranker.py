@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING
 from evaluation.questions import DatedQuestion
 from indexer.dates import month_key, month_start
 from models.candidates import CandidateRanker, RankerItem, candidates, is_positive
+from models.ranker import RankerConfig, RankerModel
+from models.trained import write_reader_info
+from serving.reader_registry import new_version_name, register_version
 from workers.ranker_items import prepare_items
 from workers.runner import JobHandle
 
@@ -58,7 +61,7 @@ def fit_ranker(
     Returns:
         (the best ranker, its validation {"n", "em", "f1"}, every C's {"c", "em", "f1"}).
     """
-    from models.training import score_predictions
+    from models.training import score_predictions  # noqa: PLC0415 (lazy: models.training imports torch)
 
     if progress:
         progress.stage("fit", len(grid))
@@ -82,10 +85,7 @@ def run_ranker_job(ctx: JobContext, job: JobHandle, *, until: dt.date, spec, dat
             question, in training and serving; `max_self_articles`: 0 for gold questions only).
         data: its DataConfig (self-labeled questions per article, seed).
     """
-    from models.ranker import RankerConfig, RankerModel
-    from models.trained import write_reader_info
-    from serving.reader_registry import new_version_name, register_version
-    from workers.reader_data import gold_questions, indexed_start, self_labeled, serving_snapshot
+    from workers.reader_data import gold_questions, indexed_start, self_labeled, serving_snapshot  # noqa: PLC0415 (lazy: workers.reader_data imports torch)
 
     val_from = month_start(until - dt.timedelta(days=1))
     db, progress = ctx.db, job

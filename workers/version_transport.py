@@ -22,6 +22,7 @@ from evaluation.temporal import quarter_bounds, quarter_index, quarter_of
 from evaluation.transport import PeriodScore, fit_drop_model, quarter_f1, transportability, walk_forward
 from store.tables import EvalResult, EvalRun, Question
 from workers.config import DEFAULT_MEASURE, TransportConfig
+from workers.month_drift import ProfileStore
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,6 @@ def predicted_drop(
 def profile_loader(session: Session, cfg: TransportConfig) -> ProfileLoader:
     """Month -> profile of the serving snapshot's month shards (built and saved on first use, with
     the configured feature kinds), None for a month that is not ingested."""
-    from workers.month_drift import ProfileStore
-
     store = ProfileStore(session, cfg.index_dir, cfg.profiles_dir, cfg.features)
     return lambda month: store.get(month) if month in store.months else None
 

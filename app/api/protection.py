@@ -22,6 +22,12 @@ import math
 import time
 
 from fastapi import FastAPI
+from limits import parse
+from limits.errors import ConfigurationError
+from limits.storage import storage_from_string
+from limits.strategies import MovingWindowRateLimiter
+from prometheus_client import CollectorRegistry
+from prometheus_fastapi_instrumentator import Instrumentator
 
 from app.api.request_ids import current_request_id
 
@@ -97,9 +103,6 @@ class AdminGuard:
     """Counts failed admin authentications per client address in a moving window (`limits`)."""
 
     def __init__(self, limit: str, storage=None) -> None:
-        from limits import parse
-        from limits.strategies import MovingWindowRateLimiter
-
         self.item = parse(limit)
         self.limiter = MovingWindowRateLimiter(storage if storage is not None else limits_storage())
 
@@ -118,9 +121,6 @@ class RateLimit:
     """ASGI middleware: at most `limit` requests per client address in a moving window."""
 
     def __init__(self, app, limit: str, storage=None) -> None:
-        from limits import parse
-        from limits.strategies import MovingWindowRateLimiter
-
         self.app, self.text = app, limit
         self.item = parse(limit)
         self.limiter = MovingWindowRateLimiter(storage if storage is not None else limits_storage())
@@ -157,9 +157,6 @@ class RateLimit:
 
 def limits_storage(uri: str = "memory://"):
     """The `limits` storage a URI names (memory://, redis://...); ValueError says what is wrong."""
-    from limits.errors import ConfigurationError
-    from limits.storage import storage_from_string
-
     try:
         return storage_from_string(uri)
     except (ConfigurationError, ValueError) as exc:  # an unknown scheme, or its client library missing
@@ -178,9 +175,6 @@ def install(
     """Add the body limit, the rate limit, the admin guard (app.state.admin_guard) and /metrics
     (its own registry per app, so that several apps in one process keep their counts apart); the
     limits count in `storage_uri` (shared by the replicas when it is Redis)."""
-    from prometheus_client import CollectorRegistry
-    from prometheus_fastapi_instrumentator import Instrumentator
-
     storage = limits_storage(storage_uri)
     app.state.admin_guard = AdminGuard(admin_failure_limit, storage)
     Instrumentator(excluded_handlers=["/metrics"], registry=CollectorRegistry()).instrument(app).expose(

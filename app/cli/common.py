@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from indexer.dates import InvalidDateError, parse_day, parse_month
+from indexer.index_errors import IndexIntegrityError
+from serving.errors import ServiceError
 from settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -43,15 +46,13 @@ def settings() -> Settings:
 def open_database(s: Settings, *, migrate: bool = True):
     """The settings' database, migrated: app.bootstrap.builders' `open_database` without importing the
     services and workers that the table commands (jobs, models, index status) never use."""
-    from store.engine import open_database as open_url
+    from store.engine import open_database as open_url  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: store.engine pulls sqlalchemy)
 
     s.ensure_dirs()
     return open_url(s.db_url, migrate=migrate)
 
 
 def day_option(value: str | None, what: str) -> dt.date | None:
-    from indexer.dates import InvalidDateError, parse_day
-
     if value is None:
         return None
     try:
@@ -63,8 +64,6 @@ def day_option(value: str | None, what: str) -> dt.date | None:
 
 def month_option(value: str | None, what: str) -> dt.date | None:
     """A YYYY-MM option as the month's first day (None when not given); a bad one exits 2."""
-    from indexer.dates import InvalidDateError, parse_month
-
     if value is None:
         return None
     try:
@@ -79,10 +78,6 @@ def guard(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from indexer.dates import InvalidDateError
-        from indexer.index_errors import IndexIntegrityError
-        from serving.errors import ServiceError
-
         try:
             return fn(*args, **kwargs)
         except (ServiceError, InvalidDateError, IndexIntegrityError, FileNotFoundError, ValueError) as exc:
@@ -93,7 +88,7 @@ def guard(fn):
 
 def context(*, migrate: bool = True):
     """The job context of this command (`with context() as ctx:`): database, runner, configs."""
-    from app.bootstrap import open_context, show_bars
+    from app.bootstrap import open_context, show_bars  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls the services and faiss)
 
     return open_context(settings(), migrate=migrate, bar=show_bars())
 

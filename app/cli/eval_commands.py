@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import typer
 
-from app.cli.common import cli, fail, guard, num, run_job, settings
+from app.cli.common import cli, fail, guard, num, open_database, run_job, settings
+from indexer.dates import month_key, parse_month
+from settings import DRIFT_MEASURES, parse_drift_features
 
 
 def _print_run(run_id: int) -> None:
-    from app.cli.common import open_database
-    from evaluation.trust import describe, shown_quarters
-    from store.tables import EvalRun
+    from evaluation.trust import describe, shown_quarters  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: evaluation.trust pulls numpy)
+    from store.tables import EvalRun  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: store.tables pulls sqlalchemy)
 
     db = open_database(settings(), migrate=False)
     try:
@@ -58,8 +60,8 @@ def evaluate(
     ),
 ) -> None:
     """Evaluate a quarter's questions (as of their own dates) against the serving index."""
-    from evaluation.temporal import quarter_bounds
-    from workers.evaluate import evaluate_current
+    from evaluation.temporal import quarter_bounds  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: evaluation.temporal pulls numpy)
+    from workers.evaluate import evaluate_current  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.evaluate pulls faiss)
 
     quarter_bounds(quarter)
     cfg_max = settings().eval_max_questions if max_questions is None else max_questions
@@ -88,8 +90,7 @@ def replay(
     ),
 ) -> None:
     """Replay the stream: ingest month by month, keep quarter-end states, evaluate the temporal grid."""
-    from indexer.dates import parse_month
-    from workers.replay import ReplayPlan, run_replay
+    from workers.replay import ReplayPlan, run_replay  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.replay pulls faiss)
 
     if parse_month(from_) > parse_month(to):
         fail(f"--from {from_} is after --to {to}")
@@ -146,9 +147,9 @@ def estimate(
     out: Path | None = typer.Option(None, help="also write the result as JSON here"),
 ) -> None:
     """Estimate performance on new questions from a pool, under random, length, adversarial and temporal splits."""
-    from evaluation.splits import STRATEGIES
-    from evaluation.temporal import quarter_index, shift_quarter
-    from workers.estimate import EstimateConfig, parse_pool, run_estimate
+    from evaluation.splits import STRATEGIES  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: evaluation.splits pulls numpy)
+    from evaluation.temporal import quarter_index, shift_quarter  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: evaluation.temporal pulls numpy)
+    from workers.estimate import EstimateConfig, parse_pool, run_estimate  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.estimate pulls torch)
 
     quarters = parse_pool(pool)
     if not quarters:
@@ -222,9 +223,9 @@ def transport(
     out: Path | None = typer.Option(None, help="also write the result as JSON here"),
 ) -> None:
     """Transportability (tau_p, tau_var) per version and predicted against actual F1 per quarter."""
-    from app.bootstrap.builders import open_database
-    from app.bootstrap.job_configs import transport_config
-    from workers.version_transport import month_scores, profile_loader, transport_summary
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import transport_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from workers.version_transport import month_scores, profile_loader, transport_summary  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.version_transport pulls faiss)
 
     s = settings()
     db = open_database(s)
@@ -256,10 +257,10 @@ def report(
     run_id: int, out: Path = typer.Option(..., "--out", help="folder for report.html, PNGs, summary.json")
 ) -> None:
     """Write an evaluation run's HTML report, plots and JSON summary (recomputed from stored results)."""
-    from app.bootstrap.builders import open_database
-    from app.bootstrap.job_configs import eval_config
-    from store.tables import EvalRun
-    from workers.evaluate import render_report
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import eval_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from store.tables import EvalRun  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: store.tables pulls sqlalchemy)
+    from workers.evaluate import render_report  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.evaluate pulls faiss)
 
     s = settings()
     db = open_database(s)
@@ -280,8 +281,6 @@ def report(
 
 
 def _print_drift(rows: list[dict]) -> None:
-    from settings import DRIFT_MEASURES
-
     measures = [m for m in DRIFT_MEASURES if any(m in r["measures"] for r in rows)]
     typer.echo(
         f"{'month':7s}  {'reference':9s}  {'months':16s}  {'n':>6s}  {'n_ref':>7s}  "
@@ -316,14 +315,10 @@ def drift(
     ),
 ) -> None:
     """Compute (backfill) each ingested month's drift from the previous, earlier and training months."""
-    import dataclasses
-
-    from app.bootstrap import show_bars
-    from app.bootstrap.builders import open_database
-    from app.bootstrap.job_configs import drift_config
-    from indexer.dates import month_key, parse_month
-    from settings import parse_drift_features
-    from workers.month_drift import backfill_drift
+    from app.bootstrap import show_bars  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import drift_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from workers.month_drift import backfill_drift  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.month_drift pulls faiss)
 
     if month and (from_ or to):
         fail("give --month, or --from/--to, not both")

@@ -21,7 +21,7 @@ def feeds_add(
     source: str = typer.Option("", help="the articles' source name (default: the feed's host)"),
 ) -> None:
     """Add a feed; `sqa worker` polls it every SQA_FEED_INTERVAL_S (`sqa feeds poll`: now)."""
-    from workers.feed_poller import add_feed
+    from workers.feed_poller import add_feed  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.feed_poller pulls faiss)
 
     s = settings()
     db = open_database(s)
@@ -39,7 +39,7 @@ def feeds_add(
 @guard
 def feeds_list() -> None:
     """The feeds with their health: last fetch, HTTP status, failures, articles."""
-    from workers.feed_poller import feed_status
+    from workers.feed_poller import feed_status  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.feed_poller pulls faiss)
 
     db = open_database(settings())
     try:
@@ -64,7 +64,7 @@ def feeds_list() -> None:
 @guard
 def feeds_remove(url: str = typer.Argument(..., help="the feed's URL, as `sqa feeds list` shows it")) -> None:
     """Stop polling a feed (the articles it brought stay)."""
-    from workers.feed_poller import remove_feed
+    from workers.feed_poller import remove_feed  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.feed_poller pulls faiss)
 
     db = open_database(settings())
     try:
@@ -79,8 +79,8 @@ def feeds_remove(url: str = typer.Argument(..., help="the feed's URL, as `sqa fe
 @guard
 def feeds_poll(every: bool = typer.Option(False, "--all", help="poll every active feed, due or not")) -> None:
     """Poll the due feeds once, now, and print what each brought; exits 2 if any failed."""
-    from app.bootstrap.job_configs import feed_config
-    from workers.feed_poller import FeedPoller
+    from app.bootstrap.job_configs import feed_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from workers.feed_poller import FeedPoller  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.feed_poller pulls faiss)
 
     s = settings()
     db = open_database(s)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from app.cli.common import cli, fail, guard, settings
+from app.cli.common import cli, fail, guard, open_database, settings
+from indexer.push import BodyError, parse_articles
 
 live_cli = typer.Typer(no_args_is_help=True, help="Live news: push articles, publish the live shard, see the queue.")
 cli.add_typer(live_cli, name="live")
@@ -20,10 +21,9 @@ def live_push(
     publish: bool = typer.Option(False, help="publish the live queue afterwards"),
 ) -> None:
     """Store articles as POST /admin/articles does (new, updated, duplicate; bad records listed)."""
-    from app.bootstrap.builders import open_database
-    from app.bootstrap.job_configs import push_limits
-    from indexer.push import BodyError, parse_articles
-    from store.intake import intake_articles
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import push_limits  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from store.intake import intake_articles  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: store.intake pulls sqlalchemy)
 
     s = settings()
     try:
@@ -52,9 +52,9 @@ def live_push(
 
 
 def _publish(s, db) -> None:
-    from app.bootstrap.builders import build_encoder
-    from app.bootstrap.job_configs import ingest_config, live_config
-    from workers.live_publisher import publish_live
+    from app.bootstrap.builders import build_encoder  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from app.bootstrap.job_configs import ingest_config, live_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from workers.live_publisher import publish_live  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.live_publisher pulls faiss)
 
     while True:  # the whole queue, a batch a snapshot
         result = publish_live(db.sessions, build_encoder(s), ingest_config(s), live_config(s))
@@ -70,7 +70,7 @@ def _publish(s, db) -> None:
 @guard
 def live_publish() -> None:
     """Publish everything in the live queue now (`sqa worker` does it by itself within SQA_LIVE_MAX_WAIT_S)."""
-    from app.bootstrap.builders import open_database
+    from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
 
     s = settings()
     db = open_database(s)
@@ -84,11 +84,10 @@ def live_publish() -> None:
 @guard
 def live_status() -> None:
     """What waits in the live queue, and the live pieces of the serving snapshot."""
-    from app.cli.common import open_database
-    from indexer.manifest import read_manifest
-    from serving.index_state import latest_snapshot_row
-    from store.queries import newest_indexed_article_at
-    from workers.live_publisher import queue_status
+    from indexer.manifest import read_manifest  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: indexer.manifest pulls faiss)
+    from serving.index_state import latest_snapshot_row  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.index_state pulls faiss)
+    from store.queries import newest_indexed_article_at  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: store.queries pulls faiss)
+    from workers.live_publisher import queue_status  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.live_publisher pulls faiss)
 
     s = settings()
     db = open_database(s)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import time
+from dataclasses import asdict
 
 import typer
 
-from app.cli.common import cli, context, day_option, fail, guard, settings
+from app.api.request_ids import configure_logging
+from app.cli.common import cli, context, day_option, fail, guard, open_database, settings
 
 jobs_cli = typer.Typer(no_args_is_help=True, help="Jobs.")
 cli.add_typer(jobs_cli, name="jobs")
@@ -16,8 +20,7 @@ cli.add_typer(jobs_cli, name="jobs")
 @guard
 def worker() -> None:
     """Run the scheduler process: monthly ingest and quarterly evaluation (never inside the web server)."""
-    from app.api.request_ids import configure_logging
-    from app.bootstrap import run_worker
+    from app.bootstrap import run_worker  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
 
     s = settings()
     configure_logging("INFO", s.log_format)
@@ -31,8 +34,8 @@ def schedule(
     period: str | None = typer.Option(None, help="with --run: the month (YYYY-MM) or quarter (YYYYQn)"),
 ) -> None:
     """List the scheduled jobs and their next runs, or run one now."""
-    from app.bootstrap.job_configs import scheduler_config
-    from workers.scheduler import scheduled_jobs, trigger_now
+    from app.bootstrap.job_configs import scheduler_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from workers.scheduler import scheduled_jobs, trigger_now  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.scheduler pulls faiss)
 
     if run:
         with context() as ctx:
@@ -57,7 +60,7 @@ def ask(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Answer one question as of a date and print the cited passages."""
-    from app.bootstrap.builders import build_answer_service, build_encoder, build_reader, open_database
+    from app.bootstrap.builders import build_answer_service, build_encoder, build_reader, open_database  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
 
     s = settings()
     asked = day_option(as_of, "--as-of")
@@ -70,8 +73,6 @@ def ask(
     finally:
         db.close()
     if as_json:
-        from dataclasses import asdict
-
         typer.echo(json.dumps({**asdict(result), "grounded": result.grounded}, default=str, indent=2))
         return
     typer.echo(f"Q ({result.as_of}): {question}")
@@ -94,10 +95,8 @@ def ask(
 
 def quiet_model_loading() -> None:
     """No progress bars or loading chatter from transformers and the hub on the terminal."""
-    import os
-
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 (lazy: transformers)
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -118,12 +117,11 @@ def serve(
     ),
 ) -> None:
     """Run the HTTP API under uvicorn (one process: the models load once)."""
-    import uvicorn
+    import uvicorn  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: uvicorn, only `sqa serve`)
 
-    from app.main import create_app
+    from app.main import create_app  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.main pulls the services and faiss)
 
     s = settings()
-    from app.api.request_ids import configure_logging
 
     try:
         configure_logging(log_level, log_format or s.log_format)
@@ -152,10 +150,9 @@ def jobs_list(
     ),
 ) -> None:
     """The newest jobs, one line each: id, kind, state, progress, started, duration, message."""
-    from sqlalchemy import select
+    from sqlalchemy import select  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: sqlalchemy)
 
-    from app.cli.common import open_database
-    from store.tables import Job
+    from store.tables import Job  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: store.tables pulls sqlalchemy)
 
     db = open_database(settings())
     try:
@@ -201,10 +198,7 @@ def jobs_show(
     `sqa jobs show 7` prints the row; with --follow it prints a line each time its progress or message
     changes (a job run by the server, the worker or another shell), then the row.
     """
-    import time
-
-    from app.cli.common import open_database
-    from store.tables import Job
+    from store.tables import Job  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: store.tables pulls sqlalchemy)
 
     db = open_database(settings())
     try:

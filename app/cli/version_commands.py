@@ -4,11 +4,12 @@ imported from another machine, activated and (readers) souped. `sqa train` makes
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import typer
 
-from app.cli.common import cli, fail, guard, settings
+from app.cli.common import cli, fail, guard, open_database, settings
 
 encoders_cli = typer.Typer(no_args_is_help=True, help="Retriever encoder versions (`sqa train retriever`).")
 cli.add_typer(encoders_cli, name="encoders")
@@ -18,8 +19,8 @@ cli.add_typer(encoders_cli, name="encoders")
 @guard
 def encoders_list() -> None:
     """Trained encoder versions with their validation figures; * marks the one the index uses."""
-    from app.bootstrap.builders import index_encoder_name
-    from models.encoders import list_encoder_versions
+    from app.bootstrap.builders import index_encoder_name  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from models.encoders import list_encoder_versions  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: models.encoders pulls numpy)
 
     s = settings()
     serving = index_encoder_name(s)
@@ -43,7 +44,7 @@ cli.add_typer(rerankers_cli, name="rerankers")
 @guard
 def rerankers_list() -> None:
     """Re-ranker versions with their validation figures; * marks the serving one."""
-    from serving.reranking import list_reranker_versions
+    from serving.reranking import list_reranker_versions  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reranking pulls numpy)
 
     rows = list_reranker_versions(settings().rerankers_dir)
     for info in rows:
@@ -68,7 +69,7 @@ def rerankers_import(
 ) -> None:
     """Register a re-ranker version trained on another machine: the folder is checked (the model must
     load and score), copied into SQA_HOME/rerankers under its version name, and listed."""
-    from serving.reranking import activate_reranker, import_reranker
+    from serving.reranking import activate_reranker, import_reranker  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reranking pulls numpy)
 
     s = settings()
     try:
@@ -89,7 +90,7 @@ def rerankers_import(
 @guard
 def rerankers_activate(version: str = typer.Argument(..., help="a version, or none to stop re-ranking")) -> None:
     """Serve this re-ranker version (servers follow within seconds)."""
-    from serving.reranking import activate_reranker
+    from serving.reranking import activate_reranker  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reranking pulls numpy)
 
     activate_reranker(settings().rerankers_dir, None if version == "none" else version)
     typer.echo(f"re-ranker {version} serving" if version != "none" else "no re-ranker serving")
@@ -105,8 +106,7 @@ cli.add_typer(models_cli, name="models")
 @guard
 def models_list() -> None:
     """Every trained reader version, newest first; * marks the active one."""
-    from app.cli.common import open_database
-    from serving.reader_registry import list_versions
+    from serving.reader_registry import list_versions  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reader_registry pulls sqlalchemy)
 
     db = open_database(settings())
     try:
@@ -133,8 +133,7 @@ def models_activate(
     ),
 ) -> None:
     """Make a ready version the active one (servers with SQA_READER=auto switch to it), or none."""
-    from app.cli.common import open_database
-    from serving.reader_registry import activate_version, deactivate_versions
+    from serving.reader_registry import activate_version, deactivate_versions  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reader_registry pulls sqlalchemy)
 
     s = settings()
     db = open_database(s)
@@ -167,7 +166,7 @@ def models_import(
 ) -> None:
     """Register a reader version trained on another machine: the folder is checked (the tensors must
     load onto the model), copied into SQA_HOME/models under a new version name, and listed."""
-    from serving.reader_registry import import_version
+    from serving.reader_registry import import_version  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reader_registry pulls sqlalchemy)
 
     s = settings()
     row = _register(
@@ -193,7 +192,7 @@ def models_soup(
     """Register the uniform soup of Gemma versions trained alike (another seed each, e.g. `sqa train
     reader --kind gemma --seed N`): one version whose weights are the mean of theirs, serving at the
     cost of one. docs/reader-experiments.md, "A soup of seeds", has what it measured."""
-    from serving.reader_registry import soup_versions
+    from serving.reader_registry import soup_versions  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reader_registry pulls sqlalchemy)
 
     s = settings()
     row = _register(
@@ -212,13 +211,12 @@ def _register(s, make):
     """`make(session, check)` registers a version folder in one transaction (a ValueError exits 2)
     and returns its row; `check` loads a folder as this SQA_HOME would serve it. A copied folder
     whose row is not committed is removed."""
-    from app.cli.common import open_database
-    from models.trained import load_trained_model, read_reader_info
+    from models.trained import load_trained_model, read_reader_info  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: models.trained pulls numpy)
 
     def check(path: Path) -> None:
         try:
             if read_reader_info(path)["kind"] == "gemma":  # on the base this SQA_HOME serves (converted once)
-                from models.gemma_train import GemmaModel
+                from models.gemma_train import GemmaModel  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
 
                 GemmaModel.load(path, cache_dir=s.models_dir / "base")
             else:
@@ -237,8 +235,6 @@ def _register(s, make):
         fail(str(exc))
     except Exception:
         if row is not None:  # copied but not committed: no folder without its row
-            import shutil
-
             shutil.rmtree(s.models_dir / row.version, ignore_errors=True)
         raise
     finally:

@@ -9,6 +9,7 @@ import re
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
+from markupsafe import Markup
 from sqlalchemy import case, func, select
 
 from app.api.deps import RowId, SessionDep, SettingsDep
@@ -95,8 +96,8 @@ def evaluations_page(
 @router.get("/evaluations/trend.png")
 def trend_plot(cookie: SessionCookie, session: SessionDep) -> Response:
     """F1, EM and recall of the succeeded runs in the order they ran."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 (lazy: matplotlib)
+    from matplotlib.figure import Figure  # noqa: PLC0415 (lazy: matplotlib)
 
     runs = [r for r in reversed(_runs(session, 200)) if r["run"].state == "succeeded"]
     fig = Figure(figsize=(7, 3.4))
@@ -118,8 +119,6 @@ def trend_plot(cookie: SessionCookie, session: SessionDep) -> Response:
 @router.get("/evaluations/{run_id}", response_class=HTMLResponse)
 def evaluation_page(run_id: RowId, request: Request, cookie: SessionCookie, session: SessionDep) -> HTMLResponse:
     """One run's report (written by evaluation/report.py) inside the dashboard, its plots linked here."""
-    from markupsafe import Markup
-
     run, folder = evaluations.report_folder(session, run_id)
     html = (folder / "report.html").read_text(encoding="utf-8")
     body = html.split("<body>", 1)[-1].rsplit("</body>", 1)[0]

@@ -8,6 +8,8 @@ from pathlib import Path
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from app.api.request_ids import current_request_id
+
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescapes .html templates
 
@@ -28,7 +30,6 @@ def error_page(request, status: int, message: str, headers: dict[str, str] | Non
         429: "Too many requests",
         503: "Not ready",
     }
-    from app.api.request_ids import current_request_id
 
     back = "/dashboard" if request.url.path.startswith("/dashboard") else "/"
     return templates.TemplateResponse(
