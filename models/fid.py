@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from models.reader_base import BatchedReader, Item, ReaderAnswer, ReaderPassage, dated_question
+from models.reader_base import BatchedReader, Item, ReaderAnswer, RetrievedPassage, dated_question
 from models.saved_config import SavedConfig
 
 CONFIG_FILE = "fid_config.json"
@@ -38,15 +38,15 @@ class FiDConfig(SavedConfig):
     tie_encoder_decoder: bool = False  # minilm only: share encoder and decoder weights
 
 
-def fid_input(question: str, as_of: dt.date, passage: ReaderPassage) -> str:
+def fid_input(question: str, as_of: dt.date, passage: RetrievedPassage) -> str:
     """`question: Today is <date>. <question> title: <title> context: <dated passage>`."""
-    return f"question: {dated_question(question, as_of)} title: {passage.title} context: {passage.text}"
+    return f"question: {dated_question(question, as_of)} title: {passage.title} context: {passage.dated_text}"
 
 
 _WS = re.compile(r"\s+")
 
 
-def recase(answer: str, passages: Sequence[ReaderPassage]) -> str:
+def recase(answer: str, passages: Sequence[RetrievedPassage]) -> str:
     """An uncased tokenizer generates 'joe biden' or 'u. s.'; return the passages' own spelling
     ('Joe Biden', 'U.S.') when the answer occurs in one of them, ignoring case and spaces."""
     squeezed = _WS.sub("", answer)
@@ -55,7 +55,7 @@ def recase(answer: str, passages: Sequence[ReaderPassage]) -> str:
     # Every character of the answer, in order, with optional whitespace between them.
     pattern = re.compile(r"\s*".join(re.escape(c) for c in squeezed), re.IGNORECASE)
     for p in passages:
-        m = pattern.search(p.text)
+        m = pattern.search(p.dated_text)
         if m:
             return m.group(0)
     return answer
@@ -128,7 +128,7 @@ class FiDModel(torch.nn.Module):
 
     # ---- tensors ------------------------------------------------------------------------
     def encode_inputs(
-        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+        self, items: Sequence[tuple[str, dt.date, Sequence[RetrievedPassage]]], n_passages: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and mask of shape B x N x L. Questions with fewer than N passages are padded
         with empty passages whose mask is all zero except the first token (so the decoder never
@@ -188,7 +188,7 @@ class FiDModel(torch.nn.Module):
 
     @torch.inference_mode()
     def generate(
-        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+        self, items: Sequence[tuple[str, dt.date, Sequence[RetrievedPassage]]], n_passages: int | None = None
     ) -> list[str]:
         """Batched generation: one answer string per (question, as_of, passages)."""
         if not items:

@@ -18,8 +18,7 @@ from sqlalchemy.orm import Session
 
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
-from indexer.chunking import passage_body
-from models.readers import ReaderPassage
+from models.reader_base import RetrievedPassage
 from models.training import TrainExample
 from store.tables import Article, Passage, Question
 from workers.bakeoff_gold import gold_passage
@@ -61,14 +60,21 @@ class _Builder:
     ) -> TrainExample | None:
         n = self.cfg.n_passages
         found = self.retriever.retrieve(self.session, self.snapshot, question, as_of, self.cfg.retrieve_k)
-        ps = [ReaderPassage(p.title, p.text, p.published) for p in found]
-        top = ps[:n]
-        if not any(answer_in_text(list(answers), passage_body(p.text, p.published)) for p in top):
+        top = list(found[:n])
+        if not any(answer_in_text(list(answers), p.text) for p in top):
             row = gold_row() if callable(gold_row) else gold_row
             if row is None:
                 self.counts.skipped_no_gold_passage += 1
                 return None
-            gold = ReaderPassage(row.article.title, row.text, row.published)
+            gold = RetrievedPassage(
+                row.article.title,
+                row.text,
+                row.published,
+                passage_id=row.id,
+                faiss_id=row.faiss_id,
+                article_id=row.article_id,
+                url=row.article.url,
+            )
             top = [p for p in top if p.text != gold.text][: n - 1]
             top.insert(self.rng.randrange(len(top) + 1), gold)
             self.counts.gold_inserted += 1
@@ -80,7 +86,7 @@ def _self_gold_row(session: Session, url: str, answer: str, sentence: str):
     rows = session.scalars(
         select(Passage).join(Article).where(Article.url == url).order_by(Passage.ordinal, Passage.id)
     ).all()
-    holding = [r for r in rows if answer_in_text([answer], passage_body(r.text, r.published))]
+    holding = [r for r in rows if answer_in_text([answer], r.text)]
     for r in holding:
         if sentence[:60] in r.text:
             return r

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 
 from evaluation.metrics import answer_in_text
 from indexer.atomic import write_atomic
-from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
 from models.reranker import (
     FIRST_STAGE_GRID,
@@ -71,10 +70,7 @@ class RerankerDataConfig:
 
 def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers, depth: int) -> list[dict]:
     found = retriever.retrieve(session, snapshot, text, asked, depth)
-    return [
-        {**candidate_of(p, asked), "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
-        for p in found
-    ]
+    return [{**candidate_of(p, asked), "hit": answer_in_text(list(answers), p.text)} for p in found]
 
 
 def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig, encoder, snapshot) -> dict:

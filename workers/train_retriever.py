@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from evaluation.metrics import answer_in_text
-from indexer.chunking import passage_body
+from indexer.chunking import dated_text
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
 from models.encoders import QUERY_FORMATS, question_in_format
@@ -81,7 +81,7 @@ class ValItem:
 
 
 def _holds(answers, passage) -> bool:
-    return answer_in_text(list(answers), passage_body(passage.text, passage.published))
+    return answer_in_text(list(answers), passage.text)
 
 
 def _pair(
@@ -96,10 +96,10 @@ def _pair(
         row = positive_row()
         if row is None or row.published > as_of:
             return None
-        pos_text, pos_article = row.text, row.article_id
+        pos_text, pos_article = dated_text(row.text, row.published), row.article_id
     else:
-        pos_text, pos_article = positive.text, positive.article_id
-    negative = next((p.text for p in hits if p.article_id != pos_article and not _holds(answers, p)), None)
+        pos_text, pos_article = positive.dated_text, positive.article_id
+    negative = next((p.dated_text for p in hits if p.article_id != pos_article and not _holds(answers, p)), None)
     return Pair(cfg.query(question, as_of), pos_text, negative, source)
 
 
@@ -173,7 +173,7 @@ def build_data(
         )
         _keep(pairs, missing, p, "self")
 
-    pool: dict[int, tuple[str, int]] = {}  # faiss id -> (text, day number)
+    pool: dict[int, tuple[str, int]] = {}  # faiss id -> (dated text: what the encoder reads, day number)
     index_of: dict[int, int] = {}
     items = []
     for q in val_q:
@@ -182,7 +182,7 @@ def build_data(
         for p in found:
             if p.faiss_id not in index_of:
                 index_of[p.faiss_id] = len(pool)
-                pool[p.faiss_id] = (p.text, day_number(p.published))
+                pool[p.faiss_id] = (p.dated_text, day_number(p.published))
         hits = sorted({index_of[p.faiss_id] for p in found if _holds(q.answers, p)})
         items.append(
             ValItem(

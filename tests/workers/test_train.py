@@ -120,11 +120,11 @@ def test_train_job_registers_an_active_version_that_answers(loaded_settings, new
     assert info["kind"] == "extractive" and info["data"]["val"] > 0
     assert not list((loaded_settings.work_dir / "train").glob("*"))  # work folder cleaned after success
     reader = load_trained_reader(folder)
-    from models.readers import ReaderPassage
+    from models.readers import RetrievedPassage
 
     assert reader.name == f"extractive:{version}"
     day = dt.date(2024, 2, 2)
-    p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    p = RetrievedPassage("Harriers", "Ines Okafor coaches the Harriers.", day)
     answer = reader.generate("Who coaches the Harriers?", day, [p])
     assert answer.text and answer.text in f"{p.title}. {p.text}", answer  # a span of the passage it read
     assert reader.generate("Who coaches the Harriers?", day, []).text == ""  # no passage, no answer
