@@ -130,6 +130,8 @@ def fit_prompt(
             words = max(8, min(words - 8, int(words * budget / n)))
 
     def render(words: int, passages=passages) -> str:
+        if not titles:  # what reader_context's cut prints, and under the date's 4 words it cuts into the date
+            return build_prompt(question, as_of, passages, words)
         return build_prompt(
             question,
             as_of,
