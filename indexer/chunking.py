@@ -43,7 +43,7 @@ _LINE_BREAKS = re.compile(r"\s*[\n\r\u2028\u2029]\s*")
 @lru_cache(maxsize=1)
 def _sentencizer() -> Language:
     """spacy.blank('en') + sentencizer, built once per process (importing spaCy costs ~1 s)."""
-    import spacy
+    import spacy  # noqa: PLC0415 (lazy: spaCy takes ~1 s to import)
 
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from models.encoders import packaged_minilm_path
 from models.reader_base import BatchedReader, Item, ReaderAnswer, RetrievedPassage, dated_question
 from models.saved_config import SavedConfig
 
@@ -51,9 +52,7 @@ class SpanModel(torch.nn.Module):
 
     @classmethod
     def warm_start(cls, config: SpanConfig) -> SpanModel:
-        from transformers import AutoModel, AutoTokenizer
-
-        from models.encoders import packaged_minilm_path
+        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
         base = config.base or str(packaged_minilm_path())
         config = dataclasses.replace(config, base=base)
@@ -61,7 +60,7 @@ class SpanModel(torch.nn.Module):
 
     @classmethod
     def load(cls, path: Path | str, *, device: str = "cpu") -> SpanModel:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
         path = Path(path)
         if not (path / CONFIG_FILE).exists():

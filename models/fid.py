@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from models.encoders import packaged_minilm_path
 from models.reader_base import BatchedReader, Item, ReaderAnswer, RetrievedPassage, dated_question
 from models.saved_config import SavedConfig
 
@@ -74,11 +75,9 @@ class FiDModel(torch.nn.Module):
     @classmethod
     def warm_start(cls, config: FiDConfig) -> FiDModel:
         """A new, untrained model from the backbone named in the config."""
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel  # noqa: PLC0415 (lazy: transformers)
 
         if config.backbone == "minilm":
-            from models.encoders import packaged_minilm_path
-
             base = config.base or str(packaged_minilm_path())
             config = dataclasses.replace(config, base=base)
             model = EncoderDecoderModel.from_encoder_decoder_pretrained(
@@ -98,7 +97,7 @@ class FiDModel(torch.nn.Module):
     @classmethod
     def load(cls, path: Path | str, *, device: str = "cpu") -> FiDModel:
         """Reload a saved model exactly: the stored config decides the architecture."""
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel  # noqa: PLC0415 (lazy: transformers)
 
         path = Path(path)
         cfg_file = path / CONFIG_FILE
@@ -172,7 +171,7 @@ class FiDModel(torch.nn.Module):
 
     def fuse(self, ids: torch.Tensor, mask: torch.Tensor):
         """Encode B x N x L passages on their own, then concatenate: B x (N*L) x H."""
-        from transformers.modeling_outputs import BaseModelOutput
+        from transformers.modeling_outputs import BaseModelOutput  # noqa: PLC0415 (lazy: transformers)
 
         b, n, length = ids.shape
         hidden = self.model.get_encoder()(

@@ -22,6 +22,7 @@ from pathlib import Path
 from models.candidates import CandidateRanker, RankerItem, annotate_passages, annotated
 from models.reader_base import BatchedReader, Item, ReaderAnswer, RetrievedPassage
 from models.saved_config import SavedConfig
+from models.selflabel import load_nlp
 
 RANKER_FILE = "ranker.json"
 
@@ -111,8 +112,6 @@ class CandidateReader(BatchedReader):
     def _annotate(self, bodies: list[str]) -> list[dict]:
         with self._lock:
             if self._nlp is None:
-                from models.selflabel import load_nlp  # heavy: only when the first question comes
-
                 self._nlp = load_nlp()
             return annotate_passages(self._nlp, bodies)
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from models.gemma import GemmaReader
 from models.reader_base import (
     DATE_WORDS,
     BatchedReader,
@@ -84,8 +85,6 @@ def load_reader(
     if spec == "first-entity":
         return FirstEntityReader()
     if spec == "gemma":
-        from models.gemma import GemmaReader
-
         return GemmaReader.load(
             cache_dir=cache_dir,
             device=device,

@@ -40,6 +40,7 @@ from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.manifest import Manifest, ShardEntry, read_manifest
 from indexer.shards import key_span
 from indexer.storage import IndexStore, as_store
+from models.selflabel import load_nlp
 from serving.errors import InvalidInputError
 from serving.index_state import latest_snapshot_row
 from serving.reader_registry import active_version
@@ -146,8 +147,6 @@ def profile_month(
             f"run `sqa ingest --month {month}` first"
         )
     if "entities" in kinds and nlp is None:
-        from models.selflabel import load_nlp  # spaCy: imported only when entities are asked for
-
         nlp = load_nlp()
     t0 = time.perf_counter()
     profile = build_profile(

@@ -18,7 +18,9 @@ from sqlalchemy.orm import Session
 
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
+from models.encoders import query_text
 from models.reader_base import RetrievedPassage
+from models.selflabel import generate_questions
 from models.training import TrainExample
 from store.tables import Article, Passage, Question
 from workers.bakeoff_gold import gold_passage
@@ -113,8 +115,6 @@ def self_labeled(
 ):
     """Self-labeled questions from a seeded sample of the articles published in [first, before);
     `progress` gets a "self-label" stage advanced article by article (spaCy reads ~8 a second)."""
-    from models.selflabel import generate_questions
-
     ids = list(
         session.scalars(
             select(Article.id).where(Article.published >= first, Article.published < before).order_by(Article.id)
@@ -229,8 +229,6 @@ def retrieval_key(ctx: JobContext, encoder, snapshot, *, rerank: bool) -> str:
     encoder and the form of the question it reads (`models.encoders.query_text`). Work an interrupted
     run left behind is reused only under the same key: after a new ingest, another retriever,
     re-ranker or encoder, its passages are not the ones a run would retrieve now."""
-    from models.encoders import query_text
-
     form = query_text(encoder, "Q?", dt.date(2000, 1, 3))
     retriever = ctx.served_retriever() if rerank else ctx.retriever
     text = f"{snapshot.snapshot_id}|{retriever}|{encoder.name}|{form}"

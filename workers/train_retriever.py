@@ -33,10 +33,19 @@ from evaluation.metrics import answer_in_text
 from indexer.chunking import dated_text
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
-from models.encoders import QUERY_FORMATS, question_in_format
+from models.encoders import QUERY_FORMATS, packaged_minilm_path, question_in_format
 from workers.bakeoff_gold import gold_passage
 from workers.progress import fraction_reporter
-from workers.reader_data import asked_after, digest
+from workers.reader_data import (
+    DataConfig,
+    _self_gold_row,
+    asked_after,
+    digest,
+    gold_questions,
+    indexed_start,
+    self_labeled,
+    serving_snapshot,
+)
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
@@ -88,7 +97,7 @@ def _pair(
     session, bm25, snapshot, question: str, as_of: dt.date, answers, positive_row, source: str, cfg: RetrieverDataConfig
 ) -> Pair | None:
     """The pair for one question, or None without a positive."""
-    from serving.retrieval import fetch_passages
+    from serving.retrieval import fetch_passages  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
     hits = fetch_passages(session, bm25.search(snapshot, question, as_of, cfg.retrieve_k), as_of)
     positive = None if source == "self" else next((p for p in hits if _holds(answers, p)), None)
@@ -122,8 +131,7 @@ def build_data(
     progress=None,
 ) -> tuple[list[Pair], dict, dict]:
     """(training pairs, validation {items, pool}, counts)."""
-    from serving.retrieval import Bm25Retriever, DenseRetriever, fetch_passages
-    from workers.reader_data import DataConfig, _self_gold_row, gold_questions, self_labeled
+    from serving.retrieval import Bm25Retriever, DenseRetriever, fetch_passages  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
     bm25, dense = Bm25Retriever(encoder), DenseRetriever(encoder)
     golds, left_out = gold_questions(session, train_from, until)
@@ -255,9 +263,6 @@ def run_train_retriever_job(
 ) -> str:
     """Train an encoder version on what is dated before `until`; returns its name. Run it under
     the retriever-training lock (`RETRIEVER_TRAINING_LOCK`; the CLI does, through the job runner)."""
-    from models.encoders import packaged_minilm_path
-    from workers.reader_data import indexed_start, serving_snapshot
-
     cfg, data = cfg or DprConfig(), data or RetrieverDataConfig()
     db, progress = ctx.db, job
     val_from = month_start(until - dt.timedelta(days=1))
