@@ -125,7 +125,7 @@ def test_train_job_registers_an_active_version_that_answers(loaded_settings, new
     day = dt.date(2024, 2, 2)
     p = RetrievedPassage("Harriers", "Ines Okafor coaches the Harriers.", day)
     answer = reader.generate("Who coaches the Harriers?", day, [p])
-    assert answer.text and answer.text in f"{p.title}. {p.text}", answer  # a span of the passage it read
+    assert answer.text and answer.text in f"{p.title}. {p.dated_text}", answer  # a span of the passage it read
     assert reader.generate("Who coaches the Harriers?", day, []).text == ""  # no passage, no answer
 
 
