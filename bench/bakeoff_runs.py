@@ -15,7 +15,7 @@ from pathlib import Path
 from evaluation.bakeoff import baseline_files, latency_summary, load_baseline_predictions, score
 from evaluation.metrics import answer_in_text
 from evaluation.questions import DatedQuestion
-from indexer.chunking import passage_body
+from models.reader_base import RetrievedPassage
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Item:
     """What one reader call sees: the question and its passages."""
 
     question: DatedQuestion
-    passages: tuple  # ReaderPassage, ...
+    passages: tuple  # RetrievedPassage, ...
     passage_ids: tuple[int, ...]
 
 
@@ -119,7 +119,7 @@ def retrieve_all(settings, db, questions: list[DatedQuestion], top_k: int, passa
     from tqdm import tqdm
 
     from app.bootstrap.builders import build_encoder, build_retriever, index_state
-    from models.readers import FirstEntityReader, ReaderPassage
+    from models.readers import FirstEntityReader
     from serving.answering import AnswerLimits, AnswerService
 
     encoder = build_encoder(settings)
@@ -143,13 +143,11 @@ def retrieve_all(settings, db, questions: list[DatedQuestion], top_k: int, passa
         found = service.answer(q.text, q.asked, top_k, snapshot=snap, read=False).passages
         ms.append((time.perf_counter() - t0) * 1000)
         assert all(p.published <= q.asked for p in found), "retrieval returned a passage after the question date"
-        has = [answer_in_text(q.answers, passage_body(p.text, p.published)) for p in found]
+        has = [answer_in_text(q.answers, p.text) for p in found]
         hit_k += any(has[:passages])
         hit_top += any(has)
         top = found[:passages]
-        items[q.qid] = Item(
-            q, tuple(ReaderPassage(p.title, p.text, p.published) for p in top), tuple(p.passage_id for p in top)
-        )
+        items[q.qid] = Item(q, tuple(top), tuple(p.passage_id for p in top))
     n = len(questions)
     figures = {
         "snapshot": snap.snapshot_id,
@@ -165,13 +163,12 @@ def retrieve_all(settings, db, questions: list[DatedQuestion], top_k: int, passa
 
 
 def gold_items(sessions, questions: list[DatedQuestion]) -> dict[str, Item]:
-    from models.readers import ReaderPassage
     from workers.bakeoff_gold import gold_passage
 
     with sessions() as session:
         pairs = [(q, gold_passage(session, q)) for q in questions]
         return {
-            q.qid: Item(q, (ReaderPassage(row.article.title, row.text, row.published),), (row.id,))
+            q.qid: Item(q, (RetrievedPassage(row.article.title, row.text, row.published),), (row.id,))
             for q, row in pairs
             if row is not None
         }

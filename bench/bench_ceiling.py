@@ -48,7 +48,6 @@ from bench.served_questions import (
     question_arguments,
 )
 from evaluation.metrics import answer_in_text, normalize_answer
-from indexer.chunking import passage_body
 
 DEFAULT_WINDOWS = "2023-04-01:2023-06-30"
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'-]+")
@@ -57,7 +56,7 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'-]+")
 def first_hit(answers, passages) -> int | None:
     """The 1-based rank of the first passage holding an answer string (date prefix left out), or None."""
     for i, p in enumerate(passages):
-        if answer_in_text(list(answers), passage_body(p.text, p.published)):
+        if answer_in_text(list(answers), p.text):
             return i + 1
     return None
 
@@ -71,7 +70,7 @@ def feedback_terms(question: str, passages, n: int = 10) -> list[str]:
     from models.reader_context import content_terms
 
     asked = content_terms(question)
-    words = Counter(w.lower() for p in passages for w in _WORD.findall(passage_body(p.text, p.published)))
+    words = Counter(w.lower() for p in passages for w in _WORD.findall(p.text))
     return [w for w, _ in words.most_common() if w not in asked and content_terms(w)][:n]
 
 
@@ -112,7 +111,7 @@ class Stages:
             return {"dense feedback": [], "BM25 feedback": [], "both": []}
         q = self.encoder.encode_queries([query_text(self.encoder, question, as_of)])
         q = q / max(np.linalg.norm(q), 1e-9)
-        centre = self.encoder.encode_passages([p.text for p in top]).mean(axis=0, keepdims=True)
+        centre = self.encoder.encode_passages([p.dated_text for p in top]).mean(axis=0, keepdims=True)
         moved = q + centre / max(np.linalg.norm(centre), 1e-9)
         moved = (moved / max(np.linalg.norm(moved), 1e-9)).astype(np.float32)
         scores, ids = self.snap.index.search(moved, as_of, k)
@@ -135,15 +134,15 @@ def contexts(session, service, question, served: list) -> dict[str, list]:
     """What the reader could read: the served context, and the same words spent otherwise."""
     from sqlalchemy import select
 
-    from models.reader_base import ReaderPassage
+    from models.reader_base import RetrievedPassage
     from models.reader_context import select_context
     from store.tables import Passage
 
     reader = service.reader
     n = service.passages_for(reader)
-    whole = [ReaderPassage(p.title, p.text, p.published) for p in served]
+    whole = list(served)
     ctx = reader.context(question.text, whole[:n]) if hasattr(reader, "context") else whole[:n]
-    budget = max(1, sum(len(p.text.split()) for p in ctx))
+    budget = max(1, sum(len(p.dated_text.split()) for p in ctx))
     articles = list(dict.fromkeys(p.article_id for p in served[:5]))
     rows = (
         session.execute(
@@ -156,7 +155,7 @@ def contexts(session, service, question, served: list) -> dict[str, list]:
     )
     by_article: dict[int, list] = {}
     for article, ordinal, text, published in rows:
-        by_article.setdefault(article, []).append((ordinal, ReaderPassage("", text, published)))
+        by_article.setdefault(article, []).append((ordinal, RetrievedPassage("", text, published)))
 
     def article_passages(top: int) -> list:
         """The served top passages first, then the rest of their articles in order."""
@@ -221,7 +220,7 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
     where = Counter()
     with db.sessions() as session:
         stored = [
-            (published, f" {normalize_answer(passage_body(text, published))} ")
+            (published, f" {normalize_answer(text)} ")
             for text, published in session.execute(
                 select(Passage.text, Passage.published).where(Passage.published <= last)
             )
@@ -260,7 +259,7 @@ def measure_window(service, db, snap, questions, *, deep: int, recent_days: int,
             ranks.setdefault(f"union @{deep}", []).append(1 if deep_b or deep_d else None)
             for name, ctx in contexts(session, service, q, served).items():
                 reads.setdefault(name, []).append(
-                    (first_hit(q.answers, ctx) is not None, sum(len(p.text.split()) for p in ctx))
+                    (first_hit(q.answers, ctx) is not None, sum(len(p.dated_text.split()) for p in ctx))
                 )
     n = len(questions)
     return {

@@ -38,19 +38,20 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 
 
 def passages_of(data: Path, since: dt.date, until: dt.date, limit: int):
-    from indexer.chunking import chunk_texts
+    from indexer.chunking import chunk_texts, dated_text
     from indexer.importers import read_realtimeqa
 
     articles, questions, _ = read_realtimeqa(data, since=since, until=until)
     articles = sorted(articles, key=lambda a: (a.published, a.url))
-    chunks = chunk_texts([(a.text, a.published) for a in articles])
-    texts, days = [], []
+    chunks = chunk_texts([a.text for a in articles])
+    bodies, days = [], []
     for a, ps in zip(articles, chunks):
-        texts += ps
+        bodies += ps
         days += [a.published] * len(ps)
     if limit:
-        texts, days = texts[:limit], days[:limit]
-    return texts, np.array([d.toordinal() for d in days]), questions
+        bodies, days = bodies[:limit], days[:limit]
+    texts = [dated_text(body, day) for body, day in zip(bodies, days)]  # what an ingest's encoder reads
+    return texts, bodies, np.array([d.toordinal() for d in days]), questions
 
 
 def torch_ceiling(encoder, texts: list[str], batch_size: int) -> float:
@@ -78,9 +79,8 @@ def onnx_ceiling(tower, texts: list[str], batch_size: int) -> float:
     return len(texts) / (time.perf_counter() - t0)
 
 
-def recall(vectors: np.ndarray, days: np.ndarray, texts: list[str], questions, encoder, ks=(1, 5, 20)) -> dict:
+def recall(vectors: np.ndarray, days: np.ndarray, bodies: list[str], questions, encoder, ks=(1, 5, 20)) -> dict:
     from evaluation.metrics import answer_in_text
-    from indexer.chunking import passage_body
     from models.encoders import query_text
 
     qv = encoder.encode_queries([query_text(encoder, q.text, q.asked) for q in questions])
@@ -91,7 +91,7 @@ def recall(vectors: np.ndarray, days: np.ndarray, texts: list[str], questions, e
             continue
         scores = vectors[allowed] @ v
         top = allowed[np.argsort(-scores, kind="stable")[: max(ks)]]
-        found = [answer_in_text(q.answers, passage_body(texts[i], dt.date.fromordinal(int(days[i])))) for i in top]
+        found = [answer_in_text(q.answers, bodies[i]) for i in top]
         for k in ks:
             hits[k] += any(found[:k])
     return {f"recall@{k}": round(100 * hits[k] / max(len(questions), 1), 1) for k in ks}
@@ -114,7 +114,7 @@ def main() -> int:
     from models.encoders import load_encoder
     from models.onnx_encoder import CPU_BATCH
 
-    texts, days, questions = passages_of(args.data, args.since, args.until, args.max_passages)
+    texts, bodies, days, questions = passages_of(args.data, args.since, args.until, args.max_passages)
     questions = [q for q in questions if q.answers]
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
@@ -142,7 +142,7 @@ def main() -> int:
             "ceiling_per_s": round(ceiling, 1),
             "cos_mean": round(float(cos.mean()), 4),
             "cos_min": round(float(cos.min()), 4),
-            **recall(vectors, days, texts, questions, encoder),
+            **recall(vectors, days, bodies, questions, encoder),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)

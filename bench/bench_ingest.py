@@ -27,7 +27,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from indexer.chunking import chunk_texts
+from indexer.chunking import chunk_texts, dated_text
 from indexer.importers import read_realtimeqa
 from models.onnx_encoder import CPU_BATCH
 from settings import Settings
@@ -148,9 +148,11 @@ def main() -> int:
             # The same passages, outside the job: same articles, same order, same chunker.
             docs = read_back(db.sessions, keys)
             t0 = time.perf_counter()
-            texts = [p for passages in chunk_texts(docs) for p in passages]
+            chunks = chunk_texts([text for text, _ in docs])
             rechunk_s = time.perf_counter() - t0
-            same = texts == stored_passages(db.sessions)
+            same = [p for passages in chunks for p in passages] == stored_passages(db.sessions)
+            # what the job's encoder read: each passage's dated text
+            texts = [dated_text(p, day) for (_, day), passages in zip(docs, chunks) for p in passages]
 
             t0 = time.perf_counter()
             vectors = encoder.encode_passages(texts, batch_size=args.batch_size)  # (n, dim)

@@ -133,10 +133,10 @@ def offline(args, questions) -> tuple[dict, dict]:
     try:
         for i, q in enumerate(questions, 1):
             r = service.answer(q.text, q.asked, 5)
-            ceiling[q.qid] = score_row(q, r.answer, [p.text for p in r.passages])
+            ceiling[q.qid] = score_row(q, r.answer, [p.dated_text for p in r.passages])
             cutoff = q.asked.replace(day=1) - dt.timedelta(days=1)
             r = service.answer(q.text, q.asked, 5, index_as_of=cutoff)
-            monthly[q.qid] = score_row(q, r.answer, [p.text for p in r.passages])
+            monthly[q.qid] = score_row(q, r.answer, [p.dated_text for p in r.passages])
             if i % 25 == 0:
                 log(f"offline: {i}/{len(questions)} questions")
     finally:

@@ -40,6 +40,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 # What the benchmarks over a home's questions share: the served pipeline, the windows and their options.
@@ -58,7 +59,6 @@ from evaluation.metrics import answer_in_text
 from evaluation.paired import correct, describe_paired, em_interval, paired_em
 from evaluation.recent_news import RecentNews
 from evaluation.trust import Judged, confidence_bands, describe, grounded_split
-from indexer.chunking import passage_body
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
@@ -106,7 +106,7 @@ def stored_articles(session):
 def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
     from tqdm import tqdm
 
-    from models.readers import ReaderPassage
+    from models.reader_base import RetrievedPassage
     from serving.answering import answer_evidence
     from workers.bakeoff_gold import gold_passage
 
@@ -126,7 +126,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
         for q in tqdm(questions, desc="questions", unit="q", disable=not bar, file=sys.stderr):
             found = service.retriever.retrieve(session, snap, q.text, q.asked, max(KS))
             assert all(p.published <= q.asked for p in found), "a passage published after the question date"
-            has = [answer_in_text(list(q.answers), passage_body(p.text, p.published)) for p in found]
+            has = [answer_in_text(list(q.answers), p.text) for p in found]
             for k in KS:
                 hits[k] += any(has[:k])
             if own_article_hit(session, q):
@@ -134,12 +134,12 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             for days in NEWS_DAYS:
                 if recent.holds(q, days):
                     news[days].add(q.qid)
-            top = [ReaderPassage(p.title, p.text, p.published) for p in found[:n_read]]
+            top = found[:n_read]
             if _reads_answer(reader, q, top):
                 held.add(q.qid)
                 # The same passages without headlines: a reader that prints them (models.reader_context.add_titles)
                 # then reads what it would read without them.
-                if not _reads_answer(reader, q, [ReaderPassage("", p.text, p.published) for p in top]):
+                if not _reads_answer(reader, q, [replace(p, title="") for p in top]):
                     in_headline.add(q.qid)
 
             r = cache.get("e2e", reader.name, snap.snapshot_id, q.qid)
@@ -172,7 +172,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
             if g is None:
                 t0 = time.perf_counter()
                 text = reader.generate(
-                    q.text, q.asked, [ReaderPassage(row.article.title, row.text, row.published)]
+                    q.text, q.asked, [RetrievedPassage(row.article.title, row.text, row.published)]
                 ).text
                 g = {
                     "kind": "gold",
@@ -223,7 +223,7 @@ def _reads_answer(reader, question, passages) -> bool:
     """Whether a gold answer string lies in what `reader` reads of the ranked `passages` (its
     context as cut, headlines included where it prints them), date prefixes left out."""
     read = reader.context(question.text, passages) if hasattr(reader, "context") else passages
-    return any(answer_in_text(list(question.answers), passage_body(p.text, p.published)) for p in read)
+    return any(answer_in_text(list(question.answers), p.text) for p in read)
 
 
 def _own_split(own_held: set[str], held: set[str], predictions: dict, questions) -> dict:

@@ -43,7 +43,6 @@ from evaluation.metrics import exact_match, normalize_answer
 from models.candidates import annotate_passages, candidates, features, question_type
 from models.gemma_prompt import build_prompt
 from models.ranker import passage_bodies, ranker_item
-from models.readers import ReaderPassage
 from models.selflabel.generate import load_nlp
 from settings import Settings
 from workers.bakeoff_gold import load_questions
@@ -88,7 +87,7 @@ def measure(service, session, snap, q, nlp, *, max_candidates: int) -> dict:
     reader = service.reader
     n = service.passages_for(reader)
     found = service.retriever.retrieve(session, snap, q.text, q.asked, N_WINDOWS * n)
-    passages = [ReaderPassage(p.title, p.text, p.published) for p in found]
+    passages = list(found)
     windows = [passages[w * n : (w + 1) * n] for w in range(N_WINDOWS)]
     gens = [reader.generate(q.text, q.asked, part).text if part else "" for part in windows]
     item = ranker_item(

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from evaluation.bakeoff import latency_summary
 from evaluation.metrics import answer_in_text
-from indexer.chunking import passage_body
 
 KS = (1, 5, 20)  # --ks adds deeper cut-offs (e.g. 100, to see how much a re-ranker could gain)
 RETRIEVERS = {
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 found = retriever.retrieve(session, snap, q.text, q.asked, max(ks))
                 ms.append((time.perf_counter() - t0) * 1000)
                 assert all(p.published <= q.asked for p in found), f"{label} returned a passage after {q.asked}"
-                has = [answer_in_text(q.answers, passage_body(p.text, p.published)) for p in found]
+                has = [answer_in_text(q.answers, p.text) for p in found]
                 for k in ks:
                     hits[k] += any(has[:k])
                 gold = gold_urls(q.meta)

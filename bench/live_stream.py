@@ -22,6 +22,7 @@ import httpx
 
 from evaluation.bakeoff import latency_summary
 from evaluation.metrics import answer_in_text, exact_match, token_f1
+from indexer.chunking import dated_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-live-token"
@@ -253,7 +254,8 @@ def stream(args, by_day, questions, first, last) -> dict:
                     if r.status_code != 200:
                         raise SystemExit(f"/v1/answers answered {r.status_code}: {r.text[:300]}")
                     body = r.json()
-                    rows[q.qid] = score_row(q, body["answer"], [p["text"] for p in body["passages"]])
+                    texts = [dated_text(p["text"], dt.date.fromisoformat(p["published"])) for p in body["passages"]]
+                    rows[q.qid] = score_row(q, body["answer"], texts)  # recall as measured before: dated texts
                 lat = latency_summary([x * 1000 for x in latencies])
                 log(
                     f"{day}: {len(arts)} articles, {len(by_q.get(day, []))} questions{' under load' if loaded else ''};"

@@ -1,4 +1,7 @@
-"""Articles -> dated passages, as StreamingQA cuts them: up to 6 sentences, date prefixed.
+"""Articles -> passages, as StreamingQA cuts them: up to 6 sentences each.
+
+A passage is stored as its body, "<sentence 1> <sentence 2> ... <sentence 6>"; what a model reads
+(the encoder, BM25, the readers, the re-ranker) is its dated text, `dated_text(body, published)`:
 
     "Thursday, February 7, 2019. <sentence 1> <sentence 2> ... <sentence 6>"
 
@@ -8,8 +11,10 @@ headlines and captions by newlines, often without a full stop. Whitespace is nor
 spaces, so the passage bodies of an article, joined by spaces, give back its normalised text.
 
 Example:
-    >>> split_passages("One. Two.\\n\\nThree", dt.date(2019, 2, 7))
-    ['Thursday, February 7, 2019. One. Two. Three']
+    >>> split_passages("One. Two.\\n\\nThree")
+    ['One. Two. Three']
+    >>> dated_text("One. Two. Three", dt.date(2019, 2, 7))
+    'Thursday, February 7, 2019. One. Two. Three'
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ _LINE_BREAKS = re.compile(r"\s*[\n\r\u2028\u2029]\s*")
 @lru_cache(maxsize=1)
 def _sentencizer() -> Language:
     """spacy.blank('en') + sentencizer, built once per process (importing spaCy costs ~1 s)."""
-    import spacy
+    import spacy  # noqa: PLC0415 (lazy: spaCy takes ~1 s to import)
 
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")
@@ -47,8 +52,15 @@ def _sentencizer() -> Language:
 
 
 def _date_prefix(published: dt.date) -> str:
-    """'Thursday, February 7, 2019. ': what every passage of an article published that day starts with."""
+    """'Thursday, February 7, 2019. ': what the dated text of every passage published that day starts with."""
     return format_long(published) + ". "
+
+
+def dated_text(text: str, published: dt.date) -> str:
+    """A passage body as a model reads it, its publication day first:
+    "Thursday, February 7, 2019. <body>". The one place the date prefix is added: every encoder
+    input, BM25 document, reader context and re-ranker input goes through it."""
+    return _date_prefix(published) + text
 
 
 def _check_sizes(sentences_per_passage: int, max_words: int) -> None:
@@ -85,7 +97,7 @@ def _word_windows(words: list[str], max_words: int) -> list[str]:
     return windows
 
 
-def _pack(sentences: Iterable[str], prefix: str, sentences_per_passage: int, max_words: int) -> list[str]:
+def _pack(sentences: Iterable[str], sentences_per_passage: int, max_words: int) -> list[str]:
     """Greedy packing: add sentences until the count or the word budget would be exceeded."""
     passages: list[str] = []
     current: list[str] = []
@@ -94,14 +106,14 @@ def _pack(sentences: Iterable[str], prefix: str, sentences_per_passage: int, max
     def flush() -> None:
         nonlocal current, words
         if current:
-            passages.append(prefix + " ".join(current))
+            passages.append(" ".join(current))
         current, words = [], 0
 
     for sentence in sentences:
         n = len(sentence.split())
         if n > max_words:  # a run-on "sentence" (a table, a list of names): cut it into windows
             flush()
-            passages.extend(prefix + window for window in _word_windows(sentence.split(), max_words))
+            passages.extend(_word_windows(sentence.split(), max_words))
             continue
         if len(current) == sentences_per_passage or words + n > max_words:
             flush()
@@ -140,47 +152,43 @@ def _sentences(docs: Iterator[Doc], counts: list[int]) -> Iterator[list[str]]:
 
 
 def chunk_texts(
-    items: Iterable[tuple[str, dt.date]],
+    texts: Iterable[str],
     *,
     sentences_per_passage: int = SENTENCES_PER_PASSAGE,
     max_words: int = MAX_WORDS,
     batch_size: int = 256,
 ) -> list[list[str]]:
-    """Split many (text, published) pairs at once; one passage list per item, in input order.
+    """Split many article texts at once; one list of passage bodies per text, in input order.
 
-    Same output as calling `split_passages` on each item, faster: all paragraphs go through one
+    Same output as calling `split_passages` on each text, faster: all paragraphs go through one
     `nlp.pipe` stream.
     """
     _check_sizes(sentences_per_passage, max_words)
-    items = list(items)
-    paragraphs = [_paragraphs(text or "") for text, _ in items]
+    paragraphs = [_paragraphs(text or "") for text in texts]
     flat = (p for ps in paragraphs for p in ps)
     docs = iter(_sentencizer().pipe(flat, batch_size=batch_size))
-    out = []
-    for (_, published), sentences in zip(items, _sentences(docs, [len(ps) for ps in paragraphs])):
-        out.append(_pack(sentences, _date_prefix(published), sentences_per_passage, max_words))
-    return out
+    return [
+        _pack(sentences, sentences_per_passage, max_words)
+        for sentences in _sentences(docs, [len(ps) for ps in paragraphs])
+    ]
 
 
 def split_passages(
-    text: str,
-    published: dt.date,
-    *,
-    sentences_per_passage: int = SENTENCES_PER_PASSAGE,
-    max_words: int = MAX_WORDS,
+    text: str, *, sentences_per_passage: int = SENTENCES_PER_PASSAGE, max_words: int = MAX_WORDS
 ) -> list[str]:
     """Cut one article into passages of up to `sentences_per_passage` consecutive sentences.
 
-    Each passage is "<Weekday, Month D, YYYY>. <sentences>" and holds at most `max_words` words of
-    article text (the date prefix not counted): fewer sentences are packed when needed, and a
-    single longer sentence is cut into word windows. Empty text gives [].
+    Each passage is its body, "<sentences>" (`dated_text` puts "<Weekday, Month D, YYYY>. " before
+    it for a model), and holds at most `max_words` words of article text: fewer sentences are
+    packed when needed, and a single longer sentence is cut into word windows. Empty text gives [].
     """
-    return chunk_texts([(text, published)], sentences_per_passage=sentences_per_passage, max_words=max_words)[0]
+    return chunk_texts([text], sentences_per_passage=sentences_per_passage, max_words=max_words)[0]
 
 
-def passage_body(text: str, published: dt.date) -> str:
-    """A passage without the date prefix `chunk_texts` gives it ("Thursday, February 7, 2019. "), so
-    that an answer like "Friday" or "2023" is not found in the date every passage starts with. A text
-    without that exact prefix comes back unchanged. The one implementation: readers, the ranker,
-    drift, training jobs and benchmarks all call this."""
+def strip_date_prefix(text: str, published: dt.date) -> str:
+    """The body of a passage text of the older format, which carried its date prefix: "Thursday,
+    February 7, 2019. <body>" -> "<body>" (anything else comes back unchanged). Only for data
+    written before passages were stored as bodies: training examples saved by an older version
+    (models.training.TrainExample.from_json). The database's rows are migrated instead
+    (migrations/versions/0007)."""
     return text.removeprefix(_date_prefix(published))

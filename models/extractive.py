@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from models.reader_base import BatchedReader, Item, ReaderAnswer, ReaderPassage, dated_question
+from models.encoders import packaged_minilm_path
+from models.reader_base import BatchedReader, Item, ReaderAnswer, RetrievedPassage, dated_question
 from models.saved_config import SavedConfig
 
 CONFIG_FILE = "span_config.json"
@@ -51,9 +52,7 @@ class SpanModel(torch.nn.Module):
 
     @classmethod
     def warm_start(cls, config: SpanConfig) -> SpanModel:
-        from transformers import AutoModel, AutoTokenizer
-
-        from models.encoders import packaged_minilm_path
+        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
         base = config.base or str(packaged_minilm_path())
         config = dataclasses.replace(config, base=base)
@@ -61,7 +60,7 @@ class SpanModel(torch.nn.Module):
 
     @classmethod
     def load(cls, path: Path | str, *, device: str = "cpu") -> SpanModel:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
         path = Path(path)
         if not (path / CONFIG_FILE).exists():
@@ -86,7 +85,7 @@ class SpanModel(torch.nn.Module):
         return self.head.weight.device
 
     def encode_inputs(
-        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+        self, items: Sequence[tuple[str, dt.date, Sequence[RetrievedPassage]]], n_passages: int | None = None
     ) -> SpanBatch:
         """Pairs (dated question, "title. passage"), truncating the passage only. Missing passages
         become empty pairs whose context mask is all False."""
@@ -96,7 +95,7 @@ class SpanModel(torch.nn.Module):
             ps = list(passages)[:n]
             for i in range(n):
                 questions.append(dated_question(question, as_of))
-                contexts.append(f"{ps[i].title}. {ps[i].text}" if i < len(ps) else "")
+                contexts.append(f"{ps[i].title}. {ps[i].dated_text}" if i < len(ps) else "")
         enc = self.tokenizer(
             questions,
             contexts,
@@ -176,7 +175,7 @@ class SpanModel(torch.nn.Module):
 
     @torch.inference_mode()
     def extract(
-        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+        self, items: Sequence[tuple[str, dt.date, Sequence[RetrievedPassage]]], n_passages: int | None = None
     ) -> list[tuple[str, float]]:
         """Best span (text, score) per question over all its passages."""
         if not items:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from models.reader_base import BatchedReader, Item, ReaderAnswer, ReaderPassage, dated_question
+from models.encoders import packaged_minilm_path
+from models.reader_base import BatchedReader, Item, ReaderAnswer, RetrievedPassage, dated_question
 from models.saved_config import SavedConfig
 
 CONFIG_FILE = "fid_config.json"
@@ -38,15 +39,15 @@ class FiDConfig(SavedConfig):
     tie_encoder_decoder: bool = False  # minilm only: share encoder and decoder weights
 
 
-def fid_input(question: str, as_of: dt.date, passage: ReaderPassage) -> str:
+def fid_input(question: str, as_of: dt.date, passage: RetrievedPassage) -> str:
     """`question: Today is <date>. <question> title: <title> context: <dated passage>`."""
-    return f"question: {dated_question(question, as_of)} title: {passage.title} context: {passage.text}"
+    return f"question: {dated_question(question, as_of)} title: {passage.title} context: {passage.dated_text}"
 
 
 _WS = re.compile(r"\s+")
 
 
-def recase(answer: str, passages: Sequence[ReaderPassage]) -> str:
+def recase(answer: str, passages: Sequence[RetrievedPassage]) -> str:
     """An uncased tokenizer generates 'joe biden' or 'u. s.'; return the passages' own spelling
     ('Joe Biden', 'U.S.') when the answer occurs in one of them, ignoring case and spaces."""
     squeezed = _WS.sub("", answer)
@@ -55,7 +56,7 @@ def recase(answer: str, passages: Sequence[ReaderPassage]) -> str:
     # Every character of the answer, in order, with optional whitespace between them.
     pattern = re.compile(r"\s*".join(re.escape(c) for c in squeezed), re.IGNORECASE)
     for p in passages:
-        m = pattern.search(p.text)
+        m = pattern.search(p.dated_text)
         if m:
             return m.group(0)
     return answer
@@ -74,11 +75,9 @@ class FiDModel(torch.nn.Module):
     @classmethod
     def warm_start(cls, config: FiDConfig) -> FiDModel:
         """A new, untrained model from the backbone named in the config."""
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel  # noqa: PLC0415 (lazy: transformers)
 
         if config.backbone == "minilm":
-            from models.encoders import packaged_minilm_path
-
             base = config.base or str(packaged_minilm_path())
             config = dataclasses.replace(config, base=base)
             model = EncoderDecoderModel.from_encoder_decoder_pretrained(
@@ -98,7 +97,7 @@ class FiDModel(torch.nn.Module):
     @classmethod
     def load(cls, path: Path | str, *, device: str = "cpu") -> FiDModel:
         """Reload a saved model exactly: the stored config decides the architecture."""
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel  # noqa: PLC0415 (lazy: transformers)
 
         path = Path(path)
         cfg_file = path / CONFIG_FILE
@@ -128,7 +127,7 @@ class FiDModel(torch.nn.Module):
 
     # ---- tensors ------------------------------------------------------------------------
     def encode_inputs(
-        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+        self, items: Sequence[tuple[str, dt.date, Sequence[RetrievedPassage]]], n_passages: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and mask of shape B x N x L. Questions with fewer than N passages are padded
         with empty passages whose mask is all zero except the first token (so the decoder never
@@ -172,7 +171,7 @@ class FiDModel(torch.nn.Module):
 
     def fuse(self, ids: torch.Tensor, mask: torch.Tensor):
         """Encode B x N x L passages on their own, then concatenate: B x (N*L) x H."""
-        from transformers.modeling_outputs import BaseModelOutput
+        from transformers.modeling_outputs import BaseModelOutput  # noqa: PLC0415 (lazy: transformers)
 
         b, n, length = ids.shape
         hidden = self.model.get_encoder()(
@@ -188,7 +187,7 @@ class FiDModel(torch.nn.Module):
 
     @torch.inference_mode()
     def generate(
-        self, items: Sequence[tuple[str, dt.date, Sequence[ReaderPassage]]], n_passages: int | None = None
+        self, items: Sequence[tuple[str, dt.date, Sequence[RetrievedPassage]]], n_passages: int | None = None
     ) -> list[str]:
         """Batched generation: one answer string per (question, as_of, passages)."""
         if not items:

@@ -23,7 +23,7 @@ from models.gemma_decoding import (
 )
 from models.gemma_prompt import build_prompt, echoes_question, reader_context
 from models.gemma_weights import _load, gemma_folder, resolve_precision
-from models.reader_base import ReaderAnswer, ReaderPassage, check_passages, final_answer, grounded
+from models.reader_base import ReaderAnswer, RetrievedPassage, check_passages, final_answer, grounded
 
 
 class GemmaReader:
@@ -105,7 +105,7 @@ class GemmaReader:
         model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
         return cls(model.to(device), tokenizer, device=device, **kwargs)
 
-    def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
+    def context(self, question: str, passages: Sequence[RetrievedPassage]) -> list[RetrievedPassage]:
         """What this reader reads of the ranked passages (the prompt's passages, as cut)."""
         return reader_context(
             question,
@@ -116,7 +116,7 @@ class GemmaReader:
             titles=self.titles,
         )
 
-    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[RetrievedPassage]) -> ReaderAnswer:
         import torch  # noqa: PLC0415 (lazy: torch)
 
         check_passages(as_of, passages)
@@ -127,7 +127,7 @@ class GemmaReader:
         enc = self.tokenizer(prompt, return_tensors="pt")  # starts with <bos>
         input_ids = enc["input_ids"].to(self.device)  # (1, L)
         if self.vocabulary == "read" and self.answer_beams == 1:
-            allowed = answer_vocabulary(self.tokenizer, [*(p.text for p in read), question])
+            allowed = answer_vocabulary(self.tokenizer, [*(p.dated_text for p in read), question])
             with self._lock, torch.inference_mode():
                 raw = greedy_within(
                     self.model,
@@ -140,7 +140,7 @@ class GemmaReader:
             return ReaderAnswer(text=final_answer(raw, question, read), raw=raw)
         found = self._generate(input_ids, enc["attention_mask"].to(self.device), self.answer_beams)  # best first
         answers = [final_answer(raw, question, read) for raw, _ in found]
-        text = " ".join(p.text for p in read)
+        text = " ".join(p.dated_text for p in read)
         if len(found) > 1:
             for (raw, p), answer in zip(found, answers):
                 if answer and grounded(answer, text):

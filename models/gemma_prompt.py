@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from indexer.dates import format_long
-from models.reader_base import ReaderPassage, answer_tokens
+from models.reader_base import RetrievedPassage, answer_tokens
 from models.reader_context import add_titles, select_context
 
 
-def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage], max_words: int | None) -> str:
+def build_prompt(question: str, as_of: dt.date, passages: Sequence[RetrievedPassage], max_words: int | None) -> str:
     """The team's zero-shot prompt: one line per passage (in the order given, date prefix kept, cut
     to `max_words` words counting the prefix; None: not cut), the question dated by `as_of`, then
     "Short answer:".
@@ -35,11 +35,19 @@ def build_prompt(question: str, as_of: dt.date, passages: Sequence[ReaderPassage
         Short answer:
     """
     lines = [
-        f"Passage: {' '.join(p.text.split()[:max_words])}" for p in passages
+        f"Passage: {' '.join(p.dated_text.split()[:max_words])}" for p in passages
     ]  # [:None] keeps all  # split() also drops newlines
     lines.append(f"Question (asked on {format_long(as_of)}): {' '.join(question.split())}")
     lines.append("Short answer:")
     return "\n".join(lines)
+
+
+def cut_passage(passage: RetrievedPassage, max_words: int) -> RetrievedPassage:
+    """`passage` with its dated text cut to its first `max_words` words, the date's words counted:
+    the body keeps what is left after the date. The date itself is never cut (with `max_words`
+    under its 4 words, the passage is its date alone)."""
+    keep = max(0, max_words - len(format_long(passage.published).split()))
+    return replace(passage, text=" ".join(passage.text.split()[:keep]))
 
 
 def echoes_question(answer: str, question: str) -> bool:
@@ -51,13 +59,13 @@ def echoes_question(answer: str, question: str) -> bool:
 
 def reader_context(
     question: str,
-    passages: Sequence[ReaderPassage],
+    passages: Sequence[RetrievedPassage],
     *,
     n_passages: int,
     max_passage_words: int,
     context_words: int = 0,
     titles: bool = False,
-) -> list[ReaderPassage]:
+) -> list[RetrievedPassage]:
     """What the generator reads of the ranked `passages`, as passages that `build_prompt(..., None)`
     prints whole: with `context_words` 0, the first `max_passage_words` words of the first
     `n_passages` (the original prompt); otherwise the sentences of the first `n_passages` that bear
@@ -70,12 +78,12 @@ def reader_context(
         return select_context(
             question, add_titles(passages) if titles else passages, budget_words=context_words, max_passages=n_passages
         )
-    cut = [replace(p, text=" ".join(p.text.split()[:max_passage_words])) for p in passages]
+    cut = [cut_passage(p, max_passage_words) for p in passages]
     return add_titles(cut) if titles else cut
 
 
 def build_example(
-    question: str, as_of: dt.date, passages: Sequence[ReaderPassage], answer: str, max_words: int
+    question: str, as_of: dt.date, passages: Sequence[RetrievedPassage], answer: str, max_words: int
 ) -> tuple[str, str]:
     """(prompt, target) for fine-tuning: the target is what the reader should generate after the
     prompt, " <answer>\\n", so that a trained model also stops at the newline."""
@@ -90,7 +98,7 @@ def build_target(answer: str) -> str:
 def fit_prompt(
     question: str,
     as_of,
-    passages: Sequence[ReaderPassage],
+    passages: Sequence[RetrievedPassage],
     max_words: int,
     budget: int,
     count: Callable[[str], int],
@@ -122,6 +130,8 @@ def fit_prompt(
             words = max(8, min(words - 8, int(words * budget / n)))
 
     def render(words: int, passages=passages) -> str:
+        if not titles:  # what reader_context's cut prints, and under the date's 4 words it cuts into the date
+            return build_prompt(question, as_of, passages, words)
         return build_prompt(
             question,
             as_of,
@@ -129,7 +139,7 @@ def fit_prompt(
             None,
         )
 
-    words = min(max_words, max((len(p.text.split()) for p in passages), default=1))
+    words = min(max_words, max((len(p.dated_text.split()) for p in passages), default=1))
     prompt = render(words)
     n = count(prompt)
     if n <= budget or not passages:

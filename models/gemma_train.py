@@ -40,7 +40,7 @@ from models.gemma_decoding import _first_line_stop
 from models.gemma_prompt import build_prompt, build_target, fit_prompt, reader_context
 from models.gemma_soup import soup_config, soup_state
 from models.gemma_weights import FOLDER_NAME, _load, gemma_folder, resolve_training_precision
-from models.reader_base import Item, ReaderPassage, final_answer
+from models.reader_base import Item, RetrievedPassage, final_answer
 
 
 def _load_base(cache_dir: Path | None):
@@ -302,7 +302,7 @@ class GemmaModel:
             )  # B x (length + new)
         return self.tokenizer.batch_decode(gen[:, length:], skip_special_tokens=True)
 
-    def context(self, question: str, passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
+    def context(self, question: str, passages: Sequence[RetrievedPassage]) -> list[RetrievedPassage]:
         """What the served reader reads of the ranked passages (GemmaReader.context)."""
         cfg = self.config
         return reader_context(

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from indexer.chunking import passage_body
 from models.candidates import CandidateRanker, RankerItem, annotate_passages, annotated
-from models.reader_base import BatchedReader, Item, ReaderAnswer, ReaderPassage
+from models.reader_base import BatchedReader, Item, ReaderAnswer, RetrievedPassage
 from models.saved_config import SavedConfig
+from models.selflabel import load_nlp
 
 RANKER_FILE = "ranker.json"
 
@@ -65,9 +65,9 @@ def ranker_item(
     )
 
 
-def passage_bodies(passages: Sequence[ReaderPassage]) -> list[str]:
+def passage_bodies(passages: Sequence[RetrievedPassage]) -> list[str]:
     """What gets annotated: each passage's text without its date prefix (the title is left out)."""
-    return [passage_body(p.text, p.published) for p in passages]
+    return [p.text for p in passages]
 
 
 class RankerModel:
@@ -112,8 +112,6 @@ class CandidateReader(BatchedReader):
     def _annotate(self, bodies: list[str]) -> list[dict]:
         with self._lock:
             if self._nlp is None:
-                from models.selflabel import load_nlp  # heavy: only when the first question comes
-
                 self._nlp = load_nlp()
             return annotate_passages(self._nlp, bodies)
 

@@ -1,6 +1,7 @@
-"""The reader interface every backend fits: the passages and answers it takes and gives, the
-`Reader` protocol, `BatchedReader` for trained models, the dated question format and the answer
-shortening that generators share.
+"""The reader interface every backend fits: the passages and answers it takes and gives (one
+`RetrievedPassage` type from retrieval to the reader and the evidence check), the `Reader`
+protocol, `BatchedReader` for trained models, the dated question format and the answer shortening
+that generators share.
 
 A reader sees the question, the date it is asked as of, and passages that were all published on
 or before that date (the retriever guarantees it; `check_passages` re-asserts it).
@@ -18,14 +19,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from indexer.chunking import dated_text
 from indexer.dates import format_long
 
 
 @dataclass(frozen=True)
-class ReaderPassage:
+class RetrievedPassage:
+    """A passage on the answer path: what retrieval returns (serving.retrieval), a reader reads and
+    the evidence check reads (serving.answering), and what a training example holds.
+
+    `text` is the stored body, without a date; `dated_text` is what a model reads
+    ("Thursday, February 7, 2019. <body>", indexer.chunking.dated_text). The ids, url and score are
+    those of the retrieval that found it (0, -1, "" and 0.0 for a passage built otherwise: a
+    training example's, a benchmark's).
+    """
+
     title: str
-    text: str  # already carries its date prefix ("Thursday, February 7, 2019. ...")
+    text: str
     published: dt.date
+    passage_id: int = 0
+    faiss_id: int = -1
+    article_id: int = 0
+    url: str = ""
+    score: float = 0.0
+
+    @property
+    def dated_text(self) -> str:
+        return dated_text(self.text, self.published)
 
 
 @dataclass(frozen=True)
@@ -40,10 +60,10 @@ class ReaderAnswer:
 class Reader(Protocol):
     name: str
 
-    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer: ...
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[RetrievedPassage]) -> ReaderAnswer: ...
 
 
-Item = tuple[str, dt.date, Sequence[ReaderPassage]]  # (question, as_of, passages)
+Item = tuple[str, dt.date, Sequence[RetrievedPassage]]  # (question, as_of, passages)
 
 
 class BatchedReader:
@@ -56,7 +76,7 @@ class BatchedReader:
         self.name = name
         self.n_passages = n_passages or model.config.n_passages
 
-    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[RetrievedPassage]) -> ReaderAnswer:
         return self.generate_batch([(question, as_of, passages)])[0]
 
     def generate_batch(self, items: Sequence[Item]) -> list[ReaderAnswer]:
@@ -77,7 +97,7 @@ def dated_question(question: str, as_of: dt.date) -> str:
     return f"Today is {format_long(as_of)}. {question.strip()}"
 
 
-def check_passages(as_of: dt.date, passages: Sequence[ReaderPassage]) -> None:
+def check_passages(as_of: dt.date, passages: Sequence[RetrievedPassage]) -> None:
     """Internal invariant: nothing published after as_of may reach a reader."""
     late = [p for p in passages if p.published > as_of]
     assert not late, f"{len(late)} passage(s) published after {as_of} reached the reader"
@@ -269,8 +289,8 @@ def grounded(answer: str, text: str) -> bool:
     return any(t[i : i + n] == a for i in range(len(t) - n + 1) if t[i] == a[0])
 
 
-def final_answer(raw: str, question: str, read: Sequence[ReaderPassage]) -> str:
+def final_answer(raw: str, question: str, read: Sequence[RetrievedPassage]) -> str:
     """What a generator's first line becomes for the user: shortened (`shorten_answer`), a bare
     surname completed from the passages it read (`complete_name`). Serving and a training run's
     validation both answer through it, so a checkpoint is chosen on the answers users get."""
-    return complete_name(shorten_answer(raw, question=question), [p.text for p in read], question)
+    return complete_name(shorten_answer(raw, question=question), [p.dated_text for p in read], question)

@@ -4,9 +4,9 @@ The served prompt used to hold the first 100 words of the top 3 passages. Passag
 words (indexer.chunking), so an answer late in a passage was cut away, and the 4th-10th passages,
 which hold the answer for another ~10% of questions, were never read. `select_context` instead
 keeps, from the first `max_passages` passages, the sentences that share the most rare question
-words, within one word budget for the whole prompt, and hands them back as passages (each with
-its date prefix, its kept sentences in their original order, passages in their ranked order), so
-the prompt format does not change.
+words, within one word budget for the whole prompt, and hands them back as passages (each body
+its kept sentences in their original order, passages in their ranked order; the date prefix of
+their dated text counted in the budget), so the prompt format does not change.
 
 A sentence's score is the sum over the question's content words it contains of that word's
 rarity among the candidate sentences (log(N / df)), plus a small bonus for the passage's rank;
@@ -14,8 +14,8 @@ a passage's first sentence after the date is its lead (often the headline fact) 
 bonus too. Greedy selection by score until the budget is spent.
 
 Example (question "Who won the NBA championship?"):
-    passages  "Monday, June 12, 2023. The Heat flew home. The Denver Nuggets won the NBA championship."
-    selected  "Monday, June 12, 2023. The Denver Nuggets won the NBA championship."
+    dated texts  "Monday, June 12, 2023. The Heat flew home. The Denver Nuggets won the NBA championship."
+    selected     "Monday, June 12, 2023. The Denver Nuggets won the NBA championship."
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from evaluation.metrics import SENTENCE_END
-from models.reader_base import ReaderPassage
+from models.reader_base import RetrievedPassage
 
 # The date prefix every passage starts with: "Thursday, February 7, 2019. "
 _DATE_PREFIX = re.compile(
@@ -78,37 +78,35 @@ def clean_title(title: str) -> str:
     return title
 
 
-def add_titles(passages: Sequence[ReaderPassage]) -> list[ReaderPassage]:
-    """The passages with their article's headline (`clean_title`) after the date prefix, as its first
-    sentence: a headline often states the fact a question asks for ("Trump charged with 34 felony
-    counts") when the passage's sentences do not. A headline is given once, to the first passage
-    with it (passages of one article share it), and not at all when the passage already starts with it.
+def add_titles(passages: Sequence[RetrievedPassage]) -> list[RetrievedPassage]:
+    """The passages with their article's headline (`clean_title`) as the first sentence of their body
+    (after the date prefix of their dated text): a headline often states the fact a question asks
+    for ("Trump charged with 34 felony counts") when the passage's sentences do not. A headline is
+    given once, to the first passage with it (passages of one article share it), and not at all when
+    the passage already starts with it.
 
     Example: title "Nuggets win first NBA title | CNN",
-        text  "Monday, June 12, 2023. Denver beat Miami 94-89."
-        ->    "Monday, June 12, 2023. Nuggets win first NBA title. Denver beat Miami 94-89."
+        text  "Denver beat Miami 94-89."
+        ->    "Nuggets win first NBA title. Denver beat Miami 94-89."
     """
     seen: set[str] = set()
     out = []
     for p in passages:
         title = clean_title(p.title)
         key = title.lower()
-        text = " ".join(p.text.split())
-        m = _DATE_PREFIX.match(text)
-        prefix = m.group(0) if m else ""
-        body = text[len(prefix) :]
+        body = " ".join(p.text.split())
         if not title or key in seen or body.lower().startswith(key.rstrip(".?!")):
             seen.add(key)
             out.append(p)
             continue
         seen.add(key)
-        out.append(replace(p, text=f"{prefix}{title} {body}".rstrip()))
+        out.append(replace(p, text=f"{title} {body}".rstrip()))
     return out
 
 
 def select_context(
-    question: str, passages: Sequence[ReaderPassage], *, budget_words: int, max_passages: int
-) -> list[ReaderPassage]:
+    question: str, passages: Sequence[RetrievedPassage], *, budget_words: int, max_passages: int
+) -> list[RetrievedPassage]:
     """The first `max_passages` passages cut down to their sentences that matter most for
     `question`, all of them together within `budget_words` words (date prefixes counted). Passages
     left with no sentence are dropped; order and dates are kept. With room for everything, the
@@ -116,7 +114,7 @@ def select_context(
     if budget_words < 1 or max_passages < 1:
         raise ValueError(f"budget_words and max_passages must be at least 1, got {budget_words} and {max_passages}")
     passages = list(passages)[:max_passages]
-    split = [split_passage(p.text) for p in passages]
+    split = [split_passage(p.dated_text) for p in passages]
     total = sum(len(prefix.split()) + sum(len(s.split()) for s in sents) for prefix, sents in split)
     if total <= budget_words:
         return passages
@@ -141,8 +139,8 @@ def select_context(
         used += cost
     out = []
     for rank in sorted(kept):
-        prefix, sents = split[rank]
-        out.append(replace(passages[rank], text=prefix + " ".join(sents[i] for i in sorted(kept[rank]))))
+        sents = split[rank][1]
+        out.append(replace(passages[rank], text=" ".join(sents[i] for i in sorted(kept[rank]))))
     return out
 
 

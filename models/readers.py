@@ -12,14 +12,14 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from indexer.chunking import passage_body
+from models.gemma import GemmaReader
 from models.reader_base import (
     DATE_WORDS,
     BatchedReader,
     Item,
     Reader,
     ReaderAnswer,
-    ReaderPassage,
+    RetrievedPassage,
     check_passages,
     dated_question,
     shorten_answer,
@@ -31,7 +31,7 @@ __all__ = [
     "Item",
     "Reader",
     "ReaderAnswer",
-    "ReaderPassage",
+    "RetrievedPassage",
     "check_passages",
     "dated_question",
     "shorten_answer",
@@ -50,12 +50,12 @@ class FirstEntityReader:
 
     name = "first-entity"
 
-    def generate(self, question: str, as_of: dt.date, passages: Sequence[ReaderPassage]) -> ReaderAnswer:
+    def generate(self, question: str, as_of: dt.date, passages: Sequence[RetrievedPassage]) -> ReaderAnswer:
         check_passages(as_of, passages)
         if not passages:
             return ReaderAnswer(text="", raw="")
         q_words = set(re.findall(r"[a-z0-9']+", question.lower()))
-        body = passage_body(passages[0].text, passages[0].published)  # drop the date prefix
+        body = passages[0].text  # the body: no date prefix
         for match in _ENTITY.finditer(body):
             phrase = match.group(1)
             words = [w for w in phrase.split() if w not in _STOP and w not in DATE_WORDS]
@@ -85,8 +85,6 @@ def load_reader(
     if spec == "first-entity":
         return FirstEntityReader()
     if spec == "gemma":
-        from models.gemma import GemmaReader
-
         return GemmaReader.load(
             cache_dir=cache_dir,
             device=device,

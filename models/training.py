@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from evaluation.metrics import exact_match, token_f1
-from models.reader_base import ReaderPassage
+from indexer.chunking import strip_date_prefix
+from models.reader_base import RetrievedPassage
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class TrainExample:
     question: str
     as_of: dt.date
     answers: tuple[str, ...]
-    passages: tuple[ReaderPassage, ...]  # retrieval order, gold-containing passage ensured
+    passages: tuple[RetrievedPassage, ...]  # retrieval order, gold-containing passage ensured
     source: str = "gold"  # "gold" | "self" (self-labeled)
 
     def to_json(self) -> dict:
@@ -45,7 +46,7 @@ class TrainExample:
             "answers": list(self.answers),
             "source": self.source,
             "passages": [
-                {"title": p.title, "text": p.text, "published": p.published.isoformat()} for p in self.passages
+                {"title": p.title, "body": p.text, "published": p.published.isoformat()} for p in self.passages
             ],
         }
 
@@ -56,9 +57,17 @@ class TrainExample:
             d["question"],
             dt.date.fromisoformat(d["as_of"]),
             tuple(d["answers"]),
-            tuple(ReaderPassage(p["title"], p["text"], dt.date.fromisoformat(p["published"])) for p in d["passages"]),
+            tuple(_passage(p) for p in d["passages"]),
             d.get("source", "gold"),
         )
+
+
+def _passage(d: dict) -> RetrievedPassage:
+    """A passage of a saved example: its "body", or (examples saved before passages were stored as
+    bodies) its "text" with the date prefix that text carried taken off."""
+    published = dt.date.fromisoformat(d["published"])
+    body = d["body"] if "body" in d else strip_date_prefix(d["text"], published)
+    return RetrievedPassage(d["title"], body, published)
 
 
 def save_examples(path: Path, examples: Sequence[TrainExample]) -> None:

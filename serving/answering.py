@@ -11,18 +11,17 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from evaluation.metrics import answer_support
-from indexer.chunking import passage_body
 from models.encoders import TextEncoder
-from models.readers import Reader, ReaderPassage
+from models.reader_base import RetrievedPassage
+from models.readers import Reader
 from serving.errors import IndexNotReadyError, InvalidInputError
 from serving.index_state import IndexState, LoadedSnapshot
 from serving.reader_state import ReaderState
-from serving.retrieval import DenseRetriever, RetrievedPassage, Retriever
+from serving.retrieval import DenseRetriever, Retriever
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +47,11 @@ class AnswerResult:
         return bool(self.evidence)
 
 
-class _PassageLike(Protocol):
-    """What `answer_evidence` reads of a passage (a retrieved or a reader passage)."""
-
-    @property
-    def title(self) -> str: ...
-    @property
-    def text(self) -> str: ...
-    @property
-    def published(self) -> dt.date: ...
-
-
-def answer_evidence(answer: str, passages: Iterable[_PassageLike]) -> list[int]:
-    """The positions of `passages` (anything with `title`, `text` and `published`: retrieved or
-    reader passages) whose headline or body states `answer` as a whole-token span, both SQuAD-
-    normalised (`evaluation.metrics.answer_support`); the date prefix is left out, so "Friday" is
-    not found in the date every passage starts with."""
-    return answer_support(answer, [f"{p.title}. {passage_body(p.text, p.published)}" for p in passages])
+def answer_evidence(answer: str, passages: Iterable[RetrievedPassage]) -> list[int]:
+    """The positions of `passages` whose headline or body states `answer` as a whole-token span,
+    both SQuAD-normalised (`evaluation.metrics.answer_support`); the body has no date prefix, so
+    "Friday" is not found in the date a model reads before it."""
+    return answer_support(answer, [f"{p.title}. {p.text}" for p in passages])
 
 
 @dataclass(frozen=True)
@@ -160,8 +147,7 @@ class AnswerService:
         if not passages:
             notes.append(f"no indexed passage was published on or before {as_of}")
         elif read:
-            reader_input = [ReaderPassage(p.title, p.text, p.published) for p in passages[:n_read]]
-            reading = reader.generate(text, as_of, reader_input)
+            reading = reader.generate(text, as_of, passages[:n_read])
             answer_text, confidence = reading.text, getattr(reading, "confidence", None)
         t3 = time.perf_counter()
         evidence = [passages[i].passage_id for i in answer_evidence(answer_text, passages[:n_read])]

@@ -33,8 +33,9 @@ from serving.errors import NotFoundError
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from models.reader_base import RetrievedPassage
     from serving.index_state import LoadedSnapshot
-    from serving.retrieval import RetrievedPassage, Retriever
+    from serving.retrieval import Retriever
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def candidate_of(p: RetrievedPassage, as_of: dt.date) -> dict[str, Any]:
     alike): its text as the cross-encoder reads it, its title, its age in days at `as_of`, the first
     stage's score and its article (models.ltr.candidate_features)."""
     return {
-        "input": passage_input(p.title, p.text),
+        "input": passage_input(p.title, p.dated_text),
         "title": p.title,
         "age": max(0, (as_of - p.published).days),
         "score": p.score,
@@ -219,7 +220,7 @@ def rerank(model: Any, question: str, as_of: dt.date, found: list[RetrievedPassa
     if hasattr(model, "score_candidates"):  # a feature re-ranker reads the candidates as a list
         scores = model.score_candidates(question, [candidate_of(p, as_of) for p in found])
     else:
-        scores = model.scores(question, [passage_input(p.title, p.text) for p in found])
+        scores = model.scores(question, [passage_input(p.title, p.dated_text) for p in found])
     weight = float(model.info.get("recency_weight", 0.0))
     first = float(model.info.get("first_stage_weight", 0.0))
     final = [

@@ -2,15 +2,16 @@
 (both, fused). Each implements `Retriever`.
 
 All apply the same date filter (the shards up to as_of, an id-prefix in the boundary month); the
-fetched rows are checked against as_of again by `fetch_passages`. SQA_RETRIEVER picks one
-(`make_retriever`); the service, evaluation, training data and the benchmarks take it from there.
+fetched rows are checked against as_of again by `fetch_passages`, which gives them as
+`models.reader_base.RetrievedPassage`, the one passage type of the answer path (readers read it).
+SQA_RETRIEVER picks one (`make_retriever`); the service, evaluation, training data and the
+benchmarks take it from there.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import select
@@ -20,23 +21,12 @@ from indexer.dates import day_number
 from indexer.fusion import FUSIONS, recency_prior, reciprocal_rank_fusion, weighted_fusion
 from indexer.lexical import LexicalIndex
 from models.encoders import TextEncoder, query_text
+from models.reader_base import RetrievedPassage
 from serving.errors import IndexNotReadyError
 from serving.index_state import LoadedSnapshot
 from store.tables import Passage
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RetrievedPassage:
-    passage_id: int
-    faiss_id: int
-    article_id: int
-    title: str
-    url: str
-    published: dt.date
-    score: float
-    text: str
 
 
 class Retriever(Protocol):
@@ -123,7 +113,14 @@ def fetch_passages(session: Session, hits: list[tuple[int, float]], as_of: dt.da
             continue
         out.append(
             RetrievedPassage(
-                row.id, fid, row.article_id, row.article.title, row.article.url, row.published, score, row.text
+                title=row.article.title,
+                text=row.text,
+                published=row.published,
+                passage_id=row.id,
+                faiss_id=fid,
+                article_id=row.article_id,
+                url=row.article.url,
+                score=score,
             )
         )
     return out

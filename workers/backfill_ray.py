@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.encoders import TextEncoder
 from workers.config import IngestConfig
-from workers.ingest import checkpoint_blocks, checkpoint_dir, load_checkpoint, save_checkpoint, shard_rows
+from workers.ingest import checkpoint_blocks, checkpoint_dir, load_checkpoint, model_texts, save_checkpoint, shard_rows
 from workers.ingest_plans import IngestParams, plans_for
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def pending_blocks(
         _, rows = shard_rows(sf, plan)
         work = checkpoint_dir(cfg, encoder, plan, rows)
         work.mkdir(parents=True, exist_ok=True)
-        for path, texts in checkpoint_blocks([r[2] for r in rows], work, cfg):
+        for path, texts in checkpoint_blocks(model_texts(rows), work, cfg):
             total += len(texts)
             if load_checkpoint(path, len(texts), encoder.dim) is None:
                 pending.append(Block(path, texts))

@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from evaluation.metrics import answer_in_text
 from evaluation.questions import DatedQuestion
-from indexer.chunking import passage_body
 from store.tables import Article, Passage, Question
 
 
@@ -49,7 +48,7 @@ def gold_passage(session: Session, question: DatedQuestion):
         .order_by(Passage.ordinal, Passage.id)
     ).all()
     for row in sorted(rows, key=lambda r: (article_rank[r.article_id], r.ordinal, r.id)):
-        if answer_in_text(question.answers, passage_body(row.text, row.published)):
+        if answer_in_text(question.answers, row.text):
             return row
     return None
 

@@ -15,6 +15,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from indexer.chunking import dated_text
 from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.lexical import Bm25Shard
 from indexer.manifest import Manifest, read_manifest
@@ -50,7 +51,7 @@ def build_missing_lexical(sf: sessionmaker[Session], index_dir: Path) -> dict:
         for entry in missing:
             with sf() as session:
                 rows = session.execute(
-                    select(Passage.faiss_id, Passage.text).where(Passage.build_id == entry.build)
+                    select(Passage.faiss_id, Passage.text, Passage.published).where(Passage.build_id == entry.build)
                 ).all()
             if len(rows) != entry.count:
                 raise IndexIntegrityError(
@@ -58,7 +59,8 @@ def build_missing_lexical(sf: sessionmaker[Session], index_dir: Path) -> dict:
                     f"manifest says {entry.count}; {REBUILD_HINT}"
                 )
             ids = np.array([r.faiss_id for r in rows], dtype=np.int64)
-            done[entry.key] = write_lexical(index_dir, entry, Bm25Shard.build(entry.key, [r.text for r in rows], ids))
+            texts = [dated_text(r.text, r.published) for r in rows]  # what BM25 reads
+            done[entry.key] = write_lexical(index_dir, entry, Bm25Shard.build(entry.key, texts, ids))
             passages += len(rows)
             log.info("BM25 index of shard %s: %d passages", entry.key, len(rows))
         new = Manifest.new(manifest.encoder, manifest.dim, [done.get(e.key, e) for e in manifest.shards])

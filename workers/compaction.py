@@ -16,6 +16,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from indexer.chunking import dated_text
 from indexer.manifest import Manifest, ShardEntry
 from indexer.snapshot import ShardCache
 from store.tables import Passage
@@ -45,14 +46,14 @@ def live_articles(session: Session, entries: list[ShardEntry]) -> set[int]:
 class LivePart:
     ids: np.ndarray  # (n,) int64
     vectors: np.ndarray  # (n, dim) float32
-    texts: list[str]  # the passage texts of ids, in order
+    texts: list[str]  # the dated texts of ids (what BM25 reads: indexer.chunking.dated_text), in order
     articles: set[int]  # the articles they belong to
 
 
 def gather_live(
     session: Session, index_dir: Path, entries: list[ShardEntry], dim: int, cache: ShardCache | None = None
 ) -> LivePart:
-    """Every passage of the pieces `entries`: ids, vectors (copied from the shard files), texts and articles."""
+    """Every passage of the pieces `entries`: ids, vectors (copied from the shard files), dated texts and articles."""
     cache = cache or ShardCache()
     ids_parts, vec_parts = [np.zeros(0, np.int64)], [np.zeros((0, dim), np.float32)]
     for entry in entries:
@@ -63,10 +64,10 @@ def gather_live(
     rows: dict[int, tuple[int, str]] = {}
     id_list = [int(i) for i in ids]
     for start in range(0, len(id_list), 500):
-        for fid, art, text in session.execute(
-            select(Passage.faiss_id, Passage.article_id, Passage.text).where(
+        for fid, art, text, published in session.execute(
+            select(Passage.faiss_id, Passage.article_id, Passage.text, Passage.published).where(
                 Passage.faiss_id.in_(id_list[start : start + 500])
             )
         ):
-            rows[int(fid)] = (int(art), text)
+            rows[int(fid)] = (int(art), dated_text(text, published))
     return LivePart(ids, vectors, [rows[i][1] for i in id_list], {a for a, _ in rows.values()})

@@ -100,7 +100,7 @@ def answer_question(service: AnswerService, snapshot: LoadedSnapshot, q: Questio
         answer=result.answer if read else None,
         em=exact_match(result.answer, q.answers) if read else None,
         f1=token_f1(result.answer, q.answers) if read else None,
-        recall=float(any(answer_in_text(q.answers, p.text) for p in result.passages)),
+        recall=float(any(answer_in_text(q.answers, p.dated_text) for p in result.passages)),
         days=float(statistics.median(days)) if days else None,
         passages=[[p.passage_id, p.published.isoformat(), round(p.score, 4)] for p in result.passages],
         grounded=result.grounded if read else None,

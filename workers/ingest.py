@@ -24,7 +24,7 @@ import numpy as np
 from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from indexer.chunking import chunk_texts
+from indexer.chunking import chunk_texts, dated_text
 from indexer.dates import day_number
 from indexer.ids import make_ids
 from indexer.index_errors import IndexIntegrityError
@@ -114,7 +114,7 @@ def encode_with_checkpoints(
 def shard_rows(
     sf: sessionmaker[Session], plan: ShardPlan, progress: Progress | None = None
 ) -> tuple[list, list[tuple[int, int, str, dt.date]]]:
-    """The plan's articles and their passages as (article id, ordinal, text, published) rows, in the
+    """The plan's articles and their passages as (article id, ordinal, body, published) rows, in the
     order the shard indexes them; NoArticlesError when it has none."""
     with sf() as session:
         arts = session.execute(
@@ -126,17 +126,24 @@ def shard_rows(
         raise NoArticlesError(f"no articles published in {plan.key}: import them first (`sqa import ...`)")
     if progress is not None:
         progress.stage("chunk", len(arts))
-    chunks = chunk_texts([(a.text, a.published) for a in arts])
+    chunks = chunk_texts([a.text for a in arts])
     if progress is not None:
         progress.advance(len(arts))
     return arts, [(a.id, i, text, a.published) for a, passages in zip(arts, chunks) for i, text in enumerate(passages)]
 
 
+def model_texts(rows) -> list[str]:
+    """What the encoder and BM25 read of (article id, ordinal, body, published) rows: each
+    passage's dated text (indexer.chunking.dated_text), in order."""
+    return [dated_text(text, published) for _, _, text, published in rows]
+
+
 def checkpoint_dir(cfg: IngestConfig, encoder: TextEncoder, plan: ShardPlan, rows) -> Path:
     """Where the plan's embedding checkpoints go: named by the encoder and the exact passages, so a
-    checkpoint is only ever reused for the same passages encoded by the same encoder."""
+    checkpoint is only ever reused for the same passages (as the encoder reads them) encoded by the
+    same encoder."""
     digest = hashlib.sha256(encoder.name.encode())
-    for art_id, ordinal, text, _ in rows:
+    for (art_id, ordinal, _, _), text in zip(rows, model_texts(rows)):
         digest.update(f"\x00{art_id}\x00{ordinal}\x00{text}".encode())
     return cfg.work_dir / f"ingest-{plan.key}-{digest.hexdigest()[:16]}"
 
@@ -166,7 +173,7 @@ def ingest_shard(
         pre = base_manifest(session, cfg.index_dir, encoder, fresh=fresh)
         live_now = set() if fresh else live_articles(session, live_entries(pre, plan.first, plan.last))
     rows = [r for r in rows if r[0] not in live_now]
-    texts = [r[2] for r in rows]
+    texts = model_texts(rows)
     t1 = time.perf_counter()
 
     work = checkpoint_dir(cfg, encoder, plan, rows)
@@ -208,7 +215,7 @@ def ingest_shard(
             session.execute(update(Passage), [{"id": pk, "faiss_id": int(fid)} for pk, fid in zip(pks, ids)])
         ids = np.concatenate([ids, live.ids])
         vectors = np.ascontiguousarray(np.concatenate([vectors, live.vectors]), dtype=np.float32)
-        texts = [r[2] for r in rows] + live.texts
+        texts = model_texts(rows) + live.texts
         shard = MonthShard.build(plan.key, vectors, ids, spec=cfg.shard_policy.spec_for(len(ids), encoder.dim))
         entry = write_shard(
             cfg.index_dir,

@@ -35,7 +35,7 @@ import numpy as np
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from indexer.chunking import chunk_texts
+from indexer.chunking import chunk_texts, dated_text
 from indexer.dates import day_number
 from indexer.ids import make_ids
 from indexer.lexical import Bm25Shard
@@ -113,11 +113,13 @@ class _Pieces:
 
 
 def _texts_by_id(session: Session, ids: np.ndarray) -> dict[int, str]:
+    """faiss id -> the passage's dated text (what BM25 reads: indexer.chunking.dated_text)."""
     out: dict[int, str] = {}
     id_list = [int(i) for i in ids]
     for start in range(0, len(id_list), 500):
         part = id_list[start : start + 500]
-        out.update(session.execute(select(Passage.faiss_id, Passage.text).where(Passage.faiss_id.in_(part))).all())
+        query = select(Passage.faiss_id, Passage.text, Passage.published).where(Passage.faiss_id.in_(part))
+        out.update((fid, dated_text(text, published)) for fid, text, published in session.execute(query))
     return out
 
 
@@ -167,10 +169,10 @@ def publish_live(
             base_manifest(session, cfg.index_dir, encoder)  # fail fast on an encoder mismatch
         if not queued:
             return {"articles": 0}
-        chunks = chunk_texts([(q.text, q.published) for q in queued])
+        chunks = chunk_texts([q.text for q in queued])
         rows = [(q, i, text) for q, passages in zip(queued, chunks) for i, text in enumerate(passages)]
         vectors = (
-            encoder.encode_passages([r[2] for r in rows]).astype(np.float32, copy=False)
+            encoder.encode_passages([dated_text(r[2], r[0].published) for r in rows]).astype(np.float32, copy=False)
             if rows
             else np.zeros((0, encoder.dim), np.float32)
         )  # (n, dim)

@@ -35,12 +35,12 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from evaluation.drift import MonthProfile, build_profile, drift_between, load_profile, save_profile
-from indexer.chunking import passage_body
 from indexer.dates import month_end, parse_month
 from indexer.index_errors import REBUILD_HINT, IndexIntegrityError
 from indexer.manifest import Manifest, ShardEntry, read_manifest
 from indexer.shards import key_span
 from indexer.storage import IndexStore, as_store
+from models.selflabel import load_nlp
 from serving.errors import InvalidInputError
 from serving.index_state import latest_snapshot_row
 from serving.reader_registry import active_version
@@ -91,19 +91,17 @@ def read_shard_vectors(index_dir: Path | IndexStore, entry: ShardEntry) -> np.nd
 
 
 def passage_bodies(session: Session, entry: ShardEntry) -> list[str]:
-    """The texts of the shard build's passages, without their "Thursday, February 7, 2019. " prefix."""
+    """The bodies of the shard build's passages (their stored text: no "Thursday, February 7, 2019. " prefix)."""
     build = entry.build
     rows = session.execute(
-        select(Passage.text, Passage.published)
-        .where(Passage.build_id == build, Passage.shard_key == entry.key)
-        .order_by(Passage.id)
+        select(Passage.text).where(Passage.build_id == build, Passage.shard_key == entry.key).order_by(Passage.id)
     ).all()
     if len(rows) != entry.count:
         raise IndexIntegrityError(
             f"shard {entry.key}: the database holds {len(rows)} passages of build {build}, "
             f"the manifest {entry.count}; {REBUILD_HINT}"
         )
-    return [passage_body(text, published) for text, published in rows]
+    return [text for (text,) in rows]
 
 
 # ---- profiles ------------------------------------------------------------------------------------
@@ -149,8 +147,6 @@ def profile_month(
             f"run `sqa ingest --month {month}` first"
         )
     if "entities" in kinds and nlp is None:
-        from models.selflabel import load_nlp  # spaCy: imported only when entities are asked for
-
         nlp = load_nlp()
     t0 = time.perf_counter()
     profile = build_profile(

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from evaluation.questions import DatedQuestion
-from indexer.chunking import passage_body
 from models.candidates import RankerItem, annotate_passages, annotated
 from models.readers import FirstEntityReader
 from models.selflabel import load_nlp
@@ -99,7 +98,7 @@ def prepare_items(
     for i in range(0, len(todo), batch):
         chunk = todo[i : i + batch]
         found = [service.answer(q.text, q.asked, passages, snapshot=snap, read=False).passages for q in chunk]
-        bodies = [passage_body(p.text, p.published) for ps in found for p in ps]
+        bodies = [p.text for ps in found for p in ps]
         notes = iter(annotate_passages(nlp, bodies))
         records = [
             {

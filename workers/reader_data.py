@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
 from evaluation.questions import DatedQuestion
-from indexer.chunking import passage_body
-from models.readers import ReaderPassage
+from models.encoders import query_text
+from models.reader_base import RetrievedPassage
+from models.selflabel import generate_questions
 from models.training import TrainExample
 from store.tables import Article, Passage, Question
 from workers.bakeoff_gold import gold_passage
@@ -62,14 +63,21 @@ class _Builder:
     ) -> TrainExample | None:
         n = self.cfg.n_passages
         found = self.retriever.retrieve(self.session, self.snapshot, question, as_of, self.cfg.retrieve_k)
-        ps = [ReaderPassage(p.title, p.text, p.published) for p in found]
-        top = ps[:n]
-        if not any(answer_in_text(list(answers), passage_body(p.text, p.published)) for p in top):
+        top = list(found[:n])
+        if not any(answer_in_text(list(answers), p.text) for p in top):
             row = gold_row() if callable(gold_row) else gold_row
             if row is None:
                 self.counts.skipped_no_gold_passage += 1
                 return None
-            gold = ReaderPassage(row.article.title, row.text, row.published)
+            gold = RetrievedPassage(
+                row.article.title,
+                row.text,
+                row.published,
+                passage_id=row.id,
+                faiss_id=row.faiss_id,
+                article_id=row.article_id,
+                url=row.article.url,
+            )
             top = [p for p in top if p.text != gold.text][: n - 1]
             top.insert(self.rng.randrange(len(top) + 1), gold)
             self.counts.gold_inserted += 1
@@ -81,7 +89,7 @@ def _self_gold_row(session: Session, url: str, answer: str, sentence: str):
     rows = session.scalars(
         select(Passage).join(Article).where(Article.url == url).order_by(Passage.ordinal, Passage.id)
     ).all()
-    holding = [r for r in rows if answer_in_text([answer], passage_body(r.text, r.published))]
+    holding = [r for r in rows if answer_in_text([answer], r.text)]
     for r in holding:
         if sentence[:60] in r.text:
             return r
@@ -108,8 +116,6 @@ def self_labeled(
 ):
     """Self-labeled questions from a seeded sample of the articles published in [first, before);
     `progress` gets a "self-label" stage advanced article by article (spaCy reads ~8 a second)."""
-    from models.selflabel import generate_questions
-
     ids = list(
         session.scalars(
             select(Article.id).where(Article.published >= first, Article.published < before).order_by(Article.id)
@@ -224,8 +230,6 @@ def retrieval_key(ctx: JobContext, encoder, snapshot, *, rerank: bool) -> str:
     encoder and the form of the question it reads (`models.encoders.query_text`). Work an interrupted
     run left behind is reused only under the same key: after a new ingest, another retriever,
     re-ranker or encoder, its passages are not the ones a run would retrieve now."""
-    from models.encoders import query_text
-
     form = query_text(encoder, "Q?", dt.date(2000, 1, 3))
     retriever = ctx.served_retriever() if rerank else ctx.retriever
     text = f"{snapshot.snapshot_id}|{retriever}|{encoder.name}|{form}"

@@ -22,6 +22,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from indexer.chunking import dated_text
 from indexer.manifest import Manifest, read_manifest
 from indexer.shards import MonthShard
 from indexer.snapshot import write_shard
@@ -47,16 +48,18 @@ def serving_manifest(session: Session, cfg: IngestConfig) -> Manifest:
 
 
 def shard_rows(session: Session, entry) -> tuple[np.ndarray, list[str]]:
-    """(faiss ids (n,) int64, passage texts) of a shard, in id order."""
+    """(faiss ids (n,) int64, the passages' dated texts: what the encoder reads) of a shard, in id order."""
     rows = session.execute(
-        select(Passage.faiss_id, Passage.text).where(Passage.build_id == entry.build).order_by(Passage.faiss_id)
+        select(Passage.faiss_id, Passage.text, Passage.published)
+        .where(Passage.build_id == entry.build)
+        .order_by(Passage.faiss_id)
     ).all()
     if len(rows) != entry.count:
         raise InvalidInputError(
             f"shard {entry.key} has {entry.count} vectors but {len(rows)} passage rows; "
             "rebuild it with `sqa index rebuild`"
         )
-    return np.array([r.faiss_id for r in rows], dtype=np.int64), [r.text for r in rows]
+    return np.array([r.faiss_id for r in rows], dtype=np.int64), [dated_text(r.text, r.published) for r in rows]
 
 
 def reencode_work(sf: sessionmaker[Session], encoder: TextEncoder, cfg: IngestConfig):

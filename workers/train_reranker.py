@@ -34,20 +34,32 @@ from typing import TYPE_CHECKING
 
 from evaluation.metrics import answer_in_text
 from indexer.atomic import write_atomic
-from indexer.chunking import passage_body
 from indexer.dates import month_key, month_start
+from models.ltr import FeatureReranker, learnable
 from models.reranker import (
     FIRST_STAGE_GRID,
     RECENCY_GRID,
+    CrossEncoderReranker,
+    RerankerConfig,
     fit_weights,
     groups_of,
     prior_alone,
     ranking_figures,
     worth_serving,
 )
-from serving.reranking import candidate_of
+from models.train_exported_reranker import EXPORT_FILE, write_export
+from serving.reranking import activate_reranker, candidate_of
 from workers.progress import fraction_reporter
-from workers.reader_data import digest, retrieval_key, serving_snapshot
+from workers.reader_data import (
+    DataConfig,
+    asked_after,
+    digest,
+    gold_questions,
+    indexed_start,
+    retrieval_key,
+    self_labeled,
+    serving_snapshot,
+)
 
 if TYPE_CHECKING:
     from workers.job_context import JobContext
@@ -71,17 +83,12 @@ class RerankerDataConfig:
 
 def _candidates(session, retriever, snapshot, text: str, asked: dt.date, answers, depth: int) -> list[dict]:
     found = retriever.retrieve(session, snapshot, text, asked, depth)
-    return [
-        {**candidate_of(p, asked), "hit": answer_in_text(list(answers), passage_body(p.text, p.published))}
-        for p in found
-    ]
+    return [{**candidate_of(p, asked), "hit": answer_in_text(list(answers), p.text)} for p in found]
 
 
 def build_items(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: RerankerDataConfig, encoder, snapshot) -> dict:
     """{"train": [{query, cands}], "val": [...], "counts": {...}} from the first stage's candidates
     over the serving `snapshot` and its `encoder`."""
-    from workers.reader_data import DataConfig, asked_after, gold_questions, indexed_start, self_labeled
-
     held_from = month_start(until - dt.timedelta(days=1))
     first_stage = ctx.make_retriever(encoder, rerank=False)
     start = indexed_start(snapshot)
@@ -167,8 +174,6 @@ def run_export_reranker_job(
     brings the version back. A training question keeps its first `data.max_positives` candidates
     with the answer and up to `negatives` without; a held-back one keeps all its candidates (its
     recall is measured over them). Returns the job file's content."""
-    from models.train_exported_reranker import EXPORT_FILE, write_export
-
     data = data or RerankerDataConfig()
     items, work = gathered_items(ctx, job, until=until, data=data)
     job.update(message=f"writing the export to {dest}")
@@ -208,8 +213,6 @@ def run_train_reranker_job(
 
     `kind`: "cross-encoder" (MiniLM reads each pair, models/reranker.py) or "features" (a logistic
     model over cheap question/passage features, models/ltr.py: seconds to train, microseconds to serve)."""
-    from serving.reranking import activate_reranker
-
     if kind not in KINDS:
         raise ValueError(f"re-ranker kind {kind!r} is unknown (use {' or '.join(KINDS)})")
 
@@ -300,8 +303,6 @@ def sweep_stale_candidates(folder: Path, snapshot_id: str) -> int:
 
 def _train_features(job: JobHandle, items: dict, val: list[dict]):
     """(model, counts, result, validation scores) of a feature re-ranker fitted on the training items."""
-    from models.ltr import FeatureReranker, learnable
-
     job.stage("fit", 1)
     t0 = time.perf_counter()
     usable = learnable(items["train"])
@@ -331,8 +332,6 @@ def _train_cross_encoder(
     max_minutes: float,
 ):
     """(model, counts, result, validation scores) of a MiniLM cross-encoder trained on groups."""
-    from models.reranker import CrossEncoderReranker, RerankerConfig
-
     groups = groups_of(items["train"], max_positives=data.max_positives, negatives=data.negatives, seed=data.seed)
     if not groups:
         raise ValueError(

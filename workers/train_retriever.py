@@ -30,13 +30,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from evaluation.metrics import answer_in_text
-from indexer.chunking import passage_body
+from indexer.chunking import dated_text
 from indexer.dates import day_number, month_key, month_start
 from models.dpr import BiEncoder, DprConfig, Pair, train_biencoder
-from models.encoders import QUERY_FORMATS, question_in_format
+from models.encoders import QUERY_FORMATS, packaged_minilm_path, question_in_format
 from workers.bakeoff_gold import gold_passage
 from workers.progress import fraction_reporter
-from workers.reader_data import asked_after, digest
+from workers.reader_data import (
+    DataConfig,
+    _self_gold_row,
+    asked_after,
+    digest,
+    gold_questions,
+    indexed_start,
+    self_labeled,
+    serving_snapshot,
+)
 from workers.runner import JobHandle
 
 if TYPE_CHECKING:
@@ -81,14 +90,14 @@ class ValItem:
 
 
 def _holds(answers, passage) -> bool:
-    return answer_in_text(list(answers), passage_body(passage.text, passage.published))
+    return answer_in_text(list(answers), passage.text)
 
 
 def _pair(
     session, bm25, snapshot, question: str, as_of: dt.date, answers, positive_row, source: str, cfg: RetrieverDataConfig
 ) -> Pair | None:
     """The pair for one question, or None without a positive."""
-    from serving.retrieval import fetch_passages
+    from serving.retrieval import fetch_passages  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
     hits = fetch_passages(session, bm25.search(snapshot, question, as_of, cfg.retrieve_k), as_of)
     positive = None if source == "self" else next((p for p in hits if _holds(answers, p)), None)
@@ -96,10 +105,10 @@ def _pair(
         row = positive_row()
         if row is None or row.published > as_of:
             return None
-        pos_text, pos_article = row.text, row.article_id
+        pos_text, pos_article = dated_text(row.text, row.published), row.article_id
     else:
-        pos_text, pos_article = positive.text, positive.article_id
-    negative = next((p.text for p in hits if p.article_id != pos_article and not _holds(answers, p)), None)
+        pos_text, pos_article = positive.dated_text, positive.article_id
+    negative = next((p.dated_text for p in hits if p.article_id != pos_article and not _holds(answers, p)), None)
     return Pair(cfg.query(question, as_of), pos_text, negative, source)
 
 
@@ -122,8 +131,7 @@ def build_data(
     progress=None,
 ) -> tuple[list[Pair], dict, dict]:
     """(training pairs, validation {items, pool}, counts)."""
-    from serving.retrieval import Bm25Retriever, DenseRetriever, fetch_passages
-    from workers.reader_data import DataConfig, _self_gold_row, gold_questions, self_labeled
+    from serving.retrieval import Bm25Retriever, DenseRetriever, fetch_passages  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
     bm25, dense = Bm25Retriever(encoder), DenseRetriever(encoder)
     golds, left_out = gold_questions(session, train_from, until)
@@ -173,7 +181,7 @@ def build_data(
         )
         _keep(pairs, missing, p, "self")
 
-    pool: dict[int, tuple[str, int]] = {}  # faiss id -> (text, day number)
+    pool: dict[int, tuple[str, int]] = {}  # faiss id -> (dated text: what the encoder reads, day number)
     index_of: dict[int, int] = {}
     items = []
     for q in val_q:
@@ -182,7 +190,7 @@ def build_data(
         for p in found:
             if p.faiss_id not in index_of:
                 index_of[p.faiss_id] = len(pool)
-                pool[p.faiss_id] = (p.text, day_number(p.published))
+                pool[p.faiss_id] = (p.dated_text, day_number(p.published))
         hits = sorted({index_of[p.faiss_id] for p in found if _holds(q.answers, p)})
         items.append(
             ValItem(
@@ -255,9 +263,6 @@ def run_train_retriever_job(
 ) -> str:
     """Train an encoder version on what is dated before `until`; returns its name. Run it under
     the retriever-training lock (`RETRIEVER_TRAINING_LOCK`; the CLI does, through the job runner)."""
-    from models.encoders import packaged_minilm_path
-    from workers.reader_data import indexed_start, serving_snapshot
-
     cfg, data = cfg or DprConfig(), data or RetrieverDataConfig()
     db, progress = ctx.db, job
     val_from = month_start(until - dt.timedelta(days=1))

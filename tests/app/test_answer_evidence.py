@@ -5,16 +5,17 @@ from __future__ import annotations
 import datetime as dt
 
 from indexer.chunking import split_passages
-from models.readers import ReaderPassage
+from models.reader_base import RetrievedPassage
 from serving.answering import AnswerResult, answer_evidence
 
 DAY = dt.date(2019, 2, 8)  # a Friday
 
 
-def _passage(text: str, title: str = "") -> ReaderPassage:
-    dated = split_passages(text, DAY)[0]  # as indexed: the date prefix first
-    assert dated.startswith("Friday, February 8, 2019.")
-    return ReaderPassage(title, dated, DAY)
+def _passage(text: str, title: str = "") -> RetrievedPassage:
+    body = split_passages(text)[0]  # as stored: the body, no date
+    passage = RetrievedPassage(title, body, DAY)
+    assert passage.dated_text.startswith("Friday, February 8, 2019. ")  # what a reader reads
+    return passage
 
 
 def test_answer_evidence_reads_headline_and_text_but_not_the_date_prefix():

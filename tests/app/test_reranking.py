@@ -83,11 +83,11 @@ def test_state_follows_the_active_file_and_keeps_serving_when_a_version_fails_to
 
 
 def test_rerank_applies_the_recency_prior_of_the_version():
-    from serving.retrieval import RetrievedPassage
+    from models.reader_base import RetrievedPassage
 
     as_of = dt.date(2024, 3, 10)
-    old = RetrievedPassage(1, 1, 1, "Old", "u1", dt.date(2024, 1, 10), 0.9, "old text")
-    new = RetrievedPassage(2, 2, 2, "New", "u2", dt.date(2024, 3, 9), 0.8, "new text")
+    old = RetrievedPassage("Old", "old text", dt.date(2024, 1, 10), 1, 1, 1, "u1", 0.9)
+    new = RetrievedPassage("New", "new text", dt.date(2024, 3, 9), 2, 2, 2, "u2", 0.8)
     # the model prefers `new` (the later candidate) by 1.0; a heavy prior cannot reverse that here...
     assert [p.passage_id for p in rerank(ReversingModel(0.0), "q", as_of, [old, new])] == [2, 1]
     # ...and with the order reversed, the prior on a 60-day-old passage (log1p(60) ~ 4.1) moves `new` up
@@ -148,11 +148,11 @@ def test_the_served_answer_reports_the_rerank_time(loaded_settings):
 
 
 def test_rerank_adds_the_first_stage_score_by_the_version_weight():
-    from serving.retrieval import RetrievedPassage
+    from models.reader_base import RetrievedPassage
 
     day = dt.date(2024, 3, 10)
-    strong = RetrievedPassage(1, 1, 1, "A", "u1", day, 1.0, "a")  # the first stage's best
-    weak = RetrievedPassage(2, 2, 2, "B", "u2", day, 0.0, "b")
+    strong = RetrievedPassage("A", "a", day, 1, 1, 1, "u1", 1.0)  # the first stage's best
+    weak = RetrievedPassage("B", "b", day, 2, 2, 2, "u2", 0.0)
     # the model alone prefers the later candidate by 1.0; a first-stage weight of 2 outweighs it
     assert [p.passage_id for p in rerank(ReversingModel(), "q", day, [strong, weak])] == [2, 1]
     ranked = rerank(ReversingModel(first_stage_weight=2.0), "q", day, [strong, weak])

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from models.readers import ReaderPassage
+from models.readers import RetrievedPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample
 
 DAY = dt.date(2023, 3, 1)
@@ -56,7 +56,7 @@ class Scripted(ReaderTrainer):
 
 def run(tmp_path: Path, f1s: list[float], **cfg):
     trainer = Scripted(f1s, tmp_path / "run", lr=1.0, **{"max_epochs": len(f1s), **cfg})
-    data = [TrainExample("q", "Who?", DAY, ("Ada",), (ReaderPassage("t", "Ada.", DAY),))]
+    data = [TrainExample("q", "Who?", DAY, ("Ada",), (RetrievedPassage("t", "Ada.", DAY),))]
     result = trainer.train(data, data)
     saved_w = json.loads((trainer.best_dir / "w.json").read_text())
     return trainer, result, saved_w
@@ -111,7 +111,7 @@ def test_max_steps_stops_there_with_a_validation_and_the_uncapped_runs_model(tmp
     assert saved_w == pytest.approx(weight_at(tmp_path / "uncapped", 2))
     # Run again (a resume): the cap was reached, so nothing more trains and the same model stays.
     again = Scripted([], tmp_path / "capped" / "run", lr=1.0, eval_every=3, max_steps=2, max_epochs=5)
-    data = [TrainExample("q", "Who?", DAY, ("Ada",), (ReaderPassage("t", "Ada.", DAY),))]
+    data = [TrainExample("q", "Who?", DAY, ("Ada",), (RetrievedPassage("t", "Ada.", DAY),))]
     resumed = again.train(data, data)
     assert (resumed.steps, resumed.stopped, resumed.best_step) == (2, "max steps", 2)
     assert json.loads((again.best_dir / "w.json").read_text()) == pytest.approx(saved_w)
@@ -124,7 +124,7 @@ def test_a_cap_past_the_epochs_changes_nothing(tmp_path):
 
 def test_a_capped_runs_progress_ends_at_its_cap(tmp_path):
     trainer = Scripted([40.0], tmp_path / "run", lr=1.0, eval_every=3, max_steps=2, max_epochs=5)
-    data = [TrainExample("q", "Who?", DAY, ("Ada",), (ReaderPassage("t", "Ada.", DAY),))]
+    data = [TrainExample("q", "Who?", DAY, ("Ada",), (RetrievedPassage("t", "Ada.", DAY),))]
     seen = []
     trainer.train(data, data, progress=lambda fraction, message: seen.append((fraction, message)))
     assert seen[-1][0] == 1.0 and seen[-1][1].startswith("step 2/2 validation")

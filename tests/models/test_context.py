@@ -5,15 +5,15 @@ import datetime as dt
 import pytest
 
 from models.gemma_prompt import build_prompt, reader_context
-from models.reader_base import ReaderPassage
+from models.reader_base import RetrievedPassage
 from models.reader_context import add_titles, clean_title, content_terms, select_context, split_passage
 
 DAY = dt.date(2023, 6, 12)
 PREFIX = "Monday, June 12, 2023. "
 
 
-def passage(body: str, day: dt.date = DAY, title: str = "t") -> ReaderPassage:
-    return ReaderPassage(title=title, text=f"{day:%A}, {day:%B} {day.day}, {day.year}. {body}", published=day)
+def passage(body: str, day: dt.date = DAY, title: str = "t") -> RetrievedPassage:
+    return RetrievedPassage(title=title, text=body, published=day)
 
 
 FILLER = " ".join(f"The council met on item {i} and adjourned without a vote." for i in range(12))
@@ -34,10 +34,10 @@ def test_a_late_answer_sentence_is_kept_where_the_first_words_lose_it():
     ps = [passage(text)]
     old = reader_context("Who won the NBA championship?", ps, n_passages=3, max_passage_words=100)
     new = reader_context("Who won the NBA championship?", ps, n_passages=3, max_passage_words=100, context_words=60)
-    assert "Nuggets" not in old[0].text
-    assert "Nuggets" in new[0].text
-    assert new[0].text.startswith(PREFIX)  # the date stays in front
-    assert len(new[0].text.split()) <= 60
+    assert "Nuggets" not in old[0].dated_text
+    assert "Nuggets" in new[0].dated_text
+    assert new[0].dated_text.startswith(PREFIX)  # the date stays in front
+    assert len(new[0].dated_text.split()) <= 60
 
 
 def test_the_budget_is_shared_and_order_and_dates_are_kept():
@@ -47,15 +47,15 @@ def test_the_budget_is_shared_and_order_and_dates_are_kept():
         passage(FILLER + " The Nuggets won the NBA championship in five games.", day=day2),
     ]
     out = select_context("Who won the NBA championship and who was MVP?", ps, budget_words=50, max_passages=2)
-    assert sum(len(p.text.split()) for p in out) <= 50
+    assert sum(len(p.dated_text.split()) for p in out) <= 50
     assert [p.published for p in out] == [DAY, day2]  # ranked order, each with its own date
-    assert "Jokic" in out[0].text and "championship in five games" in out[1].text
+    assert "Jokic" in out[0].dated_text and "championship in five games" in out[1].dated_text
 
 
 def test_passages_beyond_max_passages_are_never_read():
     ps = [passage("Nothing here."), passage("The Nuggets won the NBA championship.")]
     out = select_context("Who won the NBA championship?", ps, budget_words=100, max_passages=1)
-    assert [p.text for p in out] == [ps[0].text]
+    assert [p.dated_text for p in out] == [ps[0].dated_text]
 
 
 def test_with_room_for_everything_passages_come_back_whole():
@@ -66,14 +66,14 @@ def test_with_room_for_everything_passages_come_back_whole():
 def test_sentences_kept_within_a_passage_stay_in_their_order():
     body = "Alpha beta gamma NBA. " + FILLER + " Delta NBA championship epsilon."
     out = select_context("NBA championship", [passage(body)], budget_words=20, max_passages=1)
-    text = out[0].text
+    text = out[0].dated_text
     assert text.index("Alpha") < text.index("Delta")
 
 
 def test_the_prompt_prints_the_selected_context_whole():
     ps = reader_context("Who won?", [passage(FILLER)], n_passages=1, max_passage_words=100, context_words=40)
     prompt = build_prompt("Who won?", DAY, ps, None)
-    assert prompt.splitlines()[0] == "Passage: " + ps[0].text
+    assert prompt.splitlines()[0] == "Passage: " + ps[0].dated_text
 
 
 @pytest.mark.parametrize("budget, depth", [(0, 3), (10, 0)])
@@ -110,7 +110,7 @@ def test_a_headline_stands_after_the_date_once_per_article():
     second = passage("Jokic was the Finals MVP.", title="Nuggets win first NBA title | CNN")
     other = passage("Rain fell.", title="Storm hits Florida")
     out = add_titles([first, second, other])
-    assert [p.text for p in out] == [
+    assert [p.dated_text for p in out] == [
         PREFIX + "Nuggets win first NBA title. Denver beat Miami 94-89.",
         PREFIX + "Jokic was the Finals MVP.",
         PREFIX + "Storm hits Florida. Rain fell.",
@@ -129,11 +129,11 @@ def test_reader_context_adds_headlines_on_top_of_the_passage_words():
     p = passage(" ".join(f"w{i}" for i in range(50)), title="Storm hits Florida")
     plain = reader_context("Q?", [p], n_passages=1, max_passage_words=20)
     titled = reader_context("Q?", [p], n_passages=1, max_passage_words=20, titles=True)
-    assert titled[0].text == plain[0].text.replace(PREFIX, PREFIX + "Storm hits Florida. ")
+    assert titled[0].dated_text == plain[0].dated_text.replace(PREFIX, PREFIX + "Storm hits Florida. ")
     # With sentence selection the headline is a sentence like the others: it is kept when it bears
     # on the question and the budget is small.
     long = passage(FILLER, title="Storm hits Florida with record rain")
     kept = reader_context(
         "Which state did the storm hit?", [long], n_passages=1, max_passage_words=100, context_words=20, titles=True
     )
-    assert "Storm hits Florida with record rain." in kept[0].text
+    assert "Storm hits Florida with record rain." in kept[0].dated_text

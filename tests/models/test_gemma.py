@@ -9,20 +9,19 @@ import types
 import pytest
 
 import models.gemma_weights as gemma_weights
-from indexer.dates import format_long
 from models.gemma import GemmaReader
 from models.gemma_decoding import ends_first_line, line_probability
 from models.gemma_prompt import build_example, build_prompt, echoes_question
 from models.gemma_weights import FOLDER_NAME, gemma_folder
 from models.reader_base import grounded
-from models.readers import ReaderPassage, load_reader
+from models.readers import RetrievedPassage, load_reader
 
 AS_OF = dt.date(2023, 6, 14)
 NBA_Q = "Who won the NBA championship?"
 
 
-def passage(day: dt.date, body: str) -> ReaderPassage:
-    return ReaderPassage("a title the prompt leaves out", f"{format_long(day)}. {body}", day)
+def passage(day: dt.date, body: str) -> RetrievedPassage:
+    return RetrievedPassage("a title the prompt leaves out", body, day)
 
 
 NBA = passage(

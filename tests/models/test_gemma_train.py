@@ -17,14 +17,14 @@ from models.gemma_config import CONFIG_FILE, LORA_TARGETS, WEIGHTS_FILE, GemmaCo
 from models.gemma_prompt import build_prompt, build_target, fit_prompt, reader_context
 from models.gemma_train import GemmaModel
 from models.gemma_weights import FOLDER_NAME
-from models.reader_base import ReaderPassage
+from models.reader_base import RetrievedPassage
 from models.training import ReaderTrainer, TrainConfig, TrainExample
 
 AS_OF = dt.date(2023, 6, 14)
 
 
-def passage(day: dt.date, body: str) -> ReaderPassage:
-    return ReaderPassage("a title", f"{format_long(day)}. {body}", day)
+def passage(day: dt.date, body: str) -> RetrievedPassage:
+    return RetrievedPassage("a title", body, day)
 
 
 NBA = passage(
@@ -118,7 +118,7 @@ def test_fit_prompt_without_room_keeps_one_word_a_passage():
 
 
 def test_fit_prompt_with_titles_reads_the_headlines_as_served_and_cuts_only_the_passage_words():
-    titled = [ReaderPassage("Storm hits Florida", FILLER.text, FILLER.published), NBA]
+    titled = [RetrievedPassage("Storm hits Florida", FILLER.text, FILLER.published), NBA]
     served = build_prompt(
         "Q?", AS_OF, reader_context("Q?", titled, n_passages=2, max_passage_words=100, titles=True), None
     )
@@ -226,7 +226,7 @@ def test_use_precision_changes_what_the_model_trains_in_and_what_a_saved_version
 def test_encode_examples_with_max_length_0_train_on_the_served_prompt_whole():
     """A prompt far over what a cut would allow is kept whole: the example is the served context
     (the reader's n_passages, max_passage_words each, headlines as served) and the target."""
-    titled = [ReaderPassage("Storm hits Florida", FILLER.text, FILLER.published), NBA, NBA]
+    titled = [RetrievedPassage("Storm hits Florida", FILLER.text, FILLER.published), NBA, NBA]
     model = tiny(GemmaConfig(max_length=0, n_passages=2, lora_r=4, titles=True))
     ids, mask, labels = model.encode_examples([("Who won?", AS_OF, titled)], ["Denver Nuggets"])
     served = build_prompt("Who won?", AS_OF, model.context("Who won?", titled), None)
@@ -393,7 +393,7 @@ def test_into_reader_merges_the_adapters_and_reads_as_the_model_does(tiny_base):
 
 
 def test_a_version_trained_with_titles_serves_with_them_and_an_older_one_without(tmp_path, tiny_base):
-    titled = [ReaderPassage("Storm hits Florida", NBA.text, NBA.published)]
+    titled = [RetrievedPassage("Storm hits Florida", NBA.text, NBA.published)]
     (tmp_path / "base").mkdir()
     tiny(GemmaConfig(lora_r=4, titles=True)).save(tmp_path / "new")
     config = json.loads((tmp_path / "new" / CONFIG_FILE).read_text())
@@ -404,7 +404,9 @@ def test_a_version_trained_with_titles_serves_with_them_and_an_older_one_without
     (tmp_path / "old" / CONFIG_FILE).write_text(json.dumps(config))
     new, old = (GemmaModel.load(tmp_path / v).into_reader(name=v) for v in ("new", "old"))
     assert new.titles and not old.titles
-    assert new.context("Q?", titled)[0].text.startswith(format_long(NBA.published) + ". Storm hits Florida. The Denver")
+    assert new.context("Q?", titled)[0].dated_text.startswith(
+        format_long(NBA.published) + ". Storm hits Florida. The Denver"
+    )
     assert old.context("Q?", titled)[0].text == NBA.text
 
 
@@ -495,7 +497,7 @@ def test_greedy_within_picks_the_best_allowed_token_and_copies_from_what_was_rea
     reader = GemmaReader(lm, tok, max_new_tokens=12, vocabulary="read")
     question, as_of, passages = ITEMS[1]
     raw = reader.generate(question, as_of, passages).raw
-    read = " ".join(p.text for p in reader.context(question, passages)) + " " + question
+    read = " ".join(p.dated_text for p in reader.context(question, passages)) + " " + question
     assert raw and set(raw) <= set(read) | set(read.lower()) | set(read.upper()) | set("0123456789.,-'\"%$():\n YesNo")
 
 

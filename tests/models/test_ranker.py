@@ -12,7 +12,7 @@ import pytest
 
 from models.candidates import CandidateRanker, RankerItem, annotate_passages, annotated
 from models.ranker import CandidateReader, RankerConfig, RankerModel, passage_bodies, ranker_item
-from models.readers import ReaderPassage
+from models.readers import RetrievedPassage
 from models.selflabel import load_nlp
 from models.trained import load_trained_reader, write_reader_info
 
@@ -50,10 +50,8 @@ def _fitted(use_score: bool = False) -> tuple[CandidateRanker, list[RankerItem]]
     return CandidateRanker(use_score=use_score).fit(items[:40]), items[40:]
 
 
-def _passage(text: str, day: dt.date = DAY) -> ReaderPassage:
-    from indexer.dates import format_long
-
-    return ReaderPassage("A headline", f"{format_long(day)}. {text}", day)
+def _passage(text: str, day: dt.date = DAY) -> RetrievedPassage:
+    return RetrievedPassage("A headline", text, day)
 
 
 # A toy news world for the real-spaCy tests: who was appointed where.
@@ -67,7 +65,7 @@ APPOINTMENTS = [
 ]
 
 
-def _toy(i: int) -> tuple[str, list[ReaderPassage], str]:
+def _toy(i: int) -> tuple[str, list[RetrievedPassage], str]:
     person, team = APPOINTMENTS[i % len(APPOINTMENTS)]
     other, _ = APPOINTMENTS[(i + 1) % len(APPOINTMENTS)]
     ps = [

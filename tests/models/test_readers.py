@@ -5,7 +5,7 @@ import datetime as dt
 import pytest
 
 from models.reader_base import complete_name, final_answer
-from models.readers import FirstEntityReader, ReaderPassage, dated_question, load_reader, shorten_answer
+from models.readers import FirstEntityReader, RetrievedPassage, dated_question, load_reader, shorten_answer
 
 Q = "Who is the head coach of the Kestrel Bay Harriers?"
 
@@ -48,7 +48,7 @@ def test_a_count_drops_the_noun_the_question_counts(answer, question, expected):
     assert shorten_answer(answer, question=question) == expected
 
 
-OKAFOR = "Thursday, March 7, 2024. Ines Okafor took over the Kestrel Bay Harriers. On Sunday Okafor won."
+OKAFOR = "Ines Okafor took over the Kestrel Bay Harriers. On Sunday Okafor won."
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_complete_name_leaves_a_word_whose_longer_form_the_question_names(questi
 
 
 def test_final_answer_shortens_then_completes_from_the_passages_read():
-    read = [ReaderPassage("t", OKAFOR, dt.date(2024, 3, 7))]
+    read = [RetrievedPassage("t", OKAFOR, dt.date(2024, 3, 7))]
     assert final_answer("Answer: Okafor.\nShe won.", Q, read) == "Ines Okafor"
     assert final_answer("Answer: Okafor.", Q, []) == "Okafor"
 
@@ -95,15 +95,13 @@ def test_dated_question_uses_the_streamingqa_format():
 
 
 def test_first_entity_reader_copies_an_entity_the_question_lacks():
-    p = ReaderPassage(
-        "t", "Thursday, March 7, 2024. The Harriers won under Ines Okafor on Sunday.", dt.date(2024, 3, 7)
-    )
+    p = RetrievedPassage("t", "The Harriers won under Ines Okafor on Sunday.", dt.date(2024, 3, 7))
     assert FirstEntityReader().generate("Who coaches the Harriers?", dt.date(2024, 3, 8), [p]).text == "Ines Okafor"
     assert FirstEntityReader().generate("Who?", dt.date(2024, 3, 8), []).text == ""
 
 
 def test_reader_refuses_a_passage_after_as_of():
-    p = ReaderPassage("t", "Thursday, March 7, 2024. Late news.", dt.date(2024, 3, 7))
+    p = RetrievedPassage("t", "Late news.", dt.date(2024, 3, 7))
     with pytest.raises(AssertionError, match="published after 2024-03-06"):
         FirstEntityReader().generate("Who?", dt.date(2024, 3, 6), [p])
 

@@ -11,19 +11,19 @@ import torch
 
 from models.extractive import ExtractiveReader, SpanConfig, SpanModel
 from models.fid import FiDConfig, FiDModel, FiDReader, fid_input, recase
-from models.readers import ReaderPassage
+from models.readers import RetrievedPassage
 from models.trained import load_trained_reader, read_reader_info, write_reader_info
 from models.training import ReaderTrainer, TrainConfig, TrainExample
 
 DAY = dt.date(2024, 2, 7)
-P1 = ReaderPassage(
+P1 = RetrievedPassage(
     "Harriers appoint coach",
-    "Wednesday, February 7, 2024. The Kestrel Bay Harriers named Ines Okafor as head coach on Tuesday.",
+    "The Kestrel Bay Harriers named Ines Okafor as head coach on Tuesday.",
     DAY,
 )
-P2 = ReaderPassage(
+P2 = RetrievedPassage(
     "Rail contract",
-    "Wednesday, February 7, 2024. Vandermere awarded the light-rail contract to Hallam & Pryce Engineering.",
+    "Vandermere awarded the light-rail contract to Hallam & Pryce Engineering.",
     DAY,
 )
 Q1, A1 = "Who is the head coach of the Kestrel Bay Harriers?", "Ines Okafor"

@@ -4,6 +4,7 @@ and a process killed half-way leaves the previous snapshot serving and the month
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from sqlalchemy import func, select
 from app.bootstrap.builders import build_encoder, open_database
 from app.bootstrap.job_configs import ingest_config
 from indexer.importers import read_realtimeqa
+from indexer.lexical import Bm25Shard, tokenize
 from indexer.manifest import read_manifest
 from models.encoders import HashEncoder
 from serving.errors import InvalidInputError, NoArticlesError
@@ -193,3 +195,35 @@ def test_ingest_killed_half_way_keeps_old_snapshot_and_resumes(settings):
     _, new_total = snapshot_agrees_with_database(settings)
     assert new_total == old_total + total_passages
     assert not list(work.glob("ingest-2024-03-*"))  # the checkpoints are cleaned up after the commit
+
+
+def _old_stored_text(body: str, day: dt.date) -> str:
+    """A passage's text as chunking stored it before migration 0007, spelt out here."""
+    return f"{day:%A}, {day:%B} {day.day}, {day.year}. {body}"
+
+
+def test_ingest_stores_bodies_and_encodes_and_indexes_the_old_dated_text(sqlite_settings):
+    """Passages are stored without their date, but the vectors and BM25 scores are those of the
+    dated text stored before: the encoder's and BM25's input did not change."""
+    load_sample(sqlite_settings)
+    db = open_database(sqlite_settings, migrate=False)
+    try:
+        state = IndexState(db.sessions, sqlite_settings.index_dir, encoder="hash-384", dim=384, lexical=True)
+        state.refresh()
+        snap = state.current()
+        with db.sessions() as s:
+            rows = {r.faiss_id: r for r in s.execute(select(Passage.faiss_id, Passage.text, Passage.published))}
+        encoder, as_of = build_encoder(sqlite_settings), dt.date(2024, 3, 31)
+        assert not any(r.text.startswith(_old_stored_text("", r.published)) for r in rows.values())
+        for shard, lexical in zip(snap.index.shards, snap.lexical.shards, strict=True):
+            ids, vectors = shard.vectors()  # (n,), (n, dim)
+            old = [_old_stored_text(rows[i].text, rows[i].published) for i in ids.tolist()]
+            np.testing.assert_array_equal(vectors, encoder.encode_passages(old).astype(np.float32))
+            before = Bm25Shard.build(shard.key, old, ids)
+            for question in ("Who won the final?", "What happened on Thursday in February?"):
+                tokens = tokenize([question])[0]
+                got, want = lexical.search_tokens(tokens, 10, as_of), before.search_tokens(tokens, 10, as_of)
+                np.testing.assert_array_equal(got[1], want[1])
+                np.testing.assert_array_equal(got[0], want[0])
+    finally:
+        db.close()

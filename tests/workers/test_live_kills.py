@@ -50,7 +50,7 @@ from workers.live_publisher import LiveConfig, publish_live
 settings = Settings()
 db = open_database(settings, migrate=False)
 encoder, cfg = build_encoder(settings), ingest_config(settings)
-chunk_texts([("Warm up. The sentencizer loads once.", dt.date(2024, 4, 1))])
+chunk_texts(["Warm up. The sentencizer loads once."])
 print("ready", flush=True)
 live = LiveConfig(max_batch={LIVE.max_batch}, merge_pieces={LIVE.merge_pieces})
 while publish_live(db.sessions, encoder, cfg, live)["articles"]:
@@ -142,7 +142,7 @@ class History:
 
 
 def _chunks(rec: ArticleRecord) -> list[str]:
-    return chunk_texts([(rec.text, rec.published)])[0]
+    return chunk_texts([rec.text])[0]
 
 
 def _batches(sample: list[ArticleRecord]) -> list[list[ArticleRecord]]:

@@ -14,7 +14,7 @@ import torch
 from app.bootstrap.builders import open_database
 from models.gemma_config import CONFIG_FILE, WEIGHTS_FILE
 from models.gemma_weights import resolve_training_precision
-from models.reader_base import ReaderPassage
+from models.reader_base import RetrievedPassage
 from models.trained import INFO_FILE, load_trained_reader, read_reader_info
 from serving.reader_registry import active_version, list_versions
 from workers.reader_spec import GEMMA_KEEP_WITHIN, GEMMA_MAX_STEPS, ReaderJobSpec
@@ -136,7 +136,7 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     reader = load_trained_reader(folder)
     assert reader.name == f"gemma:{version}" and reader.n_passages == 5
     day = dt.date(2024, 2, 2)
-    p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    p = RetrievedPassage("Harriers", "Ines Okafor coaches the Harriers.", day)
     answer = reader.generate("Who coaches the Harriers?", day, [p]).text
     assert answer and "\n" not in answer and len(answer.split()) <= 8
 
@@ -214,7 +214,7 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
         db.close()
     reader = load_trained_reader(models_dir / version)
     day = dt.date(2024, 2, 2)
-    p = ReaderPassage("Harriers", "Friday, February 2, 2024. Ines Okafor coaches the Harriers.", day)
+    p = RetrievedPassage("Harriers", "Ines Okafor coaches the Harriers.", day)
     answer = reader.generate("Who coaches the Harriers?", day, [p]).text
     assert answer and "\n" not in answer
 

@@ -96,10 +96,10 @@ def test_train_job_ranker_registers_a_version_that_serves(loaded_settings, new_j
     assert sorted(p.name for p in folder.iterdir()) == ["ranker.json", "reader.json"]
     reader = load_trained_reader(folder)
     assert isinstance(reader, CandidateReader) and reader.n_passages == 10
-    from models.readers import ReaderPassage
+    from models.readers import RetrievedPassage
 
     day = dt.date(2024, 2, 2)
-    p = ReaderPassage("t", "Friday, February 2, 2024. Ines Okafor coaches the Harriers in Kestrel Bay.", day)
+    p = RetrievedPassage("t", "Ines Okafor coaches the Harriers in Kestrel Bay.", day)
     assert isinstance(reader.generate("Who coaches the Harriers?", day, [p]).text, str)
 
 
