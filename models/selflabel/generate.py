@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from models.selflabel.filters import GenerationStats, _label_conflicts, _plain, _sentence_rejection
 from models.selflabel.lexicon import _WH
-from models.selflabel.questions import _candidate
+from models.selflabel.question_forms import _candidate
 
 if TYPE_CHECKING:  # importing spaCy costs about a second; only load_nlp does it
     import spacy
