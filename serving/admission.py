@@ -141,7 +141,7 @@ class AdmissionGate:
                     raise self._refuse(
                         "queue_full",
                         f"{self._active} questions are being answered and {len(self._queue)} are "
-                        "waiting (SQA_ANSWER_QUEUE)"
+                        "waiting (SQA_ANSWER_QUEUE)",
                     )
                 turn = object()
                 self._queue.append(turn)
@@ -156,7 +156,7 @@ class AdmissionGate:
                                 "wait_budget",
                                 f"no answer slot freed up within {waited:.1f} s, and an answer takes about "
                                 f"{self.answer_s(now):.1f} s: it would not be answered within "
-                                f"{self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)"
+                                f"{self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)",
                             )
                         self._cond.wait(min(left, RECHECK_S))
                 finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
@@ -103,3 +104,14 @@ def test_a_failing_query_leaves_its_family_out_and_metrics_200(client, caplog):
     assert m[("sqa_jobs", (("kind", "ingest"), ("state", "succeeded")))] == 1
     assert "sqa_ingest_passages_per_second" in names and "sqa_index_vectors" in names
     assert "http_requests_total" in names
+
+
+def test_the_gate_counts_its_refusals_by_reason():
+    from serving.admission import AdmissionGate, OverloadedError
+
+    gate = AdmissionGate(max_active=1, max_waiting=1, max_wait_s=0.1)
+    assert gate.refusals() == {"queue_full": 0, "wait_budget": 0}
+    with gate.admit(), pytest.raises(OverloadedError, match="SQA_ANSWER_WAIT_S"):
+        with gate.admit():  # waits, and no place frees within 0.1 s
+            pass
+    assert gate.refusals() == {"queue_full": 0, "wait_budget": 1} and gate.refused == 1
