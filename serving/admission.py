@@ -49,6 +49,7 @@ class OverloadedError(ServiceError):
 
 ANSWERS_KEPT = 20  # the answer times the wait budget is taken from
 RECHECK_S = 0.05  # how often a waiting request looks again at the answers in flight
+REFUSAL_REASONS = ("queue_full", "wait_budget")  # why a request was turned away (`refusals`)
 
 
 class AdmissionGate:
@@ -74,6 +75,7 @@ class AdmissionGate:
         self._recent: collections.deque[float] = collections.deque(maxlen=ANSWERS_KEPT)  # seconds each
         self._running: dict[object, float] = {}  # the answers in flight: their turn -> when each started
         self.refused = 0  # since start, for the logs and tests
+        self._refused_by: collections.Counter[str] = collections.Counter()  # the same, by REFUSAL_REASONS
 
     @property
     def active(self) -> int:
@@ -82,6 +84,12 @@ class AdmissionGate:
     @property
     def waiting(self) -> int:
         return len(self._queue)
+
+    def refusals(self) -> dict[str, int]:
+        """Requests refused since start, by reason: "queue_full" (SQA_ANSWER_QUEUE) and "wait_budget"
+        (no place freed in time for SQA_ANSWER_WAIT_S); a copy, for /metrics."""
+        with self._cond:
+            return {reason: self._refused_by[reason] for reason in REFUSAL_REASONS}
 
     def _retry_after(self) -> float:
         return self._mean_s * (len(self._queue) + self._active) / self.max_active
@@ -113,8 +121,9 @@ class AdmissionGate:
         """How long a request may wait for a place and still be answered within max_wait_s."""
         return max(0.0, self.max_wait_s - self.answer_s(now))
 
-    def _refuse(self, why: str) -> OverloadedError:
+    def _refuse(self, reason: str, why: str) -> OverloadedError:
         self.refused += 1
+        self._refused_by[reason] += 1
         retry = self._retry_after()
         return OverloadedError(f"the server is busy: {why}; try again in about {max(1, math.ceil(retry))} s", retry)
 
@@ -130,8 +139,9 @@ class AdmissionGate:
             if self._active >= self.max_active or self._queue:  # first come, first served
                 if len(self._queue) >= self.max_waiting:
                     raise self._refuse(
+                        "queue_full",
                         f"{self._active} questions are being answered and {len(self._queue)} are "
-                        "waiting (SQA_ANSWER_QUEUE)"
+                        "waiting (SQA_ANSWER_QUEUE)",
                     )
                 turn = object()
                 self._queue.append(turn)
@@ -143,9 +153,10 @@ class AdmissionGate:
                         left = self.wait_budget_s(now) - waited
                         if left <= 0:
                             raise self._refuse(
+                                "wait_budget",
                                 f"no answer slot freed up within {waited:.1f} s, and an answer takes about "
                                 f"{self.answer_s(now):.1f} s: it would not be answered within "
-                                f"{self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)"
+                                f"{self.max_wait_s:g} s (SQA_ANSWER_WAIT_S)",
                             )
                         self._cond.wait(min(left, RECHECK_S))
                 finally:

@@ -8,7 +8,8 @@ brake on admin token guessing, and the Prometheus metrics that show it.
   not see the routes of FastAPI's included routers in this version, hence the small middleware.)
 - Admin token guessing: SQA_ADMIN_FAILURE_LIMIT wrong or missing tokens per client address, then
   429 for the rest of the window, even with the right token (`AdminGuard`).
-- `/metrics` (prometheus-fastapi-instrumentator): request counts and latencies by route and status.
+- `/metrics` (prometheus-fastapi-instrumentator): request counts and latencies by route and status,
+  and the operator's `sqa_` metrics in the same registry (app/api/operator_metrics.py).
 
 The counts live in SQA_LIMITS_STORAGE (a `limits` storage URI): `memory://`, each process its own,
 or `redis://host:6379` (with the `redis` package), shared by every API replica, so that a client
@@ -29,6 +30,7 @@ from limits.strategies import MovingWindowRateLimiter
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
 
+from app.api import operator_metrics
 from app.api.request_ids import current_request_id
 
 UNLIMITED_PATHS = ("/healthz", "/readyz", "/metrics")
@@ -173,11 +175,14 @@ def install(
     body_paths: dict[str, tuple[int, str]] | None = None,
 ) -> None:
     """Add the body limit, the rate limit, the admin guard (app.state.admin_guard) and /metrics
-    (its own registry per app, so that several apps in one process keep their counts apart); the
-    limits count in `storage_uri` (shared by the replicas when it is Redis)."""
+    (its own registry per app, so that several apps in one process keep their counts apart; the
+    operator's `sqa_` metrics in it too, app.state.answer_metrics); the limits count in
+    `storage_uri` (shared by the replicas when it is Redis)."""
     storage = limits_storage(storage_uri)
     app.state.admin_guard = AdminGuard(admin_failure_limit, storage)
-    Instrumentator(excluded_handlers=["/metrics"], registry=CollectorRegistry()).instrument(app).expose(
+    registry = CollectorRegistry()
+    operator_metrics.install(app, registry)
+    Instrumentator(excluded_handlers=["/metrics"], registry=registry).instrument(app).expose(
         app, include_in_schema=False
     )
     if rate_limit:

@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep, SessionDep
+from app.api.operator_metrics import observe_answers
 from app.api.request_ids import arrived_at
 from app.api.routes.articles import live_status
 from app.web.templating import templates
@@ -110,10 +111,11 @@ def ask_page(
             errors["q"] = "type a question"
     if q.strip() and not errors:
         try:
-            with gate.admit(since=arrived_at(request)):  # both dates in one turn
+            with gate.admit(since=arrived_at(request)) as queued_s:  # both dates in one turn
                 results = [service.answer(q, day, k)]
                 if other is not None:
                     results.append(service.answer(q, other, k))
+            observe_answers(request, results, queued_s)
         except ServiceError as exc:
             errors[_field_of(str(exc))] = str(exc)
             status = exc.status_code

@@ -5,6 +5,7 @@ from dataclasses import asdict
 from fastapi import APIRouter, Request
 
 from app.api.deps import AnswerGateDep, AnswerServiceDep
+from app.api.operator_metrics import observe_answers
 from app.api.request_ids import arrived_at
 from app.api.schemas import API_ERRORS, AnswerPublic, AnswerRequest, ErrorPublic, PassagePublic
 from indexer.dates import parse_iso_day
@@ -28,6 +29,7 @@ def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGate
     service.validate(body.question, body.top_k)  # a bad request is told so at once, not after its turn
     with gate.admit(since=arrived_at(request)) as queued_s:
         result = service.answer(body.question, as_of, body.top_k)
+    observe_answers(request, [result], queued_s)
     # where the time went: "queue" from the request's arrival until the gate let it in, then the stages
     timings = {"queue": round(queued_s * 1000, 1), **result.timings_ms}
     passages = [
