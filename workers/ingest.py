@@ -29,7 +29,7 @@ from indexer.dates import day_number
 from indexer.ids import make_ids
 from indexer.index_errors import IndexIntegrityError
 from indexer.lexical import Bm25Shard
-from indexer.manifest import read_manifest
+from indexer.manifest import SNAPSHOTS_DIR, read_manifest
 from indexer.shards import MonthShard
 from indexer.snapshot import garbage_files, write_shard
 from indexer.storage import as_store
@@ -291,7 +291,9 @@ def _record_drift(sf: sessionmaker[Session], job_id: int | None, key: str, drift
 
 def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
     """Drop passage rows and files that no kept snapshot refers to (the newest serving ones and
-    every quarter-end snapshot a replay recorded)."""
+    every quarter-end snapshot a replay recorded), then the rows of the serving snapshots whose
+    manifest went with them: a live stream publishes a snapshot every few seconds, and a row whose
+    files are gone can serve nothing."""
     with sf() as session, session.begin():
         rows = list(
             session.scalars(
@@ -313,8 +315,17 @@ def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
         keep = {e.build for m in manifests for e in m.shards}
         session.execute(delete(Passage).where(Passage.build_id.not_in(keep)))
     store = as_store(cfg.index_dir)
-    for name in garbage_files(store, manifests):
+    deleted = garbage_files(store, manifests)
+    for name in deleted:
         store.delete(name)
+    gone = [name for name in deleted if name.startswith(f"{SNAPSHOTS_DIR}/")]
+    with sf() as session, session.begin():
+        for i in range(0, len(gone), 500):  # bounded IN lists
+            session.execute(
+                delete(IndexSnapshot).where(
+                    IndexSnapshot.kind == "serving", IndexSnapshot.manifest_file.in_(gone[i : i + 500])
+                )
+            )
 
 
 # ---- the job ---------------------------------------------------------------------------------------
