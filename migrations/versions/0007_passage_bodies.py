@@ -9,7 +9,7 @@ and the encoder and BM25 still read it.
 
 Revision ID: 0007
 Revises: 0006
-Create Date: 2026-12-09 12:00:00.000000
+Create Date: 2026-12-03 12:00:00.000000
 """
 
 import datetime as dt
