@@ -6,16 +6,23 @@ the gold-passage items, and the rows of the table, the published systems' includ
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from evaluation.bakeoff import baseline_files, latency_summary, load_baseline_predictions, score
 from evaluation.metrics import answer_in_text
 from evaluation.questions import DatedQuestion
+from indexer.records import ImportReport
 from models.reader_base import RetrievedPassage
+from models.readers import FirstEntityReader, load_reader
+from models.trained import load_trained_reader, read_reader_info
+from workers.bakeoff_gold import gold_passage
 
 
 @dataclass(frozen=True)
@@ -54,16 +61,10 @@ def parse_reader_specs(text: str) -> list[ReaderSpec]:
 
 def load_bench_reader(spec: str, *, device: str, passages: int):
     if spec.startswith("trained:"):
-        from models.trained import load_trained_reader  # lazily: only when a trained reader is asked for
-
         return load_trained_reader(Path(spec[len("trained:") :]).expanduser(), device=device, max_passages=passages)
     if spec.startswith("import:"):
-        import importlib
-
         module, _, attr = spec[len("import:") :].partition(":")
         return getattr(importlib.import_module(module), attr)(device=device, max_passages=passages)
-    from models.readers import load_reader
-
     return load_reader(spec, device=device, max_passages=passages)
 
 
@@ -71,8 +72,6 @@ def trained_info(spec: str) -> dict | None:
     """kind, version and training cut of a `trained:DIR` reader (its reader.json), else None."""
     if not spec.startswith("trained:"):
         return None
-    from models.trained import read_reader_info
-
     info = read_reader_info(Path(spec[len("trained:") :]).expanduser())
     return {k: info.get(k) for k in ("kind", "version", "trained_until", "parent_version")}
 
@@ -116,11 +115,8 @@ class PartialCache:
 def retrieve_all(settings, db, questions: list[DatedQuestion], top_k: int, passages: int, bar: bool):
     """Retrieve once per question with the service's retriever (SQA_RETRIEVER, as `sqa serve` does):
     ({qid: Item with the top `passages`}, retrieval figures)."""
-    from tqdm import tqdm
-
-    from app.bootstrap.builders import build_encoder, build_retriever, index_state
-    from models.readers import FirstEntityReader
-    from serving.answering import AnswerLimits, AnswerService
+    from app.bootstrap.builders import build_encoder, build_retriever, index_state  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from serving.answering import AnswerLimits, AnswerService  # noqa: PLC0415 (lazy: serving.answering pulls faiss)
 
     encoder = build_encoder(settings)
     state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")
@@ -163,8 +159,6 @@ def retrieve_all(settings, db, questions: list[DatedQuestion], top_k: int, passa
 
 
 def gold_items(sessions, questions: list[DatedQuestion]) -> dict[str, Item]:
-    from workers.bakeoff_gold import gold_passage
-
     with sessions() as session:
         pairs = [(q, gold_passage(session, q)) for q in questions]
         return {
@@ -177,8 +171,6 @@ def gold_items(sessions, questions: list[DatedQuestion]) -> dict[str, Item]:
 def run_reader(label: str, spec: str, items: list[Item], cache: PartialCache, get_reader, *, bar: bool) -> dict:
     """Answer every item (cached answers reused; the reader is loaded, by `get_reader()`, only when
     something is left to answer): {"predictions": {qid: text}, "ms": {qid: ms}, "load_s", "reused"}."""
-    from tqdm import tqdm
-
     predictions, ms, todo = {}, {}, []
     for item in items:
         r = cache.get(label, spec, item)
@@ -232,8 +224,6 @@ def reader_row(system: str, kind: str, spec: str, questions: list[DatedQuestion]
 
 
 def baseline_rows(data: Path, systems: list[str], questions: list[DatedQuestion]) -> tuple[list[dict], list[str]]:
-    from indexer.records import ImportReport
-
     rows, notes = [], []
     for system in systems:
         report = ImportReport()

@@ -37,6 +37,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy import select
+from tqdm import tqdm
 
 from bench.served_questions import (
     KS,
@@ -48,6 +50,11 @@ from bench.served_questions import (
     question_arguments,
 )
 from evaluation.metrics import answer_in_text, normalize_answer
+from models.encoders import query_text
+from models.reader_base import RetrievedPassage
+from models.reader_context import content_terms, select_context
+from serving.reranking import RerankingRetriever, rerank
+from store.tables import Passage
 
 DEFAULT_WINDOWS = "2023-04-01:2023-06-30"
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9'-]+")
@@ -67,8 +74,6 @@ def recall(ranks: list[int | None], k: int) -> float:
 
 def feedback_terms(question: str, passages, n: int = 10) -> list[str]:
     """The `n` most frequent content words of `passages` that the question does not hold."""
-    from models.reader_context import content_terms
-
     asked = content_terms(question)
     words = Counter(w.lower() for p in passages for w in _WORD.findall(p.text))
     return [w for w, _ in words.most_common() if w not in asked and content_terms(w)][:n]
@@ -78,8 +83,7 @@ class Stages:
     """The served retrieval taken apart: BM25, dense, their fusion, the re-ranker, and feedback."""
 
     def __init__(self, service, snap) -> None:
-        from serving.reranking import RerankingRetriever
-        from serving.retrieval import Bm25Retriever, DenseRetriever, HybridRetriever
+        from serving.retrieval import Bm25Retriever, DenseRetriever, HybridRetriever  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
         self.snap = snap
         served = service.retriever
@@ -92,8 +96,6 @@ class Stages:
         self.encoder = snap.encoder or served.encoder
 
     def reranked(self, question: str, as_of: dt.date, found: list) -> list:
-        from serving.reranking import rerank
-
         if self.model is None:
             return found
         return rerank(self.model, question, as_of, found[: self.depth]) + found[self.depth :]
@@ -103,8 +105,7 @@ class Stages:
     ) -> dict[str, list]:
         """The served order again after pseudo-relevance feedback from the served top 3; `dense` and
         `lexical` are the question's own (faiss id, score) hits, the first k of each taken."""
-        from models.encoders import query_text
-        from serving.retrieval import fetch_passages, lexical_index
+        from serving.retrieval import fetch_passages, lexical_index  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
         top = served[:3]
         if not top:
@@ -132,12 +133,6 @@ class Stages:
 
 def contexts(session, service, question, served: list) -> dict[str, list]:
     """What the reader could read: the served context, and the same words spent otherwise."""
-    from sqlalchemy import select
-
-    from models.reader_base import RetrievedPassage
-    from models.reader_context import select_context
-    from store.tables import Passage
-
     reader = service.reader
     n = service.passages_for(reader)
     whole = list(served)
@@ -207,11 +202,7 @@ def anywhere(passages: list[tuple[dt.date, str]], question, recent_days: int) ->
 
 
 def measure_window(service, db, snap, questions, *, deep: int, recent_days: int, bar: bool) -> dict:
-    from sqlalchemy import select
-    from tqdm import tqdm
-
-    from serving.retrieval import fetch_passages
-    from store.tables import Passage
+    from serving.retrieval import fetch_passages  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
     stages = Stages(service, snap)
     last = max(q.asked for q in questions)

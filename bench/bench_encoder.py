@@ -34,13 +34,17 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from evaluation.metrics import answer_in_text  # noqa: E402
+from indexer.chunking import chunk_texts, dated_text  # noqa: E402
+from indexer.importers import read_realtimeqa  # noqa: E402
+from models.encoders import load_encoder, query_text  # noqa: E402
+from models.onnx_encoder import CPU_BATCH  # noqa: E402
+
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
 
 
 def passages_of(data: Path, since: dt.date, until: dt.date, limit: int):
-    from indexer.chunking import chunk_texts, dated_text
-    from indexer.importers import read_realtimeqa
-
     articles, questions, _ = read_realtimeqa(data, since=since, until=until)
     articles = sorted(articles, key=lambda a: (a.published, a.url))
     chunks = chunk_texts([a.text for a in articles])
@@ -56,7 +60,7 @@ def passages_of(data: Path, since: dt.date, until: dt.date, limit: int):
 
 def torch_ceiling(encoder, texts: list[str], batch_size: int) -> float:
     """passages/s of the torch model's forward passes alone, on batches tokenised beforehand."""
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     model = encoder.model
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
@@ -80,9 +84,6 @@ def onnx_ceiling(tower, texts: list[str], batch_size: int) -> float:
 
 
 def recall(vectors: np.ndarray, days: np.ndarray, bodies: list[str], questions, encoder, ks=(1, 5, 20)) -> dict:
-    from evaluation.metrics import answer_in_text
-    from models.encoders import query_text
-
     qv = encoder.encode_queries([query_text(encoder, q.text, q.asked) for q in questions])
     hits = {k: 0 for k in ks}
     for q, v in zip(questions, qv):
@@ -110,9 +111,6 @@ def main() -> int:
     if not args.data.is_dir():
         print(f"the RealTimeQA slice is missing at {args.data} (pass --data)", file=sys.stderr)
         return 2
-
-    from models.encoders import load_encoder
-    from models.onnx_encoder import CPU_BATCH
 
     texts, bodies, days, questions = passages_of(args.data, args.since, args.until, args.max_passages)
     questions = [q for q in questions if q.answers]

@@ -43,6 +43,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from sqlalchemy import select
+from tqdm import tqdm
+
 # What the benchmarks over a home's questions share: the served pipeline, the windows and their options.
 from bench.served_questions import (
     KS,
@@ -59,6 +62,10 @@ from evaluation.metrics import answer_in_text
 from evaluation.paired import correct, describe_paired, em_interval, paired_em
 from evaluation.recent_news import RecentNews
 from evaluation.trust import Judged, confidence_bands, describe, grounded_split
+from indexer.records import ImportReport
+from models.reader_base import RetrievedPassage
+from store.tables import Article
+from workers.bakeoff_gold import gold_passage
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "realtimeqa"
@@ -89,9 +96,6 @@ class AnswerCache:
 def stored_articles(session):
     """RecentNews's `articles`: (published, text) of the stored articles published in [first, last],
     by day (and id within a day)."""
-    from sqlalchemy import select
-
-    from store.tables import Article
 
     def between(first: dt.date, last: dt.date):
         return session.execute(
@@ -104,11 +108,7 @@ def stored_articles(session):
 
 
 def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
-    from tqdm import tqdm
-
-    from models.reader_base import RetrievedPassage
-    from serving.answering import answer_evidence
-    from workers.bakeoff_gold import gold_passage
+    from serving.answering import answer_evidence  # noqa: PLC0415 (lazy: serving.answering pulls faiss)
 
     reader = service.reader
     hits = {k: 0 for k in KS}
@@ -343,8 +343,6 @@ def parse_args(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from indexer.records import ImportReport
-
     args = parse_args(argv)
     bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
     home = Path(args.home)

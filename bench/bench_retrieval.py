@@ -20,6 +20,7 @@ out and counted. A retriever that needs BM25 files the index lacks says to run `
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import statistics
@@ -27,8 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+from sqlalchemy import select
+
 from evaluation.bakeoff import latency_summary
 from evaluation.metrics import answer_in_text
+from settings import Settings
+from store.tables import Question
 
 KS = (1, 5, 20)  # --ks adds deeper cut-offs (e.g. 100, to see how much a re-ranker could gain)
 RETRIEVERS = {
@@ -64,16 +69,11 @@ def gold_urls(meta: dict) -> set[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import datetime as dt
+    import faiss  # noqa: PLC0415 (lazy: faiss)
+    import torch  # noqa: PLC0415 (lazy: torch)
 
-    import faiss
-    import torch
-    from sqlalchemy import select
-
-    from app.bootstrap.builders import build_encoder, index_state, open_database
-    from serving.retrieval import make_retriever
-    from settings import Settings
-    from store.tables import Question
+    from app.bootstrap.builders import build_encoder, index_state, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    from serving.retrieval import make_retriever  # noqa: PLC0415 (lazy: serving.retrieval imports faiss)
 
     unknown = [r for r in args.retrievers.split(",") if r not in RETRIEVERS]
     if unknown:

@@ -40,7 +40,7 @@ _FILE_PREFIX = "bm25s."  # npz members holding the files bm25s.BM25.save wrote
 
 def tokenize(texts: Sequence[str]) -> list[list[str]]:
     """Lower-cased words of two or more characters, English stopwords removed (bm25s's tokenizer)."""
-    import bm25s
+    import bm25s  # noqa: PLC0415 (lazy: bm25s pulls scipy.sparse)
 
     tokens: list[list[str]] = bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
     return tokens
@@ -77,7 +77,7 @@ class Bm25Shard:
                 f"BM25 shard {key}: need one int64 id per text, got {len(texts)} texts and ids "
                 f"of shape {ids.shape} and dtype {ids.dtype}"
             )
-        import bm25s
+        import bm25s  # noqa: PLC0415 (lazy: bm25s pulls scipy.sparse)
 
         order = np.argsort(ids, kind="stable")
         retriever = bm25s.BM25()
@@ -117,7 +117,7 @@ class Bm25Shard:
     @classmethod
     def from_bytes(cls, data: bytes, key: str, expected_count: int, *, source: str = "<bytes>") -> Bm25Shard:
         """Read `to_bytes` output; checks the format and the passage count the manifest records."""
-        import bm25s
+        import bm25s  # noqa: PLC0415 (lazy: bm25s pulls scipy.sparse)
 
         where = f"BM25 index of shard {key} ({source})"
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
+from settings import get_settings
 from store import tables  # noqa: F401  (registers the tables on Base.metadata)
 from store.base import Base
 from store.engine import make_engine
@@ -20,8 +21,6 @@ def _include_name(name, type_, parent_names) -> bool:
 def _url() -> str:
     url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
     if not url:
-        from settings import get_settings
-
         url = get_settings().db_url
     return url
 

@@ -209,8 +209,8 @@ class CandidateRanker:
         return cands, [features(item, c, wh, head, use_score=self.use_score) for c in cands]
 
     def fit(self, items: Iterable[RankerItem]) -> CandidateRanker:
-        from sklearn.feature_extraction import DictVectorizer
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.feature_extraction import DictVectorizer  # noqa: PLC0415 (lazy: sklearn)
+        from sklearn.linear_model import LogisticRegression  # noqa: PLC0415 (lazy: sklearn)
 
         feats, labels = [], []
         for item in items:
@@ -259,8 +259,8 @@ class CandidateRanker:
     @classmethod
     def from_json(cls, data: dict) -> CandidateRanker:
         """A ranker that predicts exactly as the one `to_json` wrote (the same arrays, the same code)."""
-        from sklearn.feature_extraction import DictVectorizer
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.feature_extraction import DictVectorizer  # noqa: PLC0415 (lazy: sklearn)
+        from sklearn.linear_model import LogisticRegression  # noqa: PLC0415 (lazy: sklearn)
 
         names, coef = list(data["vocabulary"]), list(data["coef"])
         if len(names) != len(coef) or not names:

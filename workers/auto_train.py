@@ -33,6 +33,17 @@ from typing import TYPE_CHECKING
 
 from evaluation.metrics import exact_match, token_f1
 from indexer.dates import month_key, month_start
+from serving.errors import ConflictError
+from serving.reader_registry import (
+    READER_TRAINING_LOCK,
+    activate_version,
+    active_version,
+    find_soup,
+    get_version,
+    soup_versions,
+    version_dir,
+)
+from serving.reranking import active_reranker, list_reranker_versions
 from workers.config import AutoTrainConfig
 
 if TYPE_CHECKING:
@@ -59,7 +70,7 @@ def held_back_questions(
 ) -> tuple[list[tuple[str, dt.date, tuple[str, ...]]], str]:
     """(text, asked, answers) of the held-back month [first, before): its gold questions, else
     questions self-labeled from its articles (dated a few days after the article, as asked)."""
-    from workers.reader_data import DataConfig, asked_after, gold_questions, self_labeled
+    from workers.reader_data import DataConfig, asked_after, gold_questions, self_labeled  # noqa: PLC0415 (lazy: workers.reader_data imports torch)
 
     rng = random.Random(cfg.seed)
     with ctx.sessions() as session:
@@ -101,8 +112,6 @@ def check_reader(ctx: JobContext, reader, questions, progress=None) -> Check:
 
 def plan(ctx: JobContext, until: dt.date) -> dict:
     """What `after_ingest` would do for a cut at `until`: {"action": "train" | "finetune" | "skip", ...}."""
-    from serving.reader_registry import active_version
-
     held_from = month_start(until - dt.timedelta(days=1))
     if ctx.reader != "auto":
         return {
@@ -133,8 +142,6 @@ def plan(ctx: JobContext, until: dt.date) -> dict:
 
 def reranker_plan(ctx: JobContext, until: dt.date) -> dict:
     """Train a re-ranker unless the serving one already learnt what is dated before `until`."""
-    from serving.reranking import active_reranker, list_reranker_versions
-
     active = active_reranker(ctx.rerankers_dir)
     if active is not None:
         info = next((i for i in list_reranker_versions(ctx.rerankers_dir) if i["version"] == active), {})
@@ -149,8 +156,7 @@ def reranker_plan(ctx: JobContext, until: dt.date) -> dict:
 def _train_reranker(ctx: JobContext, job: JobHandle, until: dt.date, cfg: AutoTrainConfig) -> dict:
     """The re-ranker first (the reader then learns from the passages it puts on top); a failure is
     reported, and the reader is still trained."""
-    from serving.errors import ConflictError
-    from workers.train_reranker import RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job
+    from workers.train_reranker import RERANKER_TRAINING_LOCK, RerankerDataConfig, run_train_reranker_job  # noqa: PLC0415 (lazy: workers.train_reranker imports torch)
 
     what = reranker_plan(ctx, until)
     if what["action"] == "skip":
@@ -198,8 +204,7 @@ def train_seeds(
     Resumable run by run: a run a stopped job already saved over the passages served now
     (`workers.train.saved_run`) is taken as it is, its training minutes counted against the budget,
     and an existing soup of the same runs is not registered again."""
-    from serving.reader_registry import find_soup, soup_versions
-    from workers.train import current_retrieval_key, run_train_job, saved_run
+    from workers.train import current_retrieval_key, run_train_job, saved_run  # noqa: PLC0415 (lazy: workers.train imports torch)
 
     key = current_retrieval_key(ctx)
     t0, members, earlier = clock(), [], 0.0  # earlier: minutes of the runs a stopped job saved
@@ -237,9 +242,8 @@ def train_seeds(
 def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTrainConfig) -> dict:
     """Train on what is dated before `until` (the first ingested month's start, or the last one's),
     check on the month before it, activate if better. Returns what happened (the job's counts)."""
-    from serving.reader_registry import activate_version, get_version, version_dir
-    from workers.reader_spec import ReaderJobSpec
-    from workers.train import run_finetune_job
+    from workers.reader_spec import ReaderJobSpec  # noqa: PLC0415 (lazy: workers.reader_spec imports torch)
+    from workers.train import run_finetune_job  # noqa: PLC0415 (lazy: workers.train imports torch)
 
     reranker = _train_reranker(ctx, job, until, cfg) if cfg.rerank else None
     what = plan(ctx, until)
@@ -346,8 +350,6 @@ def run_after_ingest(ctx: JobContext, until: dt.date, cfg: AutoTrainConfig, *, k
     """`after_ingest` as an "auto-train" job under the reader-training lock, or a skip (no job row)
     when there is nothing to learn. Returns the job's result with its "job_id". A failure is on the
     job's row; it is raised again, or with `keep_going` returned as {"job_id", "error"}."""
-    from serving.reader_registry import READER_TRAINING_LOCK
-
     reason = nothing_to_do(ctx, until, cfg)
     if reason is not None:
         return {"action": "skip", "reason": reason}

@@ -43,15 +43,19 @@ from app.bootstrap.job_configs import (
 from models.encoders import TextEncoder
 from models.readers import Reader
 from serving.answering import AnswerService
+from serving.reader_registry import READER_TRAINING_LOCK
 from serving.reranking import active_reranker
 from settings import Settings, get_settings
 from store.engine import Database
 from workers.config import AutoTrainConfig
 from workers.feed_poller import FeedPoller
 from workers.inbox import InboxWatcher
+from workers.ingest import ingest_lock
 from workers.job_context import JobContext
 from workers.live_publisher import LivePublisher
 from workers.runner import JobRunner
+from workers.scheduled import MONTHLY_INGEST, QUARTERLY_EVALUATION, monthly_ingest, quarterly_evaluation
+from workers.scheduler import run_worker as run_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +155,6 @@ def open_context(settings: Settings, *, migrate: bool = True, bar: bool = False)
 
 def scheduled_monthly_ingest(month: str | None = None) -> dict:
     """The monthly ingest as the scheduler runs it: the context from the settings, then the job."""
-    from workers.scheduled import monthly_ingest
-
     settings = get_settings()
     with open_context(settings) as ctx:  # every worker runs it; one does, the others wait and skip
         return monthly_ingest(ctx, month, wait_s=settings.misfire_grace_s)
@@ -160,8 +162,6 @@ def scheduled_monthly_ingest(month: str | None = None) -> dict:
 
 def scheduled_quarterly_evaluation(quarter: str | None = None) -> dict:
     """The quarterly evaluation as the scheduler runs it."""
-    from workers.scheduled import quarterly_evaluation
-
     settings = get_settings()
     with open_context(settings) as ctx:
         return quarterly_evaluation(ctx, quarter, wait_s=settings.misfire_grace_s)
@@ -172,10 +172,7 @@ def scheduled_quarterly_evaluation(quarter: str | None = None) -> dict:
 
 def job_locks(settings: Settings, runner: JobRunner) -> dict:
     """The lock each kind of job holds while it runs (for `JobRunner.recover` at start-up)."""
-    from serving.reader_registry import READER_TRAINING_LOCK
-    from workers.ingest import ingest_lock
-    from workers.scheduled import MONTHLY_INGEST, QUARTERLY_EVALUATION
-    from workers.train_retriever import RETRIEVER_TRAINING_LOCK
+    from workers.train_retriever import RETRIEVER_TRAINING_LOCK  # noqa: PLC0415 (lazy: workers.train_retriever imports torch)
 
     ingest = ingest_lock(settings.index_dir)
     return {
@@ -192,8 +189,6 @@ def job_locks(settings: Settings, runner: JobRunner) -> dict:
 def run_worker(settings: Settings) -> None:
     """`sqa worker`: migrate, mark the jobs a dead process left running as interrupted, then run the
     scheduler until SIGTERM (workers.scheduler.run_worker)."""
-    from workers.scheduler import run_worker as run_scheduler
-
     db = open_database(settings)  # migrations first: the jobs table exists before any run
     if db.engine.dialect.name == "sqlite":
         log.warning(

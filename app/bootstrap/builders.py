@@ -9,10 +9,14 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from sqlalchemy import inspect
+
+import models.trained  # called as models.trained.X: tests replace its functions
 from models.encoders import TextEncoder, describe_encoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
+from models.reranker import load_reranker
 from serving.answering import AnswerLimits, AnswerService
-from serving.index_state import IndexState
+from serving.index_state import IndexState, latest_snapshot_row
 from serving.reader_registry import check_servable, get_version
 from serving.reader_state import ReaderState, RegistrySource
 from serving.reranking import RerankerState, RerankingRetriever
@@ -31,7 +35,7 @@ def open_database(settings: Settings, *, migrate: bool = True) -> Database:
 
 def configure_torch(settings: Settings) -> None:
     if settings.torch_threads:
-        import torch
+        import torch  # noqa: PLC0415 (lazy: torch)
 
         torch.set_num_threads(settings.torch_threads)
 
@@ -75,10 +79,6 @@ def encoder_identity(settings: Settings) -> tuple[str, int]:
 
 def index_encoder_name(settings: Settings) -> str | None:
     """The encoder the newest serving snapshot was built with, None while there is none."""
-    from sqlalchemy import inspect
-
-    from serving.index_state import latest_snapshot_row
-
     engine = make_engine(settings.db_url)
     try:
         if not inspect(engine).has_table("index_snapshots"):
@@ -136,13 +136,11 @@ def load_builtin_reader(settings: Settings, name: str) -> Reader:
 
 def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None = None) -> Reader:
     """The trained reader in a version folder; `expect` ("fid", "gemma", ...) must match its reader.json."""
-    from models.trained import load_trained_reader, read_reader_info  # imported here: heavy, only when used
-
     if expect is not None:
-        kind = read_reader_info(folder).get("kind")
+        kind = models.trained.read_reader_info(folder).get("kind")
         if kind != expect:
             raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
-    return load_trained_reader(
+    return models.trained.load_trained_reader(
         folder,
         device=resolve_device(settings),
         max_passages=settings.reader_passages or None,
@@ -199,7 +197,7 @@ def build_reader(settings: Settings, db: Database | None = None) -> Reader:
 
 @functools.cache
 def _cuda_available() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 (lazy: torch)
 
     return bool(torch.cuda.is_available())
 
@@ -231,8 +229,6 @@ def reranker_state(settings: Settings) -> RerankerState:
     """Follows SQA_HOME/rerankers/ACTIVE; versions load on the SQA_DEVICE."""
 
     def load(folder: Path):
-        from models.reranker import load_reranker
-
         return load_reranker(folder, device=resolve_device(settings))
 
     return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5))

@@ -10,7 +10,16 @@ from pathlib import Path
 from indexer.ivf import ShardPolicy
 from indexer.push import PushLimits
 from settings import Settings, parse_drift_features
-from workers.config import DriftConfig, EvalConfig, FeedConfig, InboxConfig, IngestConfig, LiveConfig, TransportConfig
+from workers.config import (
+    DriftConfig,
+    EvalConfig,
+    FeedConfig,
+    InboxConfig,
+    IngestConfig,
+    LiveConfig,
+    SchedulerConfig,
+    TransportConfig,
+)
 
 
 def drift_config(settings: Settings) -> DriftConfig:
@@ -90,11 +99,9 @@ def shard_policy(settings: Settings) -> ShardPolicy:
     )
 
 
-def scheduler_config(settings: Settings):
+def scheduler_config(settings: Settings) -> SchedulerConfig:
     """SQA_INGEST_CRON, SQA_EVAL_CRON and SQA_MISFIRE_GRACE_S, with the job store's database (its
     folder made, for SQLite)."""
-    from workers.config import SchedulerConfig
-
     settings.ensure_dirs()
     return SchedulerConfig(
         db_url=settings.db_url,

@@ -4,11 +4,14 @@ listed, imported and activated by app/cli/version_commands.py's commands."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
-from app.cli.common import cli, day_option, fail, guard, month_option, run_job, settings
+from app.cli.common import cli, context, day_option, fail, guard, month_option, open_database, run_job, settings
+from app.cli.data import reencode_index, run_auto_train
+from models.selflabel import RULES
 
 train_cli = typer.Typer(no_args_is_help=True, help="Train models on what is dated before a cut.")
 cli.add_typer(train_cli, name="train")
@@ -31,14 +34,14 @@ def _check_export(export: Path, *, kind: str, allowed: str, why: str, activate: 
 def _reader_spec(
     kind: str, max_minutes: float, epochs: int, n_passages: int | None, base: str | None, seed: int, gold: bool = True
 ):
-    from workers.reader_spec import ReaderJobSpec
+    from workers.reader_spec import ReaderJobSpec  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.reader_spec pulls torch)
 
     if kind not in ("fid", "extractive", "gemma", "ranker"):
         fail(f"--kind {kind!r} is unknown (use fid, extractive, gemma or ranker)")
     if kind == "ranker" and not gold:
         fail("--no-gold is for gemma, fid and extractive readers (the ranker validates on gold questions)")
     if kind == "ranker":  # reads the same number of passages in training and serving
-        from workers.train_ranker import PASSAGES, SELF_ARTICLES
+        from workers.train_ranker import PASSAGES, SELF_ARTICLES  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.train_ranker pulls numpy)
 
         n = n_passages or PASSAGES
         return ReaderJobSpec(kind=kind, n_passages=n, infer_passages=n, max_self_articles=SELF_ARTICLES, seed=seed)
@@ -128,10 +131,8 @@ def train_reader(
     ),
 ) -> None:
     """Train a reader version; run the same command again to resume an interrupted run."""
-    from dataclasses import replace
-
-    from serving.reader_registry import READER_TRAINING_LOCK
-    from workers.train import run_export_job, run_train_job
+    from serving.reader_registry import READER_TRAINING_LOCK  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reader_registry pulls sqlalchemy)
+    from workers.train import run_export_job, run_train_job  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.train pulls torch)
 
     cut = day_option(until, "--until")
     spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed, gold)
@@ -217,9 +218,9 @@ def train_retriever(
 ) -> None:
     """Fine-tune the question and passage encoders (DPR) and save them as an encoder version;
     run the same command again to resume an interrupted run."""
-    from models.dpr import DprConfig
-    from models.encoders import read_encoder_info
-    from workers.train_retriever import RETRIEVER_TRAINING_LOCK, RetrieverDataConfig, describe, run_train_retriever_job
+    from models.dpr import DprConfig  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: models.dpr pulls numpy)
+    from models.encoders import read_encoder_info  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: models.encoders pulls numpy)
+    from workers.train_retriever import RETRIEVER_TRAINING_LOCK, RetrieverDataConfig, describe, run_train_retriever_job  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.train_retriever pulls torch)
 
     cut = day_option(until, "--until")
     try:
@@ -253,8 +254,6 @@ def train_retriever(
     )
     typer.echo(describe(read_encoder_info(settings().encoders_dir / version)))
     if switch:
-        from app.cli.data import reencode_index
-
         reencode_index(version)
     else:
         typer.echo(f"switch the index to it with `sqa index reencode --encoder {version}`")
@@ -270,16 +269,11 @@ def train_auto(
 ) -> None:
     """What `sqa ingest` runs when it ends: a re-ranker, then the reader, each activated only if it
     beats what serves on the month before the cut. Run it again to resume."""
-    import dataclasses
-
-    from app.cli.common import context
-    from app.cli.data import run_auto_train
-
     cut = day_option(until, "--until")
     if cut.day != 1:
         fail(f"--until {cut} must be the first day of a month (the held-back month is the one before)")
     with context() as ctx:
-        cfg = ctx.auto_train if max_minutes is None else dataclasses.replace(ctx.auto_train, max_minutes=max_minutes)
+        cfg = ctx.auto_train if max_minutes is None else replace(ctx.auto_train, max_minutes=max_minutes)
         run_auto_train(ctx, cut, cfg)
 
 
@@ -317,7 +311,7 @@ def train_reranker(
 ) -> None:
     """Train a re-ranker on the first stage's candidates for the dated gold and self-labeled questions
     before the cut, and fit its recency prior; run it again to reuse the data."""
-    from workers.train_reranker import (
+    from workers.train_reranker import (  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.train_reranker pulls torch)
         KINDS,
         RERANKER_TRAINING_LOCK,
         RerankerDataConfig,
@@ -387,8 +381,8 @@ def finetune(
 ) -> None:
     """Continue the active reader on the month's self-labeled questions plus a replay sample of
     older ones; the new version becomes active."""
-    from serving.reader_registry import READER_TRAINING_LOCK
-    from workers.train import run_finetune_job
+    from serving.reader_registry import READER_TRAINING_LOCK  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: serving.reader_registry pulls sqlalchemy)
+    from workers.train import run_finetune_job  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.train pulls torch)
 
     month_option(month, "--month")
     version = run_job(
@@ -411,9 +405,7 @@ def selflabel(
     max_articles: int = typer.Option(200, help="generate from this many random articles"),
 ) -> None:
     """Print self-labeled questions generated from random stored articles, and why others were rejected."""
-    from app.cli.common import open_database
-    from models.selflabel import RULES
-    from workers.selflabel_sample import sample_from_database
+    from workers.selflabel_sample import sample_from_database  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers.selflabel_sample pulls sqlalchemy)
 
     if month and until:
         fail("give at most one of --month or --until")

