@@ -7,16 +7,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import typer
-from sqlalchemy import func, select
-from tqdm import tqdm
 
 from app.cli.common import cli, context, day_option, fail, guard, month_option, open_database, settings
 from indexer.dates import month_key, month_start
 from indexer.importers import read_articles_jsonl, read_realtimeqa, read_streamingqa
 from indexer.records import ImportReport
-from models.encoders import load_encoder
-from store.migrate import upgrade
-from store.tables import Passage
 
 db_cli = typer.Typer(no_args_is_help=True, help="Database schema.")
 import_cli = typer.Typer(no_args_is_help=True, help="Import articles and questions.")
@@ -33,6 +28,8 @@ cli.add_typer(index_cli, name="index")
 @guard
 def db_upgrade() -> None:
     """Apply the database migrations (also done automatically on start)."""
+    from store.migrate import upgrade  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: alembic)
+
     s = settings()
     s.ensure_dirs()
     upgrade(s.db_url)
@@ -129,6 +126,8 @@ def import_articles(
 def _fill_on_ray(ctx, encoder, params, address: str | None, actors: int) -> None:
     """Encode the planned months' passages on Ray into the ingest's checkpoints (workers/backfill_ray.py),
     under the index's ingest lock; the ingest that follows finds them encoded."""
+    from tqdm import tqdm  # noqa: PLC0415 (lazy: keeps `sqa --help` fast)
+
     try:
         import ray  # noqa: F401, PLC0415 (lazy: ray, an optional extra)
     except ImportError:
@@ -159,6 +158,9 @@ def _run_ingest(
     """Run an ingest job (`workers.ingest_plans.IngestParams`) here, print what each shard got, then train
     after it as the scheduler and the API do (`workers.after_ingest.train_after_ingest`: SQA_AUTO_TRAIN on
     what is dated before the last ingested month, then SQA_FINETUNE_POLICY) unless told not to."""
+    from sqlalchemy import func, select  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: sqlalchemy)
+
+    from store.tables import Passage  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: sqlalchemy)
     from workers.after_ingest import train_after_ingest  # noqa: PLC0415 (lazy: faiss)
     from workers.ingest import ingest as run_ingest  # noqa: PLC0415 (lazy: faiss)
 
@@ -328,6 +330,7 @@ def index_reencode(
 def reencode_index(spec: str) -> None:
     """Switch the index to the encoder `spec` names (a trained version, minilm or a folder)."""
     from app.bootstrap.builders import resolve_device  # noqa: PLC0415 (lazy: faiss)
+    from models.encoders import load_encoder  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: numpy)
     from workers.reencode import reencode  # noqa: PLC0415 (lazy: faiss)
 
     s = settings()

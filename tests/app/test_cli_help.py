@@ -42,3 +42,15 @@ def test_help_has_a_description_and_an_example_that_parses(path, command):
     shown = CliRunner().invoke(cli, [*path, "--help"], terminal_width=200)
     assert shown.exit_code == 0
     assert "Example: sqa" in shown.output
+
+
+def test_sqa_help_loads_no_database_or_model_library():
+    """`sqa --help` (and every command's --help) imports the CLI only: a command module keeps its
+    heavy imports inside the command (the `# noqa: PLC0415 (lazy: ...)` ones)."""
+    import subprocess
+    import sys
+
+    heavy = ("sqlalchemy", "numpy", "alembic", "torch", "faiss", "transformers", "apscheduler")
+    code = f"import sys, app.cli; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
