@@ -195,6 +195,7 @@ def serve() -> None:
         print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}), flush=True)
+    os._exit(0)  # nothing to clean up: skip the interpreter's teardown of everything it imported
 
 
 if __name__ == "__main__":
