@@ -142,8 +142,8 @@ def _warm() -> None:
     """Import what the runs use, and load spaCy's sentencizer: no threads, no connections."""
     import datetime as dt  # noqa: PLC0415 (lazy: the server's imports are its warm-up)
 
-    import app.cli  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
     import app.bootstrap.builders  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
+    import app.cli  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
     import workers.after_ingest  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
     import workers.ingest  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
     import workers.live_publisher  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)

@@ -16,10 +16,12 @@ from sqlalchemy import func, select
 from app.bootstrap.builders import open_database
 from serving.index_state import IndexState
 from store.tables import Article, Job, Passage
+from tests import forked
 from tests.conftest import load_sample
 from tests.forked import ForkedRun, ForkServer
-from tests.forked import fork_server  # noqa: F401  (the fixture)
 from tests.workers.test_ingest import snapshot_agrees_with_database
+
+fork_server = forked.fork_server  # the module's warm fork server (a fixture)
 
 MONTH = "2024-03"
 KILLS = 10

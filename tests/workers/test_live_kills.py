@@ -23,13 +23,15 @@ from indexer.manifest import read_manifest
 from indexer.records import ArticleRecord
 from serving.index_state import IndexState, latest_snapshot_row
 from store.tables import Article, Job, LiveQueueItem, Passage
+from tests import forked
 from tests.conftest import load_sample
 from tests.forked import ForkedRun, ForkServer
-from tests.forked import fork_server  # noqa: F401  (the fixture)
 from tests.workers.test_ingest import snapshot_agrees_with_database
 from tests.workers.test_live import Store
 from workers.config import LiveConfig
 from workers.ingest import ingest
+
+fork_server = forked.fork_server  # the module's warm fork server (a fixture)
 
 KILLS = 10
 LIVE = LiveConfig(max_batch=8, merge_pieces=3)  # a run of 40 articles: 5 publishes, pieces merged on the way
