@@ -10,12 +10,34 @@ import time
 import httpx
 import pytest
 
+from app.bootstrap.builders import build_encoder, open_database
+from app.bootstrap.job_configs import ingest_config
 from app.server_process import served
+from indexer.importers import read_realtimeqa
 from settings import Settings
-from tests.conftest import POSTGRES_URL, _postgres_database, load_sample
+from tests.conftest import POSTGRES_URL, SAMPLE, _postgres_database
+from workers.imports import store_records
+from workers.ingest import ingest
 
 TOKEN = "integration-token"
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """The real MiniLM encoder, loaded once for both databases' ingests."""
+    return build_encoder(Settings(encoder="minilm", env="test"))
+
+
+def load_sample_with(settings: Settings, encoder, through: str) -> None:
+    """conftest's `load_sample` (import the sample, ingest it through `through`) with a loaded encoder."""
+    db = open_database(settings)
+    try:
+        articles, questions, _ = read_realtimeqa(SAMPLE)
+        store_records(db.sessions, articles, questions)
+        ingest(db.sessions, encoder, ingest_config(settings), {"through": through})
+    finally:
+        db.close()
 
 
 @pytest.fixture(
@@ -25,7 +47,7 @@ pytestmark = pytest.mark.integration
         pytest.param("postgres", marks=pytest.mark.skipif(not POSTGRES_URL, reason="SQA_TEST_POSTGRES_URL is not set")),
     ],
 )
-def server(request, tmp_path_factory, gemma_cache):
+def server(request, tmp_path_factory, gemma_cache, minilm):
     """A real `sqa serve` over the sample news ingested through 2024-02 with the real encoder, and
     zero-shot Gemma reading (the session's one conversion, linked in as the home's converted base)."""
     home = tmp_path_factory.mktemp("real") / "home"
@@ -36,7 +58,7 @@ def server(request, tmp_path_factory, gemma_cache):
     else:
         url = f"sqlite:///{home / 'sqa.db'}"
     settings = Settings(home=home, database_url=url, encoder="minilm", reader="gemma", admin_token=TOKEN, env="test")
-    load_sample(settings, through="2024-02", until=None)
+    load_sample_with(settings, minilm, through="2024-02")
     settings.models_dir.mkdir(parents=True, exist_ok=True)
     (settings.models_dir / "base").symlink_to(gemma_cache, target_is_directory=True)
     env = {
@@ -48,8 +70,9 @@ def server(request, tmp_path_factory, gemma_cache):
         "SQA_READER": "gemma",
         "SQA_SNAPSHOT_POLL_S": "1",
         "HF_HUB_OFFLINE": "1",
-        "SQA_ANSWER_CONCURRENCY": "2",
-    }  # two questions at once during the swap: not the answer gate's test
+        "SQA_ANSWER_CONCURRENCY": "2",  # two questions at once during the swap: not the answer gate's test
+        "SQA_AUTO_TRAIN": "false",  # the admin ingest alone (no re-ranker training after it), as in every other test
+    }
     try:
         with served(env, home / "server.log") as running:
             yield running.base, settings

@@ -12,6 +12,9 @@ from sqlalchemy import func, select
 from app.bootstrap.builders import open_database
 from app.main import create_app
 from store.tables import Article, IndexSnapshot, Job, Passage
+from tests import loaded
+
+loaded_settings = loaded.loaded_settings  # the sample copied from a template: overrides conftest's fixture here
 
 ADMIN = {"X-Admin-Token": "test-admin-token"}
 

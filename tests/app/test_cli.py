@@ -164,19 +164,9 @@ def test_describe_encoder_matches_the_built_encoder_without_loading_a_model(tmp_
 TABLE_COMMANDS = [("index", "status"), ("jobs", "list"), ("models", "list")]
 
 
-@pytest.mark.parametrize("args", TABLE_COMMANDS, ids=" ".join)
-@pytest.mark.parametrize("encoder", ["hash", "minilm"])
-def test_table_commands_load_no_model_library(tmp_path, args, encoder):
-    """`sqa index status`, `jobs list`, `models list` read the database and files only: importing
-    torch, sentence-transformers, matplotlib or scipy.stats would cost them seconds at every start."""
-    import json
+def _sqa_env(home) -> dict:
     import os
-    import subprocess
-    import sys
 
-    from tests.conftest import ROOT
-
-    home = tmp_path / "home"
     env = {
         **os.environ,
         "SQA_HOME": str(home),
@@ -185,6 +175,20 @@ def test_table_commands_load_no_model_library(tmp_path, args, encoder):
         "SQA_AUTO_TRAIN": "0",
     }
     env.pop("SQA_DATABASE_URL", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def table_home(tmp_path_factory):
+    """A home with the sample imported and 2024-01 ingested by `sqa` itself, built once for the table
+    command cases (each runs on a copy). The CPU named: the ingest need not import torch to look for a GPU."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    home = tmp_path_factory.mktemp("table") / "home"
+    env = {**_sqa_env(home), "SQA_DEVICE": "cpu"}
     subprocess.run(
         [sys.executable, "-m", "app.cli", "import", "realtimeqa", str(ROOT / "indexer" / "sample" / "realtimeqa")],
         cwd=ROOT,
@@ -199,6 +203,23 @@ def test_table_commands_load_no_model_library(tmp_path, args, encoder):
         check=True,
         capture_output=True,
     )
+    return home
+
+
+@pytest.mark.parametrize("args", TABLE_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize("encoder", ["hash", "minilm"])
+def test_table_commands_load_no_model_library(tmp_path, table_home, args, encoder):
+    """`sqa index status`, `jobs list`, `models list` read the database and files only: importing
+    torch, sentence-transformers, matplotlib or scipy.stats would cost them seconds at every start."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    home = tmp_path / "home"
+    shutil.copytree(table_home, home)
+    env = _sqa_env(home)
     probe = (
         "import json, sys\nfrom app.cli import cli\ntry:\n    cli(sys.argv[1:])\nexcept SystemExit as e:\n"
         "    code = e.code\nheavy = ['torch', 'sentence_transformers', 'transformers', 'matplotlib', 'scipy.stats',"

@@ -8,6 +8,9 @@ import logging
 import pytest
 
 from app.api.request_ids import JsonFormatter, RequestIdFilter, configure_logging
+from tests import loaded
+
+loaded_settings = loaded.loaded_settings  # the sample copied from a template: overrides conftest's fixture here
 
 
 def test_every_response_carries_a_request_id_and_a_sane_given_one_is_kept(client):

@@ -11,6 +11,9 @@ import pytest
 from app.web import session as web_session
 from app.web.views import answer_view, mark_answer, months_before, parse_as_of, parse_top_k
 from indexer.dates import InvalidDateError
+from tests import loaded
+
+loaded_settings = loaded.loaded_settings  # the sample copied from a template: overrides conftest's fixture here
 
 TOKEN = "test-admin-token"
 QUESTION = "Who is the mayor of Port Calder?"

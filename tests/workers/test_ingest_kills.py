@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from sqlalchemy import func, select
@@ -19,16 +16,20 @@ from sqlalchemy import func, select
 from app.bootstrap.builders import open_database
 from serving.index_state import IndexState
 from store.tables import Article, Job, Passage
+from tests import forked
 from tests.conftest import load_sample
+from tests.forked import ForkedRun, ForkServer
 from tests.workers.test_ingest import snapshot_agrees_with_database
 
-ROOT = Path(__file__).resolve().parents[2]
+fork_server = forked.fork_server  # the module's warm fork server (a fixture)
+
 MONTH = "2024-03"
 KILLS = 10
 
 
 def _env(settings) -> dict:
-    # A slow hash encoder and small checkpoints, so that the month takes seconds and has many stages.
+    # A slow hash encoder and small checkpoints, so that the month takes seconds and has many stages;
+    # the CPU named, so that no run imports torch to look for a GPU.
     return {
         **os.environ,
         "SQA_HOME": str(settings.home),
@@ -39,17 +40,13 @@ def _env(settings) -> dict:
         "SQA_READER": "first-entity",
         "SQA_ENV": "test",
         "SQA_AUTO_TRAIN": "false",
+        "SQA_DEVICE": "cpu",
     }
 
 
-def _ingest(settings) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "ingest", "--month", MONTH, "--no-train"],
-        cwd=ROOT,
-        env=_env(settings),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+def _ingest(server: ForkServer, settings) -> ForkedRun:
+    """`sqa ingest --month MONTH --no-train`, forked warm (tests/forked.py): the run alone is timed and killed."""
+    return server.start(_env(settings), argv=["ingest", "--month", MONTH, "--no-train"])
 
 
 def month_index(settings) -> dict[tuple[str, int], tuple[str, np.ndarray]]:
@@ -82,15 +79,15 @@ def month_index(settings) -> dict[tuple[str, int], tuple[str, np.ndarray]]:
 
 
 def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(
-    production_settings, make_settings, tmp_path
+    production_settings, make_settings, tmp_path, fork_server
 ):
+    server = fork_server
     settings = production_settings
     # The reference: the same month ingested once, uninterrupted, in a home of its own (timed).
     reference_settings = make_settings(home=tmp_path / "reference")
     load_sample(reference_settings, through="2024-02")
-    proc = _ingest(reference_settings)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out.decode()
+    code, out = _ingest(server, reference_settings).wait()
+    assert code == 0, out
     reference = month_index(reference_settings)
     ref_db = open_database(reference_settings, migrate=False)
     with ref_db.sessions() as s:
@@ -110,7 +107,7 @@ def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(
                 break
             with db.sessions() as s:
                 last = s.scalar(select(func.max(Job.id))) or 0
-            proc = _ingest(settings)
+            proc = _ingest(server, settings)
             # Kill it a random moment into its work (from the job row's creation: chunking, encoding,
             # writing the shard, the commit); a run that ends first is not a kill, another is started.
             seen = None
@@ -122,9 +119,10 @@ def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(
             with db.sessions() as s:
                 job = s.get(Job, seen) if seen is not None else None
                 seen = (job.progress or 0.0, job.message) if job is not None else None
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-            if proc.returncode != -signal.SIGKILL:  # it had finished
+            proc.kill()
+            code, out = proc.wait(timeout=30)
+            assert code in (0, -signal.SIGKILL), out
+            if code != -signal.SIGKILL:  # it had finished
                 continue
             killed_at.append("before its job row" if seen is None else f"{100 * seen[0]:.0f}% {seen[1]}")
             # What serves is whole: its files and the database agree, and it is the old snapshot or a complete one.
@@ -132,9 +130,8 @@ def test_ingest_killed_at_ten_random_points_then_equals_an_uninterrupted_run(
             assert (row, total) == old or total == old[1] + len(reference), killed_at
         assert len(killed_at) == KILLS, f"only {len(killed_at)} runs were killed before they ended"
 
-        proc = _ingest(settings)  # the run that is let finish
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out.decode()
+        code, out = _ingest(server, settings).wait()  # the run that is let finish
+        assert code == 0, out
     finally:
         db.close()
     print("killed at: " + " | ".join(killed_at))

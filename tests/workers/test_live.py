@@ -19,10 +19,13 @@ from indexer.shards import is_live_key
 from serving.index_state import IndexState, latest_snapshot_row
 from store.intake import intake_articles
 from store.tables import LiveQueueItem, Passage
+from tests import loaded
 from tests.conftest import load_sample
 from workers.config import LiveConfig
 from workers.ingest import ingest
 from workers.live_publisher import publish_live, queue_status
+
+loaded_settings = loaded.loaded_settings  # the sample copied from a template: overrides conftest's fixture here
 
 APRIL = dt.date(2024, 4, 10)
 

@@ -9,13 +9,9 @@ import dataclasses
 import datetime as dt
 import os
 import random
-import select as io_select
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 from sqlalchemy import func, select
@@ -27,19 +23,23 @@ from indexer.manifest import read_manifest
 from indexer.records import ArticleRecord
 from serving.index_state import IndexState, latest_snapshot_row
 from store.tables import Article, Job, LiveQueueItem, Passage
+from tests import forked
 from tests.conftest import load_sample
+from tests.forked import ForkedRun, ForkServer
 from tests.workers.test_ingest import snapshot_agrees_with_database
 from tests.workers.test_live import Store
 from workers.config import LiveConfig
 from workers.ingest import ingest
 
-ROOT = Path(__file__).resolve().parents[2]
+fork_server = forked.fork_server  # the module's warm fork server (a fixture)
+
 KILLS = 10
 LIVE = LiveConfig(max_batch=8, merge_pieces=3)  # a run of 40 articles: 5 publishes, pieces merged on the way
 DELAY_MS = 15  # the hash encoder sleeps this long per passage in the killed processes
 
 # One run of the publisher, as `sqa live publish` runs it: the whole queue, a batch a snapshot.
-# "ready" once imported and warm (spaCy), so the parent times the work alone; "done" at the end.
+# "ready" once set up (forked warm from tests/forked.py: imported, spaCy loaded), so the parent times
+# the work alone; "done" at the end.
 PUBLISH = f"""
 import datetime as dt
 from app.bootstrap.builders import build_encoder, open_database
@@ -70,28 +70,20 @@ def _env(settings, delay_ms: int = DELAY_MS) -> dict:
         "SQA_READER": "first-entity",
         "SQA_ENV": "test",
         "SQA_AUTO_TRAIN": "false",
+        "SQA_DEVICE": "cpu",  # no run imports torch to look for a GPU
     }
 
 
-def _start_publish(settings) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PUBLISH], cwd=ROOT, env=_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    out, deadline = b"", time.monotonic() + 120
-    while b"ready\n" not in out:  # read until warm, never blocking past the deadline
-        assert time.monotonic() < deadline, "the publisher never got ready"
-        if io_select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            assert line, f"the publisher died before it was ready: {out.decode()}"
-            out += line
+def _start_publish(server: ForkServer, settings) -> ForkedRun:
+    proc = server.start(_env(settings), code=PUBLISH)
+    proc.wait_for_line("ready")
     return proc
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[bool, str]:
+def _finish(proc: ForkedRun, timeout: float = 300) -> tuple[bool, str]:
     """Wait for a run; (whether it completed its work, its output). A crash fails the test."""
-    out, _ = proc.communicate(timeout=timeout)
-    text = out.decode()
-    assert proc.returncode in (0, -signal.SIGKILL), text
+    code, text = proc.wait(timeout=timeout)
+    assert code in (0, -signal.SIGKILL), text
     return "done" in text.splitlines(), text
 
 
@@ -264,7 +256,7 @@ def _queued(settings) -> int:
 
 
 def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(
-    production_settings, make_settings, tmp_path
+    production_settings, make_settings, tmp_path, fork_server
 ):
     settings = production_settings
     load_sample(settings)
@@ -276,7 +268,7 @@ def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(
     try:
         load_sample(reference.settings)
         reference.push(batches[0])
-        proc = _start_publish(reference.settings)
+        proc = _start_publish(fork_server, reference.settings)
         t0 = time.monotonic()
         done, out = _finish(proc)
         per_article = (time.monotonic() - t0) / len(batches[0])
@@ -304,10 +296,10 @@ def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(
                 break
             waiting = _queued(settings)
             before = store.manifest().snapshot_id
-            proc = _start_publish(settings)
+            proc = _start_publish(fork_server, settings)
             pause = rng.uniform(0.0, 1.0) * waiting * per_article
             time.sleep(pause)
-            proc.send_signal(signal.SIGKILL)
+            proc.kill()
             done, _ = _finish(proc)
             if not done:
                 killed_at.append(
@@ -325,7 +317,7 @@ def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(
         for batch in pending:
             store.push(batch)
             history.add(batch)
-        done, out = _finish(_start_publish(settings))  # the run that is let finish
+        done, out = _finish(_start_publish(fork_server, settings))  # the run that is let finish
         assert done, out
     finally:
         store.close()
@@ -338,14 +330,8 @@ def test_live_publish_killed_at_random_points_loses_and_duplicates_nothing(
 # ---- 2. the month compaction killed half-way -------------------------------------------------------
 
 
-def _ingest_month(settings) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "ingest", "--month", "2024-04", "--no-train"],
-        cwd=ROOT,
-        env=_env(settings, delay_ms=40),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+def _ingest_month(server: ForkServer, settings) -> ForkedRun:
+    return server.start(_env(settings, delay_ms=40), argv=["ingest", "--month", "2024-04", "--no-train"])
 
 
 def _live_ids(store: Store) -> dict[int, tuple[str, int, str]]:
@@ -362,7 +348,7 @@ def _live_ids(store: Store) -> dict[int, tuple[str, int, str]]:
         }
 
 
-def test_month_compaction_killed_half_way_keeps_the_live_snapshot_serving(production_settings):
+def test_month_compaction_killed_half_way_keeps_the_live_snapshot_serving(production_settings, fork_server):
     settings = production_settings
     load_sample(settings)
     store = Store(settings, LIVE)
@@ -391,10 +377,10 @@ def test_month_compaction_killed_half_way_keeps_the_live_snapshot_serving(produc
         for k in range(3):
             with store.db.sessions() as s:
                 last = s.scalar(select(func.max(Job.id))) or 0
-            proc = _ingest_month(settings)
+            proc = _ingest_month(fork_server, settings)
             job_id, deadline = None, time.monotonic() + 120
             while job_id is None:
-                assert proc.poll() is None, proc.stdout.read().decode()
+                assert proc.poll() is None, proc.output()
                 assert time.monotonic() < deadline, "the ingest never started its job"
                 with store.db.sessions() as s:
                     job_id = s.scalar(select(Job.id).where(Job.id > last, Job.kind == "ingest"))
@@ -409,7 +395,7 @@ def test_month_compaction_killed_half_way_keeps_the_live_snapshot_serving(produc
                 time.sleep(0.005)
             if k < 2:
                 time.sleep(rng.uniform(0.1, 0.3) * encode_s)
-            proc.send_signal(signal.SIGKILL)
+            proc.kill()
             _finish(proc)
             blocks = len(list(settings.work_dir.glob("ingest-2024-04-*/emb-*.npy")))
             killed_at.append(f"{stage} ({blocks} blocks encoded)")
