@@ -4,7 +4,8 @@ A feed host is somebody else's server, polled forever: it must never see more th
 `host_delay_s` from us (article pages included), a slow or failing host must not stall the poller
 for long, and a huge body must not fill our memory. So every GET here
 - waits for its host's turn: the next request to a host starts `host_delay_s` after the previous
-  one to it ended (ended, not started: the server then sees the gap whatever the latency);
+  one to it ended (ended, not started: the server then sees the gap whatever the latency); a
+  redirected request counts for the host it was sent to and for the host that answered it;
 - is retried `retries` times with exponential backoff on connection errors, timeouts and 5xx, and
   never on 4xx (the URL is wrong: asking again will not help);
 - reads the body as it comes and gives up past `max_bytes` (decoded size: a gzip bomb counts whole)
@@ -120,6 +121,9 @@ class PoliteFetcher:
                 continue
             finally:
                 self._last[host] = self._clock()
+            final = (urlsplit(got.url).hostname or "").lower()
+            if final != host:  # redirected: the host that answered waits its turn too
+                self._last[final] = self._last[host]
             status = got.status
             if got.status == 304 or 200 <= got.status < 300:
                 return got
