@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import tokenizers
+
 from indexer.importers import read_realtimeqa
+from models.encoders import packaged_minilm_path
 from models.gemma_weights import FOLDER_NAME
 
 SAMPLE = Path(__file__).resolve().parent.parent / "indexer" / "sample" / "realtimeqa"
@@ -43,20 +46,19 @@ def _corpus() -> list[str]:
 def gemma_tokenizer():
     """A byte-level BPE tokenizer (GEMMA_VOCAB ids, any text encodes and decodes back) with Gemma's
     <pad>, <eos>, <bos> and <unk> at ids 0-3 and <bos> put before each text, as Gemma's does."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415 (lazy: tokenizers)
     from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 (lazy: transformers)
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
         vocab_size=GEMMA_VOCAB,
         special_tokens=list(GEMMA_SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer)
-    tok.post_processor = processors.TemplateProcessing(
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", GEMMA_SPECIALS.index("<bos>"))]
     )
     return PreTrainedTokenizerFast(
@@ -100,8 +102,6 @@ def write_tiny_bert(folder: Path, seed: int = 0) -> Path:
     """Save a random 2-layer BERT (width 32) with the packaged MiniLM's tokenizer in `folder`; returns it."""
     import torch  # noqa: PLC0415 (lazy: torch)
     from transformers import AutoTokenizer, BertConfig, BertModel  # noqa: PLC0415 (lazy: transformers)
-
-    from models.encoders import packaged_minilm_path  # noqa: PLC0415 (lazy: pulls torch)
 
     tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_path())
     torch.manual_seed(seed)
