@@ -182,16 +182,17 @@ def wait_job():
 @pytest.fixture(scope="session")
 def gemma_cache(tmp_path_factory):
     """A cache dir holding the converted Gemma 3 270M (models.gemma_weights.gemma_folder), shared by the
-    session's tests: the folder SQA_TEST_GEMMA_CACHE names when it holds a converted model (read only,
-    saves the conversion), else the run's one GGUF conversion (about 40 s on a busy CPU). Under
-    pytest-xdist the workers share it: the first converts, the others wait on a file lock and reuse it."""
+    session's tests: the folder SQA_TEST_GEMMA_CACHE names, or else the user's default cache
+    (~/.cache/sqa/gemma3-270m), when it holds a converted model (read only, saves the conversion), else
+    the run's one GGUF conversion (about 40 s on a busy CPU). Under pytest-xdist the workers share it:
+    the first converts, the others wait on a file lock and reuse it."""
     from filelock import FileLock
 
-    from models.gemma_weights import FOLDER_NAME, gemma_folder
+    from models.gemma_weights import DEFAULT_CACHE_DIR, FOLDER_NAME, gemma_folder
 
-    given = os.environ.get("SQA_TEST_GEMMA_CACHE", "")
-    if given and (Path(given) / FOLDER_NAME / "model.safetensors").exists():
-        return Path(given)
+    for given in (os.environ.get("SQA_TEST_GEMMA_CACHE", ""), str(DEFAULT_CACHE_DIR.expanduser())):
+        if given and (Path(given) / FOLDER_NAME / "model.safetensors").exists():
+            return Path(given)
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the run's folder, above each worker's own
@@ -199,3 +200,32 @@ def gemma_cache(tmp_path_factory):
     with FileLock(str(shared / "gemma-cache.lock")):
         gemma_folder(cache)
     return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma_cache(tmp_path_factory) -> Path:
+    """A cache dir holding a tiny random Gemma 3 and a small tokenizer as the converted base
+    (tests/tiny_models.py): for the tests of what a job does around the model. Read only: a test
+    symlinks it as `$SQA_HOME/models/base` or passes it as a `cache_dir`."""
+    from tests.tiny_models import write_tiny_gemma
+
+    return write_tiny_gemma(tmp_path_factory.mktemp("tiny-gemma"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A folder holding a tiny random BERT with the packaged MiniLM's tokenizer (tests/tiny_models.py),
+    to warm start FiD and the extractive reader from. Read only."""
+    from tests.tiny_models import write_tiny_bert
+
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture
+def tiny_minilm(monkeypatch, tiny_bert) -> Path:
+    """`models.encoders.packaged_minilm_path` returns `tiny_bert`: what warm-starts from the packaged
+    MiniLM (the extractive reader, FiD's minilm backbone) starts from the tiny BERT instead."""
+    import models.encoders
+
+    monkeypatch.setattr(models.encoders, "packaged_minilm_path", lambda: tiny_bert)
+    return tiny_bert

@@ -1,6 +1,6 @@
 """Training after ingestion (workers/auto_train.py): what it decides to do, that it reads nothing
-dated on or after the ingested month, and, with the real Gemma, that a version is activated only when
-it answers the held-back month better than the serving reader."""
+dated on or after the ingested month, and, with a tiny random Gemma as the base (tests/tiny_models.py),
+that a version is activated only when it answers the held-back month better than the serving reader."""
 
 from __future__ import annotations
 
@@ -98,12 +98,12 @@ def test_cli_ingest_says_what_it_did_about_training(sqa, monkeypatch):
     assert "training after ingest: off" in r.output
 
 
-@pytest.mark.integration  # the real Gemma
-def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_production_settings, gemma_cache):
+@pytest.mark.integration  # spaCy for the self-labeled questions
+def test_after_ingest_trains_checks_and_activates_only_a_better_reader(loaded_production_settings, tiny_gemma_cache):
     torch.set_num_threads(1)
     settings = loaded_production_settings.model_copy(update={"reader": "auto"})
     settings.models_dir.mkdir(parents=True, exist_ok=True)
-    (settings.models_dir / "base").symlink_to(gemma_cache)
+    (settings.models_dir / "base").symlink_to(tiny_gemma_cache)  # the serving base and the one trained
     until = dt.date(2024, 3, 1)
     with open_context(settings) as ctx:
         cfg = AutoTrainConfig(max_minutes=0.05, check_questions=4, rerank=False, seeds=1)

@@ -1,4 +1,6 @@
-"""Reader training and fine-tuning jobs on the invented sample (hash encoder, tiny models)."""
+"""Reader training and fine-tuning jobs on the invented sample (hash encoder, tiny models): the
+extractive reader warm-starts from a tiny random BERT (tests/tiny_models.py) instead of the packaged
+MiniLM; what it learns from MiniLM is tests/models/test_trained_readers.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from workers.reader_data import DataConfig, build_datasets
 from workers.reader_spec import ReaderJobSpec
 from workers.train import run_finetune_job, run_train_job
 
-# Every test here reads with the packaged spaCy (self-labeled data) or trains an extractive reader from MiniLM.
+# Every test here reads with the packaged spaCy (self-labeled data).
 pytestmark = pytest.mark.integration
 
 TINY = dict(
@@ -31,7 +33,7 @@ TINY = dict(
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread_over_a_tiny_bert(tiny_minilm):
     torch.set_num_threads(1)
 
 

@@ -1,5 +1,7 @@
 """`sqa train reader --kind gemma` and `sqa finetune` of a Gemma version, on the invented sample (hash
-encoder) with the real packaged Gemma 3 270M and tiny budgets: a couple of steps each."""
+encoder) with a tiny random Gemma 3 as the base (tests/tiny_models.py: the jobs' machinery, not what
+the packaged model learns; its training is tests/models/test_gemma_train.py's integration test) and
+tiny budgets: a couple of steps each."""
 
 from __future__ import annotations
 
@@ -112,11 +114,11 @@ def test_cli_an_export_is_uncapped_unless_asked(sqa, tmp_path):
     assert [s.max_steps for s in specs] == [0, 80]
 
 
-@pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
-def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job, gemma_cache):
+@pytest.mark.integration  # spaCy for the self-labeled questions
+def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job, tiny_gemma_cache):
     torch.set_num_threads(1)
     loaded_production_settings.models_dir.mkdir(parents=True, exist_ok=True)
-    (loaded_production_settings.models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
+    (loaded_production_settings.models_dir / "base").symlink_to(tiny_gemma_cache)  # the base versions load
     # One epoch, not a time budget: how many steps a budget allows depends on the machine.
     spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=2, max_self_articles=6, patience=100)
     version = run_train_job(
@@ -131,8 +133,8 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     assert info["steps"] == math.ceil(info["data"]["train"] / spec.batch_size) and info["stopped"] == "epochs"
     assert info["precision"] == resolve_training_precision("auto")  # what its matmuls ran in, recorded
 
-    # The version reloads and reads: a few steps on the invented sample say nothing of its quality
-    # (they once turned "Ines Okafor" into "I coach the harriers"), so check the answer's form.
+    # The version reloads and reads: a few steps on the invented sample (of a tiny random base here)
+    # say nothing of its quality, so check the answer's form.
     reader = load_trained_reader(folder)
     assert reader.name == f"gemma:{version}" and reader.n_passages == 5
     day = dt.date(2024, 2, 2)
@@ -157,8 +159,10 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     assert info["spec"]["max_steps"] == GEMMA_MAX_STEPS and ft_spec["max_steps"] == 0  # a fine-tune is not capped
 
 
-@pytest.mark.integration  # the real Gemma, spaCy for the self-labeled questions
-def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_settings, new_job, gemma_cache, tmp_path):
+@pytest.mark.integration  # spaCy for the self-labeled questions
+def test_export_train_elsewhere_and_import_a_gemma_version(
+    loaded_production_settings, new_job, tiny_gemma_cache, tmp_path
+):
     """What a GPU machine is for: the store exports the job's data, `models.train_exported` trains it
     without the store (here on the CPU), and `import_version` registers what comes back."""
     from models.gemma_train import GemmaModel, _load_base
@@ -174,7 +178,7 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     torch.set_num_threads(1)
     models_dir = loaded_production_settings.models_dir
     models_dir.mkdir(parents=True, exist_ok=True)
-    (models_dir / "base").symlink_to(gemma_cache)  # the conversion, done once per session
+    (models_dir / "base").symlink_to(tiny_gemma_cache)  # the base the export's tokenizer comes from
     spec = ReaderJobSpec.for_gemma(max_epochs=1, eval_every=100, max_self_articles=6, self_per_article=3)
     # SQA_TRAIN_PRECISION goes into the export: the machine that trains it uses the exporting store's.
     exact = loaded_production_settings.model_copy(update={"train_precision": "float32"})
@@ -194,7 +198,7 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
     out = tmp_path / "version"
     # A machine whose own conversion of the GGUF splits text otherwise still trains with the export's tokenizer.
     with patch("models.gemma_train._load_base", side_effect=lambda cache: (_load_base(cache)[0], CharSplitter())):
-        trained = train_exported(tmp_path / "data", out, base_cache=gemma_cache, overrides={"batch_size": 8})
+        trained = train_exported(tmp_path / "data", out, base_cache=tiny_gemma_cache, overrides={"batch_size": 8})
     assert trained["steps"] == math.ceil(len(train) / 8) and trained["trained_until"] == "2024-03-01"
     assert trained["precision"] == "float32"
     db = open_database(loaded_production_settings)
@@ -205,7 +209,7 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
                 out,
                 models_dir=models_dir,
                 activate=True,
-                check=lambda f: GemmaModel.load(f, cache_dir=gemma_cache),
+                check=lambda f: GemmaModel.load(f, cache_dir=tiny_gemma_cache),
             ).version
         with db.sessions() as session:
             assert active_version(session).version == version
@@ -220,11 +224,11 @@ def test_export_train_elsewhere_and_import_a_gemma_version(loaded_production_set
 
 
 def test_forced_bfloat16_on_a_cpu_without_avx512_is_named_as_slow(monkeypatch):
-    import models.gemma_weights as gemma_weights
+    import workers.train as train
     from workers.train import slow_bfloat16
 
-    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": False)
+    monkeypatch.setattr(train, "onednn_bfloat16", lambda device="cpu": False)  # imported by name there
     assert "many times slower than float32" in slow_bfloat16("cpu")
     assert slow_bfloat16("cuda:0") is None  # a GPU's bfloat16 is its own
-    monkeypatch.setattr(gemma_weights, "onednn_bfloat16", lambda device="cpu": True)
+    monkeypatch.setattr(train, "onednn_bfloat16", lambda device="cpu": True)
     assert slow_bfloat16("cpu") is None  # oneDNN computes it, natively or emulated
