@@ -68,15 +68,18 @@ browser:
 
 # The suite in TEST_WORKERS processes (pytest-xdist): many tests wait on servers, subprocesses and
 # disks, so two workers finish in about half the time on 2 cores. TEST_WORKERS=0: one process.
+# --dist worksteal: a worker that runs out of tests takes some of the other's, so the suite does not
+# end with one worker alone on a queue of slow tests.
 TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist worksteal)
 test: install lint browser
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest $(XDIST)
 
 test-unit: install lint
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not integration"
+	$(PY) -m pytest $(XDIST) -m "not integration"
 
 test-integration: install browser
-	$(PY) -m pytest -n $(TEST_WORKERS) -m integration
+	$(PY) -m pytest $(XDIST) -m integration
 
 bench: install
 	$(PY) bench/bench_ingest.py --data "$(DATA)"
