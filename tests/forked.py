@@ -140,7 +140,6 @@ def fork_server():
 
 def _warm() -> None:
     """Import what the runs use, and load spaCy's sentencizer: no threads, no connections."""
-    import datetime as dt  # noqa: PLC0415 (lazy: the server's imports are its warm-up)
 
     import app.bootstrap.builders  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
     import app.cli  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
@@ -149,7 +148,7 @@ def _warm() -> None:
     import workers.live_publisher  # noqa: F401, PLC0415 (lazy: the server's imports are its warm-up)
     from indexer.chunking import chunk_texts  # noqa: PLC0415 (lazy: the server's imports are its warm-up)
 
-    chunk_texts([("Warm up. The sentencizer loads once.", dt.date(2024, 4, 1))])
+    chunk_texts(["Warm up. The sentencizer loads once."])
 
 
 def _child(request: dict) -> None:

@@ -165,10 +165,10 @@ def test_candidate_reader_reads_only_its_passages_and_refuses_late_ones(toy_mode
 
 @pytest.mark.integration
 def test_candidate_reader_loads_spacy_once_on_first_use(toy_model, monkeypatch):
-    import models.selflabel
+    import models.ranker
 
     calls = []
-    monkeypatch.setattr(models.selflabel, "load_nlp", lambda: calls.append(1) or load_nlp())
+    monkeypatch.setattr(models.ranker, "load_nlp", lambda: calls.append(1) or load_nlp())  # where the reader finds it
     reader = CandidateReader(toy_model)
     assert calls == []  # building the reader does not load spaCy
     question, ps, _ = _toy(0)
