@@ -183,9 +183,11 @@ def wait_job():
 def gemma_cache(tmp_path_factory):
     """A cache dir holding the converted Gemma 3 270M (models.gemma_weights.gemma_folder), shared by the
     session's tests: the folder SQA_TEST_GEMMA_CACHE names, or else the user's default cache
-    (~/.cache/sqa/gemma3-270m), when it holds a converted model (read only, saves the conversion), else
-    the run's one GGUF conversion (about 40 s on a busy CPU). Under pytest-xdist the workers share it:
-    the first converts, the others wait on a file lock and reuse it."""
+    (~/.cache/sqa/gemma3-270m), when it holds a converted model (read only, saves the conversion). Else
+    the one GGUF conversion (about 40 s on a busy CPU) goes into that user cache, as `make demo`'s first
+    run would (written atomically by gemma_folder), so the next run reuses it; into the run's temporary
+    folder where the user cache is not writable. Under pytest-xdist the workers share it: the first
+    converts, the others wait on a file lock and reuse it."""
     from filelock import FileLock
 
     from models.gemma_weights import DEFAULT_CACHE_DIR, FOLDER_NAME, gemma_folder
@@ -193,6 +195,14 @@ def gemma_cache(tmp_path_factory):
     for given in (os.environ.get("SQA_TEST_GEMMA_CACHE", ""), str(DEFAULT_CACHE_DIR.expanduser())):
         if given and (Path(given) / FOLDER_NAME / "model.safetensors").exists():
             return Path(given)
+    user = DEFAULT_CACHE_DIR.expanduser()
+    try:
+        user.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(user.parent / ".gemma-cache.lock")):
+            gemma_folder(user)
+        return user
+    except OSError:  # no writable home: convert for this run only
+        pass
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the run's folder, above each worker's own
