@@ -67,10 +67,11 @@ browser:
 	bash scripts/install_browser.sh
 
 # The suite in TEST_WORKERS processes (pytest-xdist): many tests wait on servers, subprocesses and
-# disks, so two workers finish in about half the time on 2 cores. TEST_WORKERS=0: one process.
-# --dist worksteal: a worker that runs out of tests takes some of the other's, so the suite does not
+# disks, so on 2 cores two workers left about a third of the CPU idle (user+sys 19 of 2x12.5
+# minutes); a third worker fills it. TEST_WORKERS=0: one process.
+# --dist worksteal: a worker that runs out of tests takes some of another's, so the suite does not
 # end with one worker alone on a queue of slow tests.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist worksteal)
 test: install lint browser
 	$(PY) -m pytest $(XDIST)
