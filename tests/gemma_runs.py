@@ -55,3 +55,20 @@ def gemma_run(
     with sessions() as session, session.begin():
         register_version(session, version=version, kind=kind, path=version, trained_until=dt.date.fromisoformat(until))
     return version
+
+
+def register_reader(ctx, version: str, kind: str, until: dt.date, *, activate: bool = True) -> None:
+    """Register an (empty) reader version folder under the job context's models_dir, active by default."""
+    from serving.reader_registry import register_version
+
+    (ctx.models_dir / version).mkdir(parents=True, exist_ok=True)
+    with ctx.sessions() as session, session.begin():
+        register_version(
+            session,
+            version=version,
+            kind=kind,
+            path=version,
+            trained_until=until,
+            activate=activate,
+            models_dir=ctx.models_dir,
+        )

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from app.bootstrap import open_context
-from serving.reader_registry import register_version
 from store.tables import Job
+from tests.gemma_runs import register_reader
 from workers import after_ingest
 from workers.after_ingest import (
     AUTO_TRAIN_OFF,
@@ -41,17 +41,7 @@ def use(ctx, *, policy: str = "never", auto: AutoTrainConfig = OFF):
 
 
 def activate(ctx, version: str, kind: str = "gemma") -> None:
-    (ctx.models_dir / version).mkdir(parents=True, exist_ok=True)
-    with ctx.sessions() as session, session.begin():
-        register_version(
-            session,
-            version=version,
-            kind=kind,
-            path=version,
-            trained_until=dt.date(2024, 2, 1),
-            activate=True,
-            models_dir=ctx.models_dir,
-        )
+    register_reader(ctx, version, kind, dt.date(2024, 2, 1))
 
 
 def jobs(ctx) -> list[tuple[str, str]]:

@@ -13,25 +13,12 @@ import torch
 
 from app.bootstrap import open_context
 from models.trained import read_reader_info
-from serving.reader_registry import active_version, get_version, register_version
+from serving.reader_registry import active_version, get_version
 from tests.conftest import SAMPLE
+from tests.gemma_runs import register_reader
 from workers.auto_train import AUTO_TRAIN, after_ingest, describe, held_back_questions, plan
 from workers.config import AutoTrainConfig
 from workers.train import current_retrieval_key
-
-
-def _register(ctx, version, kind, until, *, activate=True):
-    (ctx.models_dir / version).mkdir(parents=True, exist_ok=True)
-    with ctx.sessions() as session, session.begin():
-        register_version(
-            session,
-            version=version,
-            kind=kind,
-            path=version,
-            trained_until=until,
-            activate=activate,
-            models_dir=ctx.models_dir,
-        )
 
 
 def test_plan_follows_the_registry(loaded_settings):
@@ -42,14 +29,14 @@ def test_plan_follows_the_registry(loaded_settings):
         ctx = dataclasses.replace(ctx, reader="auto")
         assert plan(ctx, until) == {"action": "train", "held_back": "2024-02"}  # nothing active: from the base
 
-        _register(ctx, "gemma-old", "gemma", dt.date(2024, 1, 15))  # trained before the held-back month
+        register_reader(ctx, "gemma-old", "gemma", dt.date(2024, 1, 15))  # trained before the held-back month
         assert plan(ctx, until) == {"action": "finetune", "parent": "gemma-old", "held_back": "2024-02"}
 
-        _register(ctx, "gemma-new", "gemma", dt.date(2024, 2, 29))  # already knows February
+        register_reader(ctx, "gemma-new", "gemma", dt.date(2024, 2, 29))  # already knows February
         current = plan(ctx, until)
         assert current["action"] == "skip" and "trained through 2024-02-29" in current["reason"]
 
-        _register(ctx, "ranker-x", "ranker", dt.date(2024, 2, 29))
+        register_reader(ctx, "ranker-x", "ranker", dt.date(2024, 2, 29))
         chosen = plan(ctx, until)
         assert chosen["action"] == "skip" and "is a ranker chosen by hand" in chosen["reason"]
 
