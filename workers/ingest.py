@@ -319,6 +319,8 @@ def collect_garbage(sf: sessionmaker[Session], cfg: IngestConfig) -> None:
     for name in deleted:
         store.delete(name)
     gone = [name for name in deleted if name.startswith(f"{SNAPSHOTS_DIR}/")]
+    if not gone:  # the common case on a live publish: no transaction for nothing
+        return
     with sf() as session, session.begin():
         for i in range(0, len(gone), 500):  # bounded IN lists
             session.execute(
