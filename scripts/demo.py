@@ -1,14 +1,22 @@
-"""The main job (`make demo`): import news, ingest, train on the past, serve, ask three real questions over HTTP.
+"""The main job (`make demo`): import news, answer at once from the newest month, then index the rest
+and train in the background, swapping to the trained reader only when it answers better.
 
-With the RealTimeQA slice at --data it imports the questions and articles of 2023-01..06, ingests
-2023-01..04 and lets the ingest train on what is dated before 2023-04-01 (a re-ranker, then the Gemma
-reader, each activated only if it beats what serves on March; --train-minutes bounds the reader),
-ingests May and June without training, then asks three questions of 2023-04..06 (weeks no model
-saw) whose answer the indexed news holds, and prints our answer beside the gold one. Without the data
-it uses the shipped sample (36 invented articles, January-March 2024) with the packaged models
-untrained. It ends by keeping the server up, printing the web page's address and the dashboard's
-admin token, until Ctrl-C (--no-serve: stop after the questions). State lives under SQA_HOME
-(default ./.sqa); re-running is cheap (imports are idempotent,
+With the RealTimeQA slice at --data:
+1. First answer: import the questions and articles of 2022-06..2023-06, index the newest month
+   (2023-06) while the server starts with the untrained Gemma 3 270M reader, then ask three questions
+   of that month whose evidence it holds, over HTTP, and print our answer beside the gold one.
+2. In the background of the running server: index 2022-06..2023-04 and let that ingest train on what
+   is dated before 2023-04-01 (a re-ranker, then the reader; each is activated only if it beats what
+   serves on March; --train-minutes bounds the reader), then index May. The server picks up each new
+   snapshot and the newly activated reader by itself.
+3. Ask the same three questions again and say which reader answered, when it took over, and how many
+   each got right.
+
+Every step prints the time since the demo started. Without the data it uses the shipped sample
+(36 invented articles, January-March 2024): March first, then January and February, with the
+packaged models untrained (too few articles to train on). It ends by keeping the server up, printing
+the web page's address and the dashboard's admin token, until Ctrl-C (--no-serve: stop after the
+questions). State lives under SQA_HOME (default ./.sqa); re-running is cheap (imports are idempotent,
 months already ingested are skipped, and a trained model is not trained again).
 """
 
@@ -21,6 +29,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -38,19 +47,37 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
 
 
+T0 = time.monotonic()
+
+
+def say(message: str) -> None:
+    """A line of the demo's story, stamped with the minutes and seconds since it started."""
+    m, s = divmod(int(time.monotonic() - T0), 60)
+    print(f"\n[{m:02d}:{s:02d}] {message}", flush=True)
+
+
+def sqa(*args: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", *args]
+
+
 def run(*args: str) -> None:
-    print(f"\n$ sqa {' '.join(args)}", flush=True)
-    subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, check=True)
+    say(f"$ sqa {' '.join(args)}")
+    subprocess.run(sqa(*args), cwd=ROOT, check=True)
 
 
-def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tuple[str, str, str]]:
-    """Three questions (text, date, gold) from different months whose evidence the index holds: one of
-    the question's own articles (RealTimeQA's cited gold URLs, else its search results), stored and
-    published on or before the question date, holds the gold answer in a sentence that also holds the
+def pick_questions(
+    since: str, until: str, n: int = 3, settings=None, *, indexed_from: str | None = None, per: str = "month"
+) -> list[tuple[str, str, str]]:
+    """Three questions (text, date, gold), each from a different month (per="week": week), whose
+    evidence the index holds: one of the question's own articles (RealTimeQA's cited gold URLs, else
+    its search results), stored and published on or before the question date (and on or after
+    `indexed_from`, the first day indexed), holds the gold answer in a sentence that also holds the
     question's words (evaluation.metrics.answer_in_evidence: "4" somewhere in a long article is no
     evidence that the article says how many). A store whose questions name no articles (the shipped
     sample) falls back to any passage published by then that holds such a sentence.
     """
+    spread = {"month": "%Y-%m", "week": "%G-W%V"}[per]
+    first_indexed = dt.date.fromisoformat(indexed_from) if indexed_from else dt.date.min
 
     def cited_urls(q) -> list[str]:
         meta = q.meta or {}
@@ -82,23 +109,77 @@ def pick_questions(since: str, until: str, n: int = 3, settings=None) -> list[tu
     def answerable(q, gold: str) -> bool:
         if urls:
             return any(
-                url in articles and articles[url][0] <= q.asked and answer_in_evidence(gold, q.text, articles[url][1])
+                url in articles
+                and first_indexed <= articles[url][0] <= q.asked
+                and answer_in_evidence(gold, q.text, articles[url][1])
                 for url in cited_urls(q)
             )
-        return any(p.published <= q.asked and answer_in_evidence(gold, q.text, p.text) for p in passages)
+        return any(
+            first_indexed <= p.published <= q.asked and answer_in_evidence(gold, q.text, p.text) for p in passages
+        )
 
-    chosen, months = [], set()
+    chosen, spans = [], set()
     for q in questions:
         gold = q.answers[0]
-        month = q.asked.strftime("%Y-%m")
-        if month in months or needs_choices(q.text) or len(gold.split()) > 4:
+        span = q.asked.strftime(spread)
+        if span in spans or needs_choices(q.text) or len(gold.split()) > 4:
             continue
         if answerable(q, gold):
             chosen.append((q.text, q.asked.isoformat(), gold))
-            months.add(month)
+            spans.add(span)
         if len(chosen) == n:
             break
     return chosen
+
+
+def ask(base: str, questions: list[tuple[str, str, str]]) -> tuple[int, str]:
+    """Ask each question over HTTP and print the answer beside the gold one; (right, reader)."""
+    right, reader = 0, ""
+    for text, as_of, gold in questions:
+        r = httpx.post(f"{base}/v1/answers", json={"question": text, "as_of": as_of, "top_k": 5}, timeout=120)
+        r.raise_for_status()
+        body = r.json()
+        reader = body["versions"]["reader"]
+        print(f"\nQ (as of {as_of}): {text}")
+        ok = exact_match(body["answer"], [gold]) == 1.0
+        right += ok
+        sure = f"confidence {body['confidence']:.2f}; " if body.get("confidence") is not None else ""
+        print(
+            f"A: {body['answer'] or '(no answer)'}    [gold: {gold}]  {'right' if ok else 'wrong'}    "
+            f"({sure}{body['timings_ms']['total']:.0f} ms; {reader}, {body['versions']['retriever']})"
+        )
+        stated = [i for i, p in enumerate(body["passages"], 1) if p["passage_id"] in body["evidence"]]
+        print(
+            "   stated in passage " + ", ".join(f"[{i}]" for i in stated)
+            if stated
+            else "   not stated in any passage read: an inference or a guess"
+        )
+        for i, p in enumerate(body["passages"][:3], 1):
+            print(f"   [{i}] {p['published']}  {p['title'][:90]}\n       {p['url']}")
+    print(f"\n{right} of {len(questions)} right (exact match after normalisation), read by {reader}.")
+    return right, reader
+
+
+def serving_reader(base: str, token: str) -> tuple[str | None, str | None]:
+    """(the active version in the registry, the version this server serves), from GET /admin/models."""
+    r = httpx.get(f"{base}/admin/models", headers={"X-Admin-Token": token}, timeout=30)
+    r.raise_for_status()
+    body = r.json()
+    active = next((v["version"] for v in body["versions"] if v["active"]), None)
+    return active, body["serving"]["version"]
+
+
+def wait_for_active_reader(base: str, token: str, timeout_s: float = 180.0) -> str | None:
+    """The newly activated version once the server serves it (it polls the registry); None when no
+    version is active (the training did not beat the untrained reader, or nothing trained)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        active, serving = serving_reader(base, token)
+        if active is None or active == serving:
+            return active
+        if time.monotonic() > deadline:
+            raise ServerNotReady(f"the server still serves {serving!r} {timeout_s:.0f} s after {active} was activated")
+        time.sleep(2)
 
 
 def main() -> int:
@@ -109,10 +190,10 @@ def main() -> int:
         help="RealTimeQA repository clone or slice (default ../shared/data/realtimeqa)",
     )
     # The whole slice (2022-06 on): older articles answer recent questions too (recall@5 of 2023-04..06
-    # 47.0 with news since 2022-06 against 41.6 since 2022-11-20; README, "Training elsewhere").
+    # 47.0 with news since 2022-06 against 41.6 since 2022-11-20; docs/reader-experiments.md).
     ap.add_argument("--train-from", default="2022-06-01", help="the first day of news and questions imported")
     ap.add_argument("--since", default="2023-04-01", help="the first day asked about (training stops before it)")
-    ap.add_argument("--until", default="2023-06-30")
+    ap.add_argument("--until", default="2023-06-30", help="the last day asked about; its month is indexed first")
     ap.add_argument("--train-minutes", type=float, default=10.0, help="the reader's training budget")
     ap.add_argument("--port", type=int, default=8000, help="the server's port (a free one if it is taken)")
     ap.add_argument("--no-serve", action="store_true", help="stop the server after the questions")
@@ -123,65 +204,75 @@ def main() -> int:
     os.environ.setdefault("SQA_PROGRESS", "1")
     data = Path(args.data)
     if data.exists():
-        print(f"Using the RealTimeQA slice at {data} ({args.since}..{args.until}).")
+        say(f"Using the RealTimeQA slice at {data} (questions of {args.since}..{args.until}).")
         since, until = args.since, args.until
         run("import", "realtimeqa", str(data), "--since", args.train_from, "--until", until)
         # the months before the questions' window, then training on them (held back: the last one)
-        run("ingest", "--through", since[:7], "--from", args.train_from[:7], "--train-minutes", str(args.train_minutes))
-        run("ingest", "--through", until[:7], "--no-train")
+        backfill = [
+            ("ingest", "--through", since[:7], "--from", args.train_from[:7])
+            + ("--train-minutes", str(args.train_minutes)),
+            ("ingest", "--through", until[:7], "--no-train"),
+        ]
     else:
-        print(
+        say(
             f"No RealTimeQA data at {data}: using the shipped sample ({SAMPLE}, invented news of 2024-01..03); "
             "36 articles are too few to train on, so the packaged models answer untrained."
         )
         since, until = "2024-01-01", "2024-03-31"
         run("import", "realtimeqa", str(SAMPLE))
-        run("ingest", "--through", until[:7], "--from", since[:7], "--no-train")
+        backfill = [("ingest", "--through", until[:7], "--from", since[:7], "--no-train")]
+    newest = until[:7]  # indexed first: the server answers about the latest weeks at once
 
-    questions = pick_questions(since, until)
-    print(
-        "\n$ sqa serve   (loading the encoder and the Gemma 3 270M reader; the first start converts the "
-        "packaged weights once, a few minutes)",
-        flush=True,
-    )
     log_path = Path(os.environ.get("SQA_HOME", ROOT / ".sqa")) / "demo-server.log"
-    os.environ.setdefault("SQA_ADMIN_TOKEN", secrets.token_urlsafe(12))  # for the dashboard
+    token = os.environ.setdefault("SQA_ADMIN_TOKEN", secrets.token_urlsafe(12))  # for the dashboard
     port = args.port if port_is_free(args.port) else free_port()
+    say(
+        f"$ sqa ingest --month {newest} --no-train   and, beside it,   $ sqa serve   (the encoder and the untrained "
+        "Gemma 3 270M reader; the first start converts the packaged weights once, about a minute; the "
+        f"server is ready once {newest} is indexed)"
+    )
+    first_ingest = subprocess.Popen(sqa("ingest", "--month", newest, "--no-train"), cwd=ROOT)
     try:
         with served(os.environ, log_path, ready_timeout_s=900, port=port) as server:
-            print(f"ready in {server.startup_s:.0f} s: {server.ready}")
-            right = 0
-            for text, as_of, gold in questions:
-                r = httpx.post(
-                    f"{server.base}/v1/answers", json={"question": text, "as_of": as_of, "top_k": 5}, timeout=120
+            if first_ingest.wait() != 0:
+                raise subprocess.CalledProcessError(first_ingest.returncode, first_ingest.args)
+            say(f"The server is ready: {server.ready}")
+            questions = pick_questions(f"{newest}-01", until, indexed_from=f"{newest}-01", per="week")
+            say(f"Three questions of {newest}, whose evidence the newest month holds:")
+            first_right, first_reader = ask(server.base, questions)
+            first_at = time.monotonic() - T0
+            say(f"First answers {first_at / 60:.1f} min after the demo started.")
+            text, as_of, _ = questions[0] if questions else ("", until, "")
+            print(f"Ask your own while the rest is indexed: {server.base}/?{urlencode({'q': text, 'as_of': as_of})}")
+            print(f"The dashboard shows the jobs: {server.base}/dashboard   (admin token: {token})", flush=True)
+
+            say("Indexing the rest of the news and training on what is dated before the questions' window:")
+            for step in backfill:
+                run(*step)
+            done_at = time.monotonic() - T0
+            trained = wait_for_active_reader(server.base, token)
+            if trained is None:
+                say(
+                    f"All news indexed ({done_at / 60:.1f} min); no trained reader beat the untrained one, "
+                    "so the untrained one serves on. The same questions again:"
                 )
-                r.raise_for_status()
-                body = r.json()
-                print(f"\nQ (as of {as_of}): {text}")
-                ok = exact_match(body["answer"], [gold]) == 1.0
-                right += ok
-                sure = f"confidence {body['confidence']:.2f}; " if body.get("confidence") is not None else ""
-                print(
-                    f"A: {body['answer'] or '(no answer)'}    [gold: {gold}]  {'right' if ok else 'wrong'}    "
-                    f"({sure}{body['timings_ms']['total']:.0f} ms; {body['versions']['reader']}, "
-                    f"{body['versions']['retriever']})"
+            else:
+                say(
+                    f"All news indexed and reader version {trained} activated ({done_at / 60:.1f} min after the "
+                    f"start): it beat the untrained reader on the held-back month. The same questions again:"
                 )
-                stated = [i for i, p in enumerate(body["passages"], 1) if p["passage_id"] in body["evidence"]]
-                print(
-                    "   stated in passage " + ", ".join(f"[{i}]" for i in stated)
-                    if stated
-                    else "   not stated in any passage read: an inference or a guess"
-                )
-                for i, p in enumerate(body["passages"][:3], 1):
-                    print(f"   [{i}] {p['published']}  {p['title'][:90]}\n       {p['url']}")
-            print(f"\n{right} of {len(questions)} right (exact match after normalisation).")
+            right, reader = ask(server.base, questions)
+            say(
+                f"Summary: first answers at {first_at / 60:.1f} min "
+                f"({first_right}/{len(questions)} right, {first_reader}); "
+                f"everything indexed{' and trained' if trained else ''} at {done_at / 60:.1f} min "
+                f"({right}/{len(questions)} right, {reader})."
+            )
             if args.no_serve:
                 print(f"\nThe server at {server.base} is stopping. Run it yourself with `.venv/bin/sqa serve`.")
                 return 0
-            text, as_of, _ = questions[0] if questions else ("", until, "")
             print(f"\nThe web page: {server.base}/   (ask a question as of a date, and as of a second one beside it)")
-            print(f"  this one:    {server.base}/?{urlencode({'q': text, 'as_of': as_of})}")
-            print(f"The dashboard: {server.base}/dashboard   (admin token: {os.environ['SQA_ADMIN_TOKEN']})")
+            print(f"The dashboard: {server.base}/dashboard   (admin token: {token})")
             print("The server keeps running until Ctrl-C.", flush=True)
             signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
             try:
@@ -191,6 +282,10 @@ def main() -> int:
     except ServerNotReady as exc:
         print(f"the server did not start: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if first_ingest.poll() is None:
+            first_ingest.terminate()
+            first_ingest.wait()
     return 0
 
 

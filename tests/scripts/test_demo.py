@@ -56,3 +56,25 @@ def test_with_own_articles_it_asks_only_questions_whose_own_article_holds_the_an
         db.close()
     chosen = demo.pick_questions("2024-01-01", "2024-03-31", settings=loaded_settings)
     assert chosen == [(first.text, first.asked.isoformat(), first.answers[0])]
+
+
+def test_the_first_round_asks_only_what_the_newest_month_alone_answers(loaded_settings):
+    """The demo's first answers come from the newest month alone (indexed first): each question's
+    evidence lies in a passage published in that month, and no two questions share a week."""
+    chosen = demo.pick_questions(
+        "2024-03-01", "2024-03-31", settings=loaded_settings, indexed_from="2024-03-01", per="week"
+    )
+    _, articles = _stored(loaded_settings)
+    assert chosen
+    assert len({dt.date.fromisoformat(asked).isocalendar()[:2] for _, asked, _ in chosen}) == len(chosen)
+    for text, asked, gold in chosen:
+        day = dt.date.fromisoformat(asked)
+        assert any(
+            dt.date(2024, 3, 1) <= a.published <= day and answer_in_evidence(gold, text, a.text) for a in articles
+        ), gold
+    earlier = demo.pick_questions("2024-03-01", "2024-03-31", settings=loaded_settings, per="week")
+    for text, asked, gold in set(earlier) - set(chosen):  # left out: only earlier news holds their answer
+        day = dt.date.fromisoformat(asked)
+        assert not any(
+            dt.date(2024, 3, 1) <= a.published <= day and answer_in_evidence(gold, text, a.text) for a in articles
+        ), gold
