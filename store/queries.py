@@ -111,16 +111,15 @@ def earliest_question_day(session: Session) -> dt.date | None:
     return session.scalar(select(func.min(Question.asked)))
 
 
-def newest_indexed_article_at(session: Session, builds: Sequence[str]) -> dt.datetime | None:
+def newest_indexed_article_at(session: Session, manifest: Manifest | None) -> dt.datetime | None:
     """When the newest searchable article arrived: the latest store or change time of an article
-    with passages in `builds` (a snapshot's shard builds)."""
+    with passages in the snapshot `manifest`'s shard builds (None: no snapshot, no article)."""
+    builds = [e.build for e in manifest.shards] if manifest is not None else []
     if not builds:
         return None
     stamp = func.coalesce(Article.updated_at, Article.imported_at)
     value = session.scalar(
-        select(func.max(stamp))
-        .join(Passage, Passage.article_id == Article.id)
-        .where(Passage.build_id.in_(list(builds)))
+        select(func.max(stamp)).join(Passage, Passage.article_id == Article.id).where(Passage.build_id.in_(builds))
     )
     if value is not None and not isinstance(value, dt.datetime):  # SQLite hands back the stored text
         value = dt.datetime.fromisoformat(str(value))

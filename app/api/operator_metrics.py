@@ -180,7 +180,7 @@ class OperatorCollector(Collector):
     def _freshness(session: Session, snap: LoadedSnapshot | None, now: dt.datetime) -> list[Metric]:
         # the figures of the ask page's freshness line (app.web.pages.freshness, via live_status)
         out: list[Metric] = []
-        newest = newest_indexed_article_at(session, [e.build for e in snap.manifest.shards]) if snap else None
+        newest = newest_indexed_article_at(session, snap.manifest if snap else None)
         age = _seconds_since(newest, now)
         if age is not None:
             g = GaugeMetricFamily(

@@ -96,7 +96,7 @@ def live_status() -> None:
             status = queue_status(session)
             row = latest_snapshot_row(session)
             manifest = read_manifest(s.index_dir, row.manifest_file) if row else None
-            newest = newest_indexed_article_at(session, [e.build for e in manifest.shards]) if manifest else None
+            newest = newest_indexed_article_at(session, manifest)
         typer.echo(
             f"waiting: {status.waiting} article(s)"
             + (f", the oldest since {status.oldest:%Y-%m-%d %H:%M:%S} UTC" if status.oldest else "")

@@ -147,7 +147,7 @@ def live_status(request: Request, session) -> LiveStatusPublic:
         waiting=status.waiting,
         oldest_waiting_at=status.oldest,
         last_publish_at=dt.datetime.fromisoformat(snap.manifest.created_at) if snap else None,
-        newest_article_at=newest_indexed_article_at(session, [e.build for e in snap.manifest.shards]) if snap else None,
+        newest_article_at=newest_indexed_article_at(session, snap.manifest if snap else None),
         newest_day=snap.newest_day if snap else None,
         months=[LivePieceMonthPublic(month=k, pieces=v[0], passages=v[1]) for k, v in sorted(months.items())],
     )
