@@ -156,8 +156,8 @@ def plan_through(
     settled = [e for e in manifest.shards if not is_live_key(e.key)]  # live pieces are compacted, not skipped
     if start is not None:
         first = parse_month(start)
-    elif settled:
-        first = next_month(max(e.span[1] for e in settled))
+    elif settled:  # from the first month the index covers: a month skipped (or ingested out of order) is filled in
+        first = min(next_month(e.span[1]) if e.key.startswith("history-") else e.span[0] for e in settled)
     else:
         q = earliest_question_day(session)
         first = month_start(q) if q else (parse_month(min(months)) if months else last)
@@ -165,13 +165,14 @@ def plan_through(
     if not settled and any(k < month_key(first) for k in months):
         plans.append(ShardPlan.history(month_key(first)))
     empty = []
+    newest = max((e.span[1] for e in settled), default=dt.date.min)
     m = first
     while m <= last:
         key = month_key(m)
         if manifest.shard(key) is None:
             if months.get(key):
                 plans.append(ShardPlan.month(key))
-            else:
+            elif m > newest:  # an empty month is reported once, when the index first reaches it
                 empty.append(key)
         m = next_month(m)
     return plans, empty

@@ -78,6 +78,24 @@ def test_ingest_history_backfill_before_first_month(settings):
     assert total == sum(job.counts[k]["passages"] for k in job.counts["planned"])
 
 
+def test_ingest_through_fills_a_month_skipped_between_indexed_ones(sqlite_settings):
+    """The demo's order: the first month, then the newest (to answer at once), then `--through` with no
+    --from indexes the month between them (from the first month the index covers), once."""
+    settings = sqlite_settings
+    db = open_database(settings)
+    articles, questions, _ = read_realtimeqa(SAMPLE)
+    store_records(db.sessions, articles, questions)
+    encoder, cfg = build_encoder(settings), ingest_config(settings)
+    jobs = [ingest(db.sessions, encoder, cfg, {"month": m}) for m in ("2024-01", "2024-03")]
+    jobs.append(ingest(db.sessions, encoder, cfg, {"through": "2024-03"}))
+    again = ingest(db.sessions, encoder, cfg, {"through": "2024-03"})
+    db.close()
+    assert [job.counts["planned"] for job in jobs] == [["2024-01"], ["2024-03"], ["2024-02"]]
+    assert again.counts["planned"] == []
+    _, total = snapshot_agrees_with_database(settings)
+    assert total == sum(job.counts[k]["passages"] for job in jobs for k in job.counts["planned"])
+
+
 def test_ingest_again_replaces_the_month_without_duplicates(settings):
     load_sample(settings)
     _, before = snapshot_agrees_with_database(settings)
