@@ -53,7 +53,7 @@ T0 = time.monotonic()
 def say(message: str) -> None:
     """A line of the demo's story, stamped with the minutes and seconds since it started."""
     m, s = divmod(int(time.monotonic() - T0), 60)
-    print(f"\n[{m:02d}:{s:02d}] {message}", flush=True)
+    print(f"\n[{m}m{s:02d}s] {message}", flush=True)
 
 
 def sqa(*args: str) -> list[str]:
@@ -198,6 +198,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8000, help="the server's port (a free one if it is taken)")
     ap.add_argument("--no-serve", action="store_true", help="stop the server after the questions")
     args = ap.parse_args()
+    # `kill` stops the demo as Ctrl-C does, at any step: the server and the step running end with it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -274,7 +276,6 @@ def main() -> int:
             print(f"\nThe web page: {server.base}/   (ask a question as of a date, and as of a second one beside it)")
             print(f"The dashboard: {server.base}/dashboard   (admin token: {token})")
             print("The server keeps running until Ctrl-C.", flush=True)
-            signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops it as Ctrl-C does
             try:
                 server.process.wait()
             except KeyboardInterrupt:
@@ -290,4 +291,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C or `kill` before the last step: every child has been stopped
+        print("\nstopped", file=sys.stderr)
+        sys.exit(130)
