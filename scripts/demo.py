@@ -210,6 +210,7 @@ def main() -> int:
         since, until = args.since, args.until
         run("import", "realtimeqa", str(data), "--since", args.train_from, "--until", until)
         # the months before the questions' window, then training on them (held back: the last one)
+        trains = True
         backfill = [
             ("ingest", "--through", since[:7], "--from", args.train_from[:7])
             + ("--train-minutes", str(args.train_minutes)),
@@ -222,6 +223,7 @@ def main() -> int:
         )
         since, until = "2024-01-01", "2024-03-31"
         run("import", "realtimeqa", str(SAMPLE))
+        trains = False
         backfill = [("ingest", "--through", until[:7], "--from", since[:7], "--no-train")]
     newest = until[:7]  # indexed first: the server answers about the latest weeks at once
 
@@ -240,7 +242,7 @@ def main() -> int:
                 raise subprocess.CalledProcessError(first_ingest.returncode, first_ingest.args)
             say(f"The server is ready: {server.ready}")
             questions = pick_questions(f"{newest}-01", until, indexed_from=f"{newest}-01", per="week")
-            say(f"Three questions of {newest}, whose evidence the newest month holds:")
+            say(f"{len(questions)} questions of {newest}, one a week, whose evidence the newest month holds:")
             first_right, first_reader = ask(server.base, questions)
             first_at = time.monotonic() - T0
             say(f"First answers {first_at / 60:.1f} min after the demo started.")
@@ -249,26 +251,30 @@ def main() -> int:
             print(f"The dashboard shows the jobs: {server.base}/dashboard   (admin token: {token})", flush=True)
 
             say("Indexing the rest of the news and training on what is dated before the questions' window:")
+            trained, took_over_at = None, None
             for step in backfill:
                 run(*step)
+                if trained is None and (trained := wait_for_active_reader(server.base, token)) is not None:
+                    took_over_at = time.monotonic() - T0
+                    say(
+                        f"Reader version {trained} serves now ({took_over_at / 60:.1f} min after the start): it "
+                        "beat the untrained reader on the held-back month."
+                    )
             done_at = time.monotonic() - T0
-            trained = wait_for_active_reader(server.base, token)
             if trained is None:
+                why = "no trained reader beat the untrained one" if trains else "nothing was trained on the sample"
                 say(
-                    f"All news indexed ({done_at / 60:.1f} min); no trained reader beat the untrained one, "
-                    "so the untrained one serves on. The same questions again:"
+                    f"All news indexed ({done_at / 60:.1f} min); {why}, so the untrained reader serves on. "
+                    "The same questions again:"
                 )
             else:
-                say(
-                    f"All news indexed and reader version {trained} activated ({done_at / 60:.1f} min after the "
-                    f"start): it beat the untrained reader on the held-back month. The same questions again:"
-                )
+                say(f"All news indexed ({done_at / 60:.1f} min). The same questions again:")
             right, reader = ask(server.base, questions)
+            trained_line = f"the trained reader serving at {took_over_at / 60:.1f} min, " if took_over_at else ""
             say(
                 f"Summary: first answers at {first_at / 60:.1f} min "
-                f"({first_right}/{len(questions)} right, {first_reader}); "
-                f"everything indexed{' and trained' if trained else ''} at {done_at / 60:.1f} min "
-                f"({right}/{len(questions)} right, {reader})."
+                f"({first_right}/{len(questions)} right, {first_reader}); {trained_line}"
+                f"everything indexed at {done_at / 60:.1f} min ({right}/{len(questions)} right, {reader})."
             )
             if args.no_serve:
                 print(f"\nThe server at {server.base} is stopping. Run it yourself with `.venv/bin/sqa serve`.")
