@@ -29,6 +29,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlencode
@@ -48,6 +49,7 @@ SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
 
 
 T0 = time.monotonic()
+FAILED: list[int] = []  # exit codes of the steps that failed beside the server's start
 
 
 def say(message: str) -> None:
@@ -182,6 +184,15 @@ def wait_for_active_reader(base: str, token: str, timeout_s: float = 180.0) -> s
         time.sleep(2)
 
 
+def stop_if_failed(step: subprocess.Popen) -> None:
+    """Watch a step that runs beside the server's start: if it fails, stop the demo (the server
+    would otherwise wait its whole start-up timeout for a snapshot that never comes)."""
+    if step.wait() != 0:
+        FAILED.append(step.returncode)
+        print(f"\n{' '.join(map(str, step.args[2:]))} failed (exit code {step.returncode}): stopping", file=sys.stderr)
+        signal.raise_signal(signal.SIGTERM)  # handled as Ctrl-C in the main thread: every child stops
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -236,6 +247,7 @@ def main() -> int:
         f"server is ready once {newest} is indexed)"
     )
     first_ingest = subprocess.Popen(sqa("ingest", "--month", newest, "--no-train"), cwd=ROOT)
+    threading.Thread(target=stop_if_failed, args=(first_ingest,), daemon=True).start()
     try:
         with served(os.environ, log_path, ready_timeout_s=900, port=port) as server:
             if first_ingest.wait() != 0:
@@ -301,4 +313,4 @@ if __name__ == "__main__":
         sys.exit(main())
     except KeyboardInterrupt:  # Ctrl-C or `kill` before the last step: every child has been stopped
         print("\nstopped", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(1 if FAILED else 130)
