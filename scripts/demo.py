@@ -49,6 +49,7 @@ SAMPLE = ROOT / "indexer" / "sample" / "realtimeqa"
 
 
 T0 = time.monotonic()
+TRAINING = " and training on what is dated before the questions' window"
 FAILED: list[int] = []  # exit codes of the steps that failed beside the server's start
 
 
@@ -247,11 +248,11 @@ def main() -> int:
         f"server is ready once {newest} is indexed)"
     )
     first_ingest = subprocess.Popen(sqa("ingest", "--month", newest, "--no-train"), cwd=ROOT)
-    threading.Thread(target=stop_if_failed, args=(first_ingest,), daemon=True).start()
+    watcher = threading.Thread(target=stop_if_failed, args=(first_ingest,), daemon=True)
+    watcher.start()
     try:
         with served(os.environ, log_path, ready_timeout_s=900, port=port) as server:
-            if first_ingest.wait() != 0:
-                raise subprocess.CalledProcessError(first_ingest.returncode, first_ingest.args)
+            watcher.join()  # the first ingest has ended; had it failed, the watcher is stopping the demo
             say(f"The server is ready: {server.ready}")
             questions = pick_questions(f"{newest}-01", until, indexed_from=f"{newest}-01", per="week")
             say(f"{len(questions)} questions of {newest}, one a week, whose evidence the newest month holds:")
@@ -262,7 +263,7 @@ def main() -> int:
             print(f"Ask your own while the rest is indexed: {server.base}/?{urlencode({'q': text, 'as_of': as_of})}")
             print(f"The dashboard shows the jobs: {server.base}/dashboard   (admin token: {token})", flush=True)
 
-            say("Indexing the rest of the news and training on what is dated before the questions' window:")
+            say(f"Indexing the rest of the news{TRAINING if trains else ''}:")
             trained, took_over_at = None, None
             for step in backfill:
                 run(*step)
