@@ -110,11 +110,26 @@ def activate_reranker(rerankers_dir: Path, version: str | None) -> None:
     os.replace(tmp, rerankers_dir / ACTIVE_FILE)
 
 
-class RerankerState:
-    """The serving re-ranker model (or None), following rerankers/ACTIVE."""
+_FOLLOW_ACTIVE = object()  # RerankerState's `pinned` default: serve what rerankers/ACTIVE names
 
-    def __init__(self, rerankers_dir: Path, load: Callable[[Path], object], *, poll_s: float = 2.0) -> None:
+
+class RerankerState:
+    """The serving re-ranker model (or None), following rerankers/ACTIVE; or, `pinned` to a version
+    name (None: no re-ranker), that version for good, whatever ACTIVE says (a benchmark's window
+    answers with the version that served at its start)."""
+
+    def __init__(
+        self,
+        rerankers_dir: Path,
+        load: Callable[[Path], object],
+        *,
+        poll_s: float = 2.0,
+        pinned: str | None | object = _FOLLOW_ACTIVE,
+    ) -> None:
         self.dir, self._load, self.poll_s = Path(rerankers_dir), load, poll_s
+        if pinned is not _FOLLOW_ACTIVE and pinned is not None and not (self.dir / str(pinned) / INFO_FILE).exists():
+            raise NotFoundError(f"no re-ranker version {pinned!r} in {self.dir}")
+        self._pinned = pinned
         self._model: object | None = None
         self._version: str | None = None
         self._checked = -math.inf
@@ -131,7 +146,8 @@ class RerankerState:
     def refresh(self) -> bool:
         """Load the active version if it changed; True when the serving model changed. A version that
         fails to load is logged and the previous model keeps serving."""
-        wanted = active_reranker(self.dir)
+        wanted = active_reranker(self.dir) if self._pinned is _FOLLOW_ACTIVE else self._pinned
+        assert wanted is None or isinstance(wanted, str)
         if wanted == self._version:
             return False
         if wanted is None:

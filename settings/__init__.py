@@ -221,6 +221,10 @@ class Settings(BaseSettings):
     # until `sqa train reranker` or the training after ingest activates one), "none" never re-ranks.
     reranker: Literal["auto", "none"] = "auto"
     rerank_depth: int = Field(default=30, ge=1, le=500)
+    # Distinct evidence (serving/distinct.py): after ranking, a candidate most of whose word 5-grams
+    # (this share of the shorter passage's) occur in a better-ranked one is the same story again (one
+    # article under several URLs, a wire copy): the group is one passage, its freshest copy. 0: off.
+    distinct_evidence: float = Field(default=0.0, ge=0.0, le=1.0)
     # A new shard is flat (exact) below ivf_min_vectors, IVF-Flat below ivf_compressed_min_vectors,
     # and IVF with ivf_codec codes (sq8: 8-bit scalar, pq: product quantisation) from there.
     ivf_min_vectors: int = Field(default=100_000, ge=1)

@@ -16,6 +16,7 @@ from models.encoders import TextEncoder, describe_encoder, load_encoder, resolve
 from models.readers import Reader, load_reader
 from models.reranker import load_reranker
 from serving.answering import AnswerLimits, AnswerService
+from serving.distinct import DistinctRetriever
 from serving.index_state import IndexState, latest_snapshot_row
 from serving.reader_registry import check_servable, get_version
 from serving.reader_state import ReaderState, RegistrySource
@@ -212,7 +213,7 @@ def resolve_device(settings: Settings) -> str:
 def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = True) -> Retriever:
     """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT,
     SQA_RECENCY_WEIGHT, then the active re-ranker version (SQA_RERANKER; `rerank=False`: the first
-    stage alone, what a re-ranker is trained on)."""
+    stage alone, what a re-ranker is trained on), then copies collapsed (SQA_DISTINCT_EVIDENCE)."""
     first = make_retriever(
         settings.retriever,
         encoder,
@@ -220,18 +221,22 @@ def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = 
         dense_weight=settings.fusion_dense_weight,
         recency=settings.recency_weight,
     )
-    if not rerank or settings.reranker == "none":
-        return first
-    return RerankingRetriever(first, reranker_state(settings), depth=settings.rerank_depth)
+    ranked: Retriever = first
+    if rerank and settings.reranker != "none":
+        ranked = RerankingRetriever(first, reranker_state(settings), depth=settings.rerank_depth)
+    if settings.distinct_evidence > 0:
+        return DistinctRetriever(ranked, threshold=settings.distinct_evidence)
+    return ranked
 
 
-def reranker_state(settings: Settings) -> RerankerState:
-    """Follows SQA_HOME/rerankers/ACTIVE; versions load on the SQA_DEVICE."""
+def reranker_state(settings: Settings, **pin) -> RerankerState:
+    """Follows SQA_HOME/rerankers/ACTIVE (or `pinned=VERSION`, None for none: RerankerState);
+    versions load on the SQA_DEVICE."""
 
     def load(folder: Path):
         return load_reranker(folder, device=resolve_device(settings))
 
-    return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5))
+    return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5), **pin)
 
 
 def build_answer_service(

@@ -157,3 +157,25 @@ def test_rerank_adds_the_first_stage_score_by_the_version_weight():
     assert [p.passage_id for p in rerank(ReversingModel(), "q", day, [strong, weak])] == [2, 1]
     ranked = rerank(ReversingModel(first_stage_weight=2.0), "q", day, [strong, weak])
     assert [p.passage_id for p in ranked] == [1, 2] and ranked[0].score == pytest.approx(0.0 + 2.0 * 1.0)
+
+
+def test_reranker_state_pinned_serves_its_version_whatever_active_says(tmp_path):
+    root = tmp_path / "rerankers"
+    _version(root, "old")
+    _version(root, "new")
+    activate_reranker(root, "new")
+    loaded = []
+
+    def load(folder):
+        loaded.append(folder.name)
+        return ReversingModel()
+
+    pinned = RerankerState(root, load, poll_s=0, pinned="old")
+    assert pinned.current()[1] == "old" and loaded == ["old"]
+    activate_reranker(root, None)
+    assert pinned.current()[1] == "old" and loaded == ["old"]  # ACTIVE changed: the pin holds, no reload
+    none = RerankerState(root, load, poll_s=0, pinned=None)
+    activate_reranker(root, "new")
+    assert none.current() == (None, None)  # pinned to no re-ranker, even with one active
+    with pytest.raises(NotFoundError, match="no re-ranker version 'gone'"):
+        RerankerState(root, load, pinned="gone")
