@@ -46,22 +46,34 @@ from pathlib import Path
 from sqlalchemy import select
 from tqdm import tqdm
 
+from bench.quality_report import (
+    against_baseline,
+    end_to_end_predictions,
+    own_split,
+    pooled,
+    print_pooled,
+    print_window,
+    right_answers,
+    split_by,
+)
+from bench.rolling import ROLLING_WINDOWS, build_rolling_home, load_record, window_reader, window_versions
+
 # What the benchmarks over a home's questions share: the served pipeline, the windows and their options.
 from bench.served_questions import (
     KS,
     NotReady,
-    each_window,
     open_recorded_snapshot,
     open_served,
     own_article_hit,
     parsed_windows,
     question_arguments,
+    window_questions,
 )
 from evaluation.bakeoff import latency_summary, load_baseline_predictions, score
 from evaluation.metrics import answer_in_text
-from evaluation.paired import correct, describe_paired, em_interval, paired_em
+from evaluation.paired import em_interval
 from evaluation.recent_news import RecentNews
-from evaluation.trust import Judged, confidence_bands, describe, grounded_split
+from evaluation.trust import Judged, confidence_bands, grounded_split
 from indexer.records import ImportReport
 from models.reader_base import RetrievedPassage
 from store.tables import Article
@@ -107,7 +119,9 @@ def stored_articles(session):
     return between
 
 
-def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, bar: bool) -> dict:
+def measure_window(
+    service, sessions, snap, questions, cache: AnswerCache, *, bar: bool, gold_read: bool = True
+) -> dict:
     from serving.answering import answer_evidence  # noqa: PLC0415 (lazy: serving.answering pulls faiss)
 
     reader = service.reader
@@ -164,7 +178,7 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
                 if stage in r["timings_ms"]:  # rerank: only with a re-ranker version serving
                     times[stage].append(r["timings_ms"][stage])
 
-            row = gold_passage(session, q)
+            row = gold_passage(session, q) if gold_read else None
             if row is None:
                 continue
             n_gold += 1
@@ -192,9 +206,9 @@ def measure_window(service, sessions, snap, questions, cache: AnswerCache, *, ba
         "n": n,
         "recall": {f"@{k}": round(100 * hits[k] / n, 1) if n else 0.0 for k in KS},
         "own_articles": round(100 * len(own_held) / n, 1) if n else 0.0,
-        "own_split": _own_split(own_held, held, e2e, questions),
+        "own_split": own_split(own_held, held, e2e, questions),
         "news": {f"{days}d": round(100 * len(held_by) / n, 1) if n else 0.0 for days, held_by in news.items()},
-        "reader_reads_answer": _split_by(held, e2e, questions, in_headline),
+        "reader_reads_answer": split_by(held, e2e, questions, in_headline),
         "grounded": grounded_split(judged),
         "confidence": confidence_bands(judged),
         "end_to_end": {k: round(100 * v, 1) if k in ("em", "f1") else v for k, v in score(e2e, questions).items()},
@@ -226,108 +240,6 @@ def _reads_answer(reader, question, passages) -> bool:
     return any(answer_in_text(list(question.answers), p.text) for p in read)
 
 
-def _own_split(own_held: set[str], held: set[str], predictions: dict, questions) -> dict:
-    """Of the questions whose own articles hold an answer (the evidence the benchmark gathered for
-    them), how many the reader reads an answer for, and end-to-end EM on them and on the rest:
-    whether what the reader misses is evidence the corpus has, or an answer it does not state."""
-    split = _split_by(own_held, predictions, questions)
-    return {
-        "n": split["n"],
-        "read": len(own_held & held),
-        "em": split["em_when_read"],
-        "em_otherwise": split["em_otherwise"],
-    }
-
-
-def _split_by(held: set[str], predictions: dict, questions, in_headline: set[str] = frozenset()) -> dict:
-    """The share of questions whose answer lies in what the reader read, and end-to-end EM on those
-    and on the rest: whether answers are lost in the ranking or in the reading. `headline_only`:
-    those of `held` whose answer the reader sees only in a headline, and EM on them (what printing
-    headlines adds)."""
-
-    def em(qs) -> float:
-        return round(100 * score(predictions, qs)["em"], 1) if qs else 0.0
-
-    inside = [q for q in questions if q.qid in held]
-    outside = [q for q in questions if q.qid not in held]
-    titled = [q for q in inside if q.qid in in_headline]
-    return {
-        "share": round(100 * len(inside) / len(questions), 1) if questions else 0.0,
-        "n": len(inside),
-        "em_when_read": em(inside),
-        "em_otherwise": em(outside),
-        "headline_only": {"n": len(titled), "em": em(titled)},
-    }
-
-
-def baseline_split(m: dict, baseline: dict[str, str], questions) -> dict:
-    """A published system's EM on the questions whose answer our reader reads and on the rest
-    (`measure_window`'s split): whether the gap to it is in reading or in what we find."""
-    held = {qid for qid, p in m["predictions"].items() if p["read"]}
-    split = _split_by(held, baseline, questions)
-    return {"em_when_read": split["em_when_read"], "em_otherwise": split["em_otherwise"]}
-
-
-def right_answers(predictions: dict[str, str | None], questions) -> dict[str, bool]:
-    """qid -> whether the prediction matches a gold answer exactly (no prediction: wrong, as `score` counts it)."""
-    return {q.qid: correct(predictions.get(q.qid), q.answers) for q in questions}
-
-
-def print_window(label: str, m: dict, baseline: dict | None) -> None:
-    r, e, g, lat = m["recall"], m["end_to_end"], m["gold_passage"], m["latency_ms"]
-    print(f"\n{label}: {m['n']} questions (generation subset)")
-    print(
-        "  retrieval recall "
-        + "  ".join(f"{k} {v:.1f}" for k, v in r.items())
-        + f"   own articles {m['own_articles']:.1f}"
-    )
-    if "own_split" in m:
-        o = m["own_split"]
-        print(
-            f"  own articles hold one for {o['n']}: the reader reads one for {o['read']} of them; "
-            f"EM {o['em']:.1f} on them, {o['em_otherwise']:.1f} on the rest"
-        )
-    if "news" in m:
-        print(
-            "  in the news of the "
-            + " / ".join(k.removesuffix("d") for k in m["news"])
-            + " days before: "
-            + " / ".join(f"{v:.1f}" for v in m["news"].values())
-            + "% of questions"
-        )
-    interval = m.get("em_interval")
-    print(
-        f"  end to end        EM {e['em']:.1f}  F1 {e['f1']:.1f}  (n {e['n']})"
-        + (
-            f"  EM {round(100 * interval['level'])}% interval {interval['low']:.1f}..{interval['high']:.1f}"
-            if interval
-            else ""
-        )
-    )
-    if "reader_reads_answer" in m:
-        h = m["reader_reads_answer"]
-        print(
-            f"  reader reads one  {h['share']:.1f}% of questions (n {h['n']}): EM {h['em_when_read']:.1f} on those, "
-            f"{h['em_otherwise']:.1f} on the rest"
-        )
-        t = h["headline_only"]
-        print(f"    in a headline only: n {t['n']}, EM {t['em']:.1f} on those")
-    for line in describe({"grounded": m.get("grounded"), "confidence": m.get("confidence")}):
-        print("  " + line)
-    print(f"  gold passage      EM {g['em']:.1f}  F1 {g['f1']:.1f}  (n {g['n']}, {g['left_out']} without one)")
-    if baseline is not None:
-        print(
-            f"  {baseline['system']:17s} EM {baseline['em']:.1f}  F1 {baseline['f1']:.1f}  (same questions): "
-            f"EM {baseline['em_when_read']:.1f} where our reader reads an answer, {baseline['em_otherwise']:.1f} "
-            "on the rest"
-        )
-        if baseline.get("paired"):
-            print("    paired: " + describe_paired(baseline["paired"], "ours", "theirs"))
-    print(
-        "  latency ms        " + "  ".join(f"{s} p50 {v['p50_ms']} p95 {v['p95_ms']}" for s, v in lat.items() if v["n"])
-    )
-
-
 def parse_args(argv):
     ap = question_arguments(__doc__, DEFAULT_WINDOWS, 150)
     ap.add_argument("--baseline", default="open_gpt3_gcs_gen", help="a published system ('' for none)")
@@ -339,73 +251,134 @@ def parse_args(argv):
         "(`sqa index status` lists them): an index that stopped before the "
         "window, against the serving one, is StreamingQA's lag -1Q against 0Q",
     )
-    return parsed_windows(ap, argv)
+    ap.add_argument(
+        "--rolling",
+        action="store_true",
+        help=f"rolling windows (default {ROLLING_WINDOWS}): each answered by the reader and re-ranker the "
+        "home served at the window's start (bench/rolling.py), pooled; every reading kept in --readings",
+    )
+    ap.add_argument("--build", action="store_true", help="--rolling: import and ingest the home window by window first")
+    ap.add_argument("--train-minutes", type=float, default=10.0, help="--build: each window's reader training budget")
+    ap.add_argument("--readings", help="--rolling: the readings kept across runs (default HOME/bench/readings.jsonl)")
+    ap.add_argument("--no-gold", action="store_true", help="skip reading each question's gold passage alone")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--rolling" in argv and "--windows" not in argv and not any(a.startswith("--windows=") for a in argv):
+        argv += ["--windows", ROLLING_WINDOWS]
+    args = parsed_windows(ap, argv)
+    if (args.build or args.readings) and not args.rolling:
+        ap.error("--build and --readings go with --rolling")
+    if args.rolling and args.snapshot:
+        ap.error("--rolling answers over the serving snapshot: leave out --snapshot")
+    return args
+
+
+def measure_windows(args, home: Path, baseline: dict, bar: bool) -> tuple[dict, dict, dict] | int:
+    """Every window over one served pipeline (or, --rolling, each over its own models): (results by
+    window, the questions by window, the run's config); an exit code when the home cannot serve."""
+    record = load_record(home) if args.rolling else {}
+    readings = Path(args.readings) if args.readings else home / "bench" / "readings.jsonl"
+    results, asked, config = {}, {}, {}
+    opened = None  # (db, service, snap) when one pipeline serves every window
+    try:
+        for first, last in args.windows:
+            pins: dict = {}
+            if args.rolling:
+                try:
+                    versions = window_versions(record, first)
+                except KeyError as exc:
+                    print(f"error: {exc.args[0]}", file=sys.stderr)
+                    return 2
+                pins = {"reader": window_reader(versions["reader"], os.environ.get("SQA_READER", "auto"))}
+                pins.update(reranker=versions["reranker"], readings=readings)
+            if opened is None or args.rolling:
+                if opened is not None:
+                    opened[0].close()
+                t0 = time.perf_counter()
+                try:
+                    opened = open_served(home, **pins)
+                except NotReady as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
+                db, service, snap = opened
+                if args.snapshot:
+                    snap = open_recorded_snapshot(service, db, args.snapshot)
+                    if snap is None:
+                        print(
+                            f"error: no index snapshot {args.snapshot!r} in {home} (`sqa index status` lists them)",
+                            file=sys.stderr,
+                        )
+                        return 2
+                    opened = (db, service, snap)
+                reader = service.reader
+                print(
+                    f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "
+                    f"({service.passages_for(reader)} passages), encoder {snap.manifest.encoder}, snapshot "
+                    f"{snap.snapshot_id} (newest article {snap.newest_day}); loaded in "
+                    f"{time.perf_counter() - t0:.1f} s"
+                )
+            db, service, snap = opened
+            label = f"{first}..{last}"
+            questions, left_out = window_questions(db, first, last, args.max_questions, args.seed)
+            if not questions:
+                print(f"\n{label}: no questions in this window (imported?)")
+                continue
+            if snap.newest_day is not None and snap.newest_day < last:
+                print(f"note: the index ends on {snap.newest_day}, before {last}: is the window ingested?")
+            # --rolling: the readings file is the cache (a variant re-reads only what it changed)
+            cache = AnswerCache(Path(args.out + ".partial.jsonl") if args.out and not args.rolling else None)
+            m = measure_window(service, db.sessions, snap, questions, cache, bar=bar, gold_read=not args.no_gold)
+            m["em_interval"] = em_interval(right_answers(end_to_end_predictions(m), questions))
+            base = against_baseline(args.baseline, baseline, m, questions)
+            m.update(left_out_of_subset=dict(left_out), baseline=base)
+            reader = service.reader
+            m["served"] = {"retriever": service.retriever.name, "reader": reader.name}
+            if args.rolling:
+                m["served"]["readings_reused"] = reader.hits
+            print_window(label, m, base)
+            results[label], asked[label] = m, questions
+            config = {
+                "retriever": service.retriever.name,
+                "reader": reader.name,
+                "passages": service.passages_for(reader),
+                "snapshot": snap.snapshot_id,
+            }
+    finally:
+        if opened is not None:
+            opened[0].close()
+    return results, asked, config
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bar = sys.stderr.isatty() or os.environ.get("SQA_PROGRESS") == "1"
     home = Path(args.home)
-    t0 = time.perf_counter()
-    try:
-        db, service, snap = open_served(home)
-    except NotReady as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        if args.snapshot:
-            snap = open_recorded_snapshot(service, db, args.snapshot)
-            if snap is None:
-                print(
-                    f"error: no index snapshot {args.snapshot!r} in {home} (`sqa index status` lists them)",
-                    file=sys.stderr,
-                )
-                return 2
-        load_s = round(time.perf_counter() - t0, 1)
-        reader = service.reader
-        print(
-            f"served pipeline: retriever {service.retriever.name}, reader {reader.name} "
-            f"({service.passages_for(reader)} passages), encoder {snap.manifest.encoder}, snapshot "
-            f"{snap.snapshot_id} (newest article {snap.newest_day}); loaded in {load_s} s"
-        )
-        baseline = load_baseline_predictions(Path(args.data), args.baseline, ImportReport()) if args.baseline else {}
-        cache = AnswerCache(Path(args.out + ".partial.jsonl") if args.out else None)
-        results = {}
-        for label, last, questions, left_out in each_window(db, args):
-            if snap.newest_day is not None and snap.newest_day < last:
-                print(f"note: the index ends on {snap.newest_day}, before {last}: is the window ingested?")
-            m = measure_window(service, db.sessions, snap, questions, cache, bar=bar)
-            ours = right_answers({qid: p["e2e"] for qid, p in m["predictions"].items()}, questions)
-            m["em_interval"] = em_interval(ours)
-            base = None
-            if baseline:
-                s = score(baseline, questions)
-                base = {
-                    "system": args.baseline,
-                    "em": round(100 * s["em"], 1),
-                    "f1": round(100 * s["f1"], 1),
-                    "answered": s["answered"],
-                    **baseline_split(m, baseline, questions),
-                    "paired": paired_em(ours, right_answers(baseline, questions)),
-                }
-            m.update(left_out_of_subset=dict(left_out), baseline=base)
-            print_window(label, m, base)
-            results[label] = m
-    finally:
-        db.close()
+    if args.build:
+        data = Path(args.data)
+        if not (data / "past").is_dir():
+            print(f"error: no RealTimeQA slice at {data} (give --data)", file=sys.stderr)
+            return 2
+        build_rolling_home(home, args.windows, data=data, train_minutes=args.train_minutes)
+    baseline = load_baseline_predictions(Path(args.data), args.baseline, ImportReport()) if args.baseline else {}
+    measured = measure_windows(args, home, baseline, bar)
+    if isinstance(measured, int):
+        return measured
+    results, asked, served = measured
+    summary = pooled(results, asked, args.baseline, baseline) if len(results) > 1 else None
+    if summary:
+        print_pooled(summary)
     if args.out:
         config = {
             "home": str(home),
-            "retriever": service.retriever.name,
-            "reader": reader.name,
-            "passages": service.passages_for(reader),
-            "snapshot": snap.snapshot_id,
+            **served,
+            "rolling": load_record(home) if args.rolling else None,
             "max_questions": args.max_questions,
             "seed": args.seed,
             "cpu_count": os.cpu_count(),
             "loadavg": list(os.getloadavg()),
         }
-        Path(args.out).write_text(json.dumps({"config": config, "windows": results}, indent=1) + "\n")
+        Path(args.out).write_text(
+            json.dumps({"config": config, "windows": results, "pooled": summary}, indent=1) + "\n"
+        )
         print(f"written to {args.out}")
     return 0
 

@@ -53,10 +53,19 @@ class NotReady(Exception):
     """A home that cannot serve yet: no database, or no index snapshot (the message says what to run)."""
 
 
-def open_served(home: Path):
+ACTIVE = "active"  # open_served's `reranker` default: the version rerankers/ACTIVE names
+
+
+def open_served(home: Path, *, reader: str | None = None, reranker: str | None = ACTIVE, readings: Path | None = None):
     """(db, service, serving snapshot) as `sqa serve` builds them over `home`, from the environment's
     SQA_* settings with their defaults; NotReady without a database or an index snapshot. The caller
-    closes db."""
+    closes db.
+
+    `reader`: an SQA_READER spec instead of the environment's ("version:NAME", "gemma");
+    `reranker`: a re-ranker version pinned instead of the active one (None: none re-ranks);
+    `readings`: a JSONL file that keeps every reading (bench.rolling.CachedReadings), so that the
+    same passages are read once across runs.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if not (home / "sqa.db").exists() and "SQA_DATABASE_URL" not in os.environ:
@@ -64,12 +73,33 @@ def open_served(home: Path):
             f"{home} holds no database: import and ingest the RealTimeQA slice first "
             "(../shared/data/realtimeqa; see README)"
         )
-    from app.bootstrap.builders import build_answer_service, build_encoder, open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
+    # lazy: app.bootstrap pulls faiss
+    from app.bootstrap.builders import (  # noqa: PLC0415
+        build_answer_service,
+        build_encoder,
+        build_reader_state,
+        open_database,
+        reranker_state,
+    )
+    from bench.rolling import CachedReadings  # noqa: PLC0415
+    from serving.reader_state import ReaderState  # noqa: PLC0415
+    from serving.reranking import RerankingRetriever  # noqa: PLC0415
 
-    settings = Settings(home=home)
+    settings = Settings(home=home, **({"reader": reader} if reader else {}))
     db = open_database(settings, migrate=False)
     try:
-        service = build_answer_service(settings, db, build_encoder(settings))
+        state = build_reader_state(settings, db)
+        if readings is not None:
+            state = ReaderState(CachedReadings(state.reader(), readings))
+        service = build_answer_service(settings, db, build_encoder(settings), state)
+        holder, stage = service, service.retriever  # the re-ranking stage, under any wrapper (distinct evidence)
+        while not isinstance(stage, RerankingRetriever) and hasattr(stage, "base"):
+            holder, stage = stage, stage.base
+        if reranker != ACTIVE and isinstance(stage, RerankingRetriever):
+            if reranker is None:
+                setattr(holder, "retriever" if holder is service else "base", stage.base)
+            else:
+                stage.state = reranker_state(settings, pinned=reranker)
         if not service.index_state.refresh() and service.index_state.current() is None:
             raise NotReady(f"no index snapshot in {home}: run `sqa ingest` first")
     except BaseException:
