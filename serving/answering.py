@@ -18,6 +18,7 @@ from evaluation.metrics import answer_support
 from models.encoders import TextEncoder
 from models.reader_base import RetrievedPassage
 from models.readers import Reader
+from models.voting import VotingReader
 from serving.errors import IndexNotReadyError, InvalidInputError
 from serving.index_state import IndexState, LoadedSnapshot
 from serving.reader_state import ReaderState
@@ -60,6 +61,7 @@ class AnswerLimits:
     max_top_k: int = 50
     reader_passages: int = 3
     max_question_chars: int = 1000
+    vote_depth: int = 0  # SQA_READER_VOTE: passages also read one by one and voted on (models.voting)
 
 
 class AnswerService:
@@ -101,8 +103,12 @@ class AnswerService:
 
     @property
     def reader(self) -> Reader:
-        """The reader serving now; a request takes it once (a swap may replace it at any moment)."""
-        return self.reader_state.reader()
+        """The reader serving now; a request takes it once (a swap may replace it at any moment).
+        With a vote depth, that reader votes across passages (models.voting.VotingReader)."""
+        reader = self.reader_state.reader()
+        if self.limits.vote_depth:
+            return VotingReader(reader, depth=self.limits.vote_depth)
+        return reader
 
     def answer(
         self,

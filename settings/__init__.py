@@ -167,6 +167,10 @@ class Settings(BaseSettings):
     # question only (models.gemma_decoding.greedy_within: each token then skips the 262k-word output head);
     # "full" may use any token.
     reader_vocabulary: Literal["full", "read"] = "full"
+    # Votes across passages (models/voting.py): besides its reading of its passages together, the
+    # reader reads each of the first N passages alone, and the answer whose readings' confidences add
+    # up highest wins (the joint reading counts twice). N more generations an answer; 0: off.
+    reader_vote: int = Field(default=0, ge=0, le=20)
     # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
     # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma_weights.resolve_precision).
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"

@@ -251,6 +251,7 @@ def build_answer_service(
         max_top_k=settings.max_top_k,
         reader_passages=settings.reader_passages,
         max_question_chars=settings.max_question_chars,
+        vote_depth=settings.reader_vote,
     )
     retriever = build_retriever(settings, encoder)
     return AnswerService(
