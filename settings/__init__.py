@@ -243,6 +243,12 @@ class Settings(BaseSettings):
     # quarter just ended.
     ingest_cron: str = "0 2 1 * *"
     eval_cron: str = "0 4 2 1,4,7,10 *"
+    # The weekly adaptation (workers.scheduled.weekly_adaptation), for live news: a re-ranker and a
+    # fine-tune of the serving reader on the news of the last adapt_days days, each activated only if
+    # it beats what serves on those days. Empty (the default): not scheduled; "0 3 * * 1" runs it
+    # every Monday at 03:00 UTC. `sqa jobs run weekly-adaptation` runs it once.
+    adapt_cron: str = ""
+    adapt_days: int = Field(default=7, ge=1, le=31)
     # A run missed while the worker was down still runs (once) if it is at most this late.
     misfire_grace_s: int = Field(default=6 * 3600, ge=1)
     # Train the reader after an ingest (`sqa ingest`, the monthly job, POST /admin/ingest) on what is dated before the

@@ -65,6 +65,26 @@ class Check:
         return {"n": self.n, "em": round(100 * self.em, 1), "f1": round(100 * self.f1, 1)}
 
 
+def held_back_period(until: dt.date, days: int = 0) -> tuple[dt.date, str]:
+    """The period a training with the cut `until` is checked on: (its first day, its label), the
+    period ending the day before `until`. `days` 0: the calendar month before the cut ("2024-02");
+    N: the N days before it ("2024-02-23..2024-02-29"), the weekly adaptation's held-back week.
+
+    Example:
+        >>> held_back_period(dt.date(2024, 3, 1))
+        (datetime.date(2024, 2, 1), '2024-02')
+        >>> held_back_period(dt.date(2024, 3, 1), 7)
+        (datetime.date(2024, 2, 23), '2024-02-23..2024-02-29')
+    """
+    if days < 0:
+        raise ValueError(f"held-back days must be 0 (the month before) or positive, got {days}")
+    if days == 0:
+        first = month_start(until - dt.timedelta(days=1))
+        return first, month_key(first)
+    first = until - dt.timedelta(days=days)
+    return first, f"{first}..{until - dt.timedelta(days=1)}"
+
+
 def held_back_questions(
     ctx: JobContext, first: dt.date, before: dt.date, cfg: AutoTrainConfig
 ) -> tuple[list[tuple[str, dt.date, tuple[str, ...]]], str]:
@@ -110,9 +130,10 @@ def check_reader(ctx: JobContext, reader, questions, progress=None) -> Check:
     return Check(n, sum(ems) / n if n else 0.0, sum(f1s) / n if n else 0.0)
 
 
-def plan(ctx: JobContext, until: dt.date) -> dict:
-    """What `after_ingest` would do for a cut at `until`: {"action": "train" | "finetune" | "skip", ...}."""
-    held_from = month_start(until - dt.timedelta(days=1))
+def plan(ctx: JobContext, until: dt.date, held_back_days: int = 0) -> dict:
+    """What `after_ingest` would do for a cut at `until`: {"action": "train" | "finetune" | "skip", ...}
+    (`held_back_days`: `held_back_period`'s)."""
+    _, held_back = held_back_period(until, held_back_days)
     if ctx.reader != "auto":
         return {
             "action": "skip",
@@ -122,7 +143,7 @@ def plan(ctx: JobContext, until: dt.date) -> dict:
     with ctx.sessions() as session:
         active = active_version(session)
         if active is None:
-            return {"action": "train", "held_back": month_key(held_from)}
+            return {"action": "train", "held_back": held_back}
         if active.kind != "gemma":
             return {
                 "action": "skip",
@@ -137,7 +158,7 @@ def plan(ctx: JobContext, until: dt.date) -> dict:
                 "reason": f"the active reader {active.version} is trained through "
                 f"{active.trained_until}: nothing new before {until}",
             }
-        return {"action": "finetune", "parent": active.version, "held_back": month_key(held_from)}
+        return {"action": "finetune", "parent": active.version, "held_back": held_back}
 
 
 def reranker_plan(ctx: JobContext, until: dt.date) -> dict:
@@ -246,19 +267,19 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     from workers.train import run_finetune_job  # noqa: PLC0415 (lazy: workers.train imports torch)
 
     reranker = _train_reranker(ctx, job, until, cfg) if cfg.rerank else None
-    what = plan(ctx, until)
+    what = plan(ctx, until, cfg.held_back_days)
     if reranker is not None:
         what = {**what, "reranker": reranker}
     if what["action"] == "skip":
         job.update(message=what["reason"])
         return what
-    held_from = month_start(until - dt.timedelta(days=1))
+    held_from, held_back = held_back_period(until, cfg.held_back_days)
     questions, source = held_back_questions(ctx, held_from, until, cfg)
     if not questions:
         what = {
             "action": "skip",
             "reason": f"nothing to check a new reader on: no question and no article in "
-            f"the held-back month {month_key(held_from)}",
+            f"the held-back period {held_back}",
         }
         job.update(message=what["reason"])
         return what
@@ -273,11 +294,16 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
     else:
         parent_spec = spec.for_finetune()
         version = run_finetune_job(
-            ctx, job, month=month_key(held_from), spec=parent_spec, activate=False, max_minutes=cfg.max_minutes
+            ctx,
+            job,
+            month=month_key(held_from),
+            period=None if cfg.held_back_days == 0 else (held_from, until),
+            spec=parent_spec,
+            activate=False,
+            max_minutes=cfg.max_minutes,
         )
     job.update(
-        message=f"checking {version} against the serving reader on {len(questions)} {source} "
-        f"questions of {month_key(held_from)}"
+        message=f"checking {version} against the serving reader on {len(questions)} {source} questions of {held_back}"
     )
     with ctx.sessions() as session:
         folder = version_dir(get_version(session, version), ctx.models_dir)
@@ -293,7 +319,7 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
         "auto-train %s: %s (held-back %s, %s questions: new F1 %.1f vs %.1f)",
         version,
         verdict,
-        month_key(held_from),
+        held_back,
         source,
         100 * candidate.f1,
         100 * incumbent.f1,
@@ -303,7 +329,7 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
         "version": version,
         "activated": better,
         "check": {
-            "month": month_key(held_from),
+            "month": held_back,
             "questions": source,
             "new": candidate.to_json(),
             "serving": incumbent.to_json(),
@@ -337,7 +363,7 @@ def describe(done: dict) -> str:
 
 def nothing_to_do(ctx: JobContext, until: dt.date, cfg: AutoTrainConfig) -> str | None:
     """Why `after_ingest` would do nothing at this cut (no job is worth recording), or None."""
-    reader = plan(ctx, until)
+    reader = plan(ctx, until, cfg.held_back_days)
     if reader["action"] != "skip":
         return None
     if not cfg.rerank:

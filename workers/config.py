@@ -67,6 +67,13 @@ class AutoTrainConfig:
     # SQA_AUTO_TRAIN_SEEDS: a first training runs up to this many times (seed, seed + 1, ...) while
     # the budget has room for another run as long as the runs so far took, and checks their soup
     seeds: int = 2
+    # The period a new reader is checked on, ending the day before the cut: 0 the calendar month
+    # before it (after a month's ingest), N the N days before it (the weekly adaptation's week,
+    # SQA_ADAPT_DAYS), where a fine-tune also learns only that period's news.
+    held_back_days: int = 0
+    # The weekly adaptation's period (SQA_ADAPT_DAYS): it learns the news of these days before its
+    # cut and is checked on them (workers.scheduled.weekly_adaptation sets held_back_days to it).
+    adapt_days: int = 7
 
 
 @dataclass(frozen=True)
@@ -116,4 +123,5 @@ class SchedulerConfig:
     db_url: str
     ingest_cron: str = "0 2 1 * *"
     eval_cron: str = "0 4 2 1,4,7,10 *"
+    adapt_cron: str = ""  # SQA_ADAPT_CRON: the weekly adaptation; "" leaves it out
     misfire_grace_s: int = 21600

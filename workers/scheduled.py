@@ -1,4 +1,4 @@
-"""The scheduled jobs: the monthly ingest and the quarterly evaluation.
+"""The scheduled jobs: the monthly ingest, the quarterly evaluation and the weekly adaptation.
 
 Each is a plain function of a `JobContext` and its period, run by the scheduler process (through
 app.bootstrap's `scheduled_*` functions) and by the admin API alike. Each records one `Job` row
@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from serving.errors import InvalidInputError, NoArticlesError
 from store.tables import Article, EvalRun
 from workers import evaluate
 from workers.after_ingest import train_after_ingest
+from workers.auto_train import describe, run_after_ingest
 from workers.imports import store_records
 from workers.ingest import ingest
 from workers.ingest_plans import IngestParams
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 MONTHLY_INGEST = "monthly-ingest"
 QUARTERLY_EVALUATION = "quarterly-evaluation"
+WEEKLY_ADAPTATION = "weekly-adaptation"
 
 
 # ---- periods ---------------------------------------------------------------------------------------
@@ -70,12 +73,20 @@ def parse_quarter(value: str) -> str:
 
 
 def normalize_period(kind: str, period: str) -> str:
-    """Validate a period for a job kind: a month 'YYYY-MM' or a quarter 'YYYYQN'."""
+    """Validate a period for a job kind: a month 'YYYY-MM', a quarter 'YYYYQN' or, for the weekly
+    adaptation, its cut 'YYYY-MM-DD' (it learns what is dated before that day)."""
     if kind == MONTHLY_INGEST:
         return month_key(parse_month(period))  # InvalidDateError names the bad value
     if kind == QUARTERLY_EVALUATION:
         return parse_quarter(period)
-    raise InvalidInputError(f"unknown job kind {kind!r} (use {MONTHLY_INGEST} or {QUARTERLY_EVALUATION})")
+    if kind == WEEKLY_ADAPTATION:
+        try:
+            return dt.date.fromisoformat(period.strip()).isoformat()
+        except (ValueError, AttributeError):
+            raise InvalidInputError(
+                f"cut {period!r} is not a day (use YYYY-MM-DD: the adaptation learns what is dated before it)"
+            ) from None
+    raise InvalidInputError(f"unknown job kind {kind!r} (use {', '.join(JOBS)})")
 
 
 # ---- the monthly ingest ----------------------------------------------------------------------------
@@ -232,4 +243,48 @@ def quarterly_evaluation(ctx: JobContext, quarter: str | None = None, *, wait_s:
     )
 
 
-JOBS: dict[str, Callable[..., dict]] = {MONTHLY_INGEST: monthly_ingest, QUARTERLY_EVALUATION: quarterly_evaluation}
+# ---- the weekly adaptation ------------------------------------------------------------------------
+
+
+def _adapt(ctx: JobContext, run: JobHandle, cut: dt.date) -> str:
+    cfg = ctx.auto_train
+    if not cfg.enabled:
+        run.update(counts={"auto_train": {"action": "off"}})
+        return "SQA_AUTO_TRAIN=false: nothing adapts"
+    week = replace(cfg, held_back_days=cfg.adapt_days)
+    run.update(progress=0.02, message=f"adapting to the {cfg.adapt_days} days before {cut}")
+    done = run_after_ingest(ctx, cut, week, keep_going=True)
+    run.update(counts={"auto_train": done})
+    if "error" in done:
+        raise RuntimeError(f"the adaptation's training (job {done.get('job_id')}) failed: {done['error']}")
+    return describe(done) if done.get("action") != "skip" else f"nothing to adapt: {done['reason']}"
+
+
+def weekly_adaptation(ctx: JobContext, cut: str | None = None, *, wait_s: float = 0.0) -> dict:
+    """Adapt the re-ranker and the reader to the news of the last SQA_ADAPT_DAYS days (a week) as
+    the monthly ingest's training does to a month (`workers.auto_train.after_ingest`): a re-ranker
+    trained on what is dated before the cut, then the serving reader fine-tuned on the week's news
+    with replay of older questions, each activated only if it beats what serves on that week.
+
+    Args:
+        cut: 'YYYY-MM-DD', the first day it does not learn; default today (UTC): everything that
+            arrived up to yesterday, live pieces included.
+        wait_s: as for `monthly_ingest`.
+    Returns:
+        The job as a dict; `skipped` when that cut already succeeded.
+    """
+    period = normalize_period(WEEKLY_ADAPTATION, cut) if cut else today_utc().isoformat()
+    return ctx.runner.run_period(
+        WEEKLY_ADAPTATION,
+        period,
+        lambda run: _adapt(ctx, run, dt.date.fromisoformat(period)),
+        lock=ctx.runner.lock(WEEKLY_ADAPTATION),
+        wait_s=wait_s,
+    )
+
+
+JOBS: dict[str, Callable[..., dict]] = {
+    MONTHLY_INGEST: monthly_ingest,
+    QUARTERLY_EVALUATION: quarterly_evaluation,
+    WEEKLY_ADAPTATION: weekly_adaptation,
+}

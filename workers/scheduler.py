@@ -63,6 +63,19 @@ def job_specs(cfg: SchedulerConfig) -> list[JobSpec]:
             cfg.eval_cron,
             "SQA_EVAL_CRON",
         ),
+        *(
+            [
+                JobSpec(
+                    jobs.WEEKLY_ADAPTATION,
+                    "app.bootstrap:scheduled_weekly_adaptation",
+                    "weekly adaptation of the re-ranker and the reader to the last days' news",
+                    cfg.adapt_cron,
+                    "SQA_ADAPT_CRON",
+                )
+            ]
+            if cfg.adapt_cron.strip()
+            else []
+        ),
     ]
 
 

@@ -357,12 +357,26 @@ def run_finetune_job(
     replay_ratio: float = 1.0,
     activate: bool = True,
     max_minutes: float = 0.0,
+    period: tuple[dt.date, dt.date] | None = None,
 ) -> str:
     """`sqa finetune --month M`: continue from the active version on M's self-labeled questions
     plus a replay sample of older self-labeled and gold questions (so it does not forget);
-    validated on the gold questions of the month before M. The new version becomes active."""
-    first = parse_month(month)
-    until = next_month(first)
+    validated on the gold questions of the month before M. The new version becomes active.
+
+    `period` (first day, day after the last): a shorter period than M instead (the weekly
+    adaptation's week, within or across months): its news is learnt, the older news replayed, and
+    the gold questions of as many days before it validate."""
+    if period is None:
+        first = parse_month(month)
+        until = next_month(first)
+        prev = month_start(first - dt.timedelta(days=1))
+        label = month
+    else:
+        first, until = period
+        if until <= first:
+            raise ValueError(f"the fine-tune period {first}..{until} is empty")
+        prev = first - (until - first)
+        label = f"wk-{first}"
     with ctx.sessions() as session:
         row = active_version(session)
         if row is None:
@@ -380,8 +394,7 @@ def run_finetune_job(
     )
     spec = spec or replace(base, kind=kind).for_finetune(max_self_articles=400, eval_every=100, max_minutes=max_minutes)
     data = spec.data_config(data)
-    prev = month_start(first - dt.timedelta(days=1))
-    work = ctx.work_dir / "finetune" / f"{parent}-{month}"
+    work = ctx.work_dir / "finetune" / f"{parent}-{label}"
 
     def make_data(session, retriever, snapshot, progress):
         start = indexed_start(snapshot)
@@ -419,7 +432,7 @@ def run_finetune_job(
         ctx,
         job,
         spec=spec,
-        label=month,
+        label=label,
         work=work,
         make_data=make_data,
         model_factory=lambda: load_trained_model(parent_dir),

@@ -3,8 +3,8 @@ from the settings.
 
 Only the entry points call this module: the HTTP app (app/main.py), the CLI (app/cli/) and the
 scheduler's job functions below (`scheduled_monthly_ingest`, `scheduled_quarterly_evaluation`,
-which the job store names by textual reference). Nothing below it reads the settings: jobs get a
-`JobContext`, services and libraries get plain values.
+`scheduled_weekly_adaptation`, which the job store names by textual reference). Nothing below it
+reads the settings: jobs get a `JobContext`, services and libraries get plain values.
 
 The serving objects are built in app.bootstrap.builders and the jobs' and loops' configs in
 app.bootstrap.job_configs; this module holds the jobs' context, the scheduler's job functions and
@@ -54,7 +54,14 @@ from workers.ingest import ingest_lock
 from workers.job_context import JobContext
 from workers.live_publisher import LivePublisher
 from workers.runner import JobRunner
-from workers.scheduled import MONTHLY_INGEST, QUARTERLY_EVALUATION, monthly_ingest, quarterly_evaluation
+from workers.scheduled import (
+    MONTHLY_INGEST,
+    QUARTERLY_EVALUATION,
+    WEEKLY_ADAPTATION,
+    monthly_ingest,
+    quarterly_evaluation,
+    weekly_adaptation,
+)
 from workers.scheduler import run_worker as run_scheduler
 
 log = logging.getLogger(__name__)
@@ -130,6 +137,7 @@ def build_context(
             rerank=settings.auto_train_reranker and settings.reranker != "none",
             reranker_kind=settings.auto_train_reranker_kind,
             reranker_depth=settings.rerank_depth,
+            adapt_days=settings.adapt_days,
         ),
         load_encoder=load_encoder,
         load_answer_service=load_answer_service,
@@ -160,6 +168,13 @@ def scheduled_monthly_ingest(month: str | None = None) -> dict:
         return monthly_ingest(ctx, month, wait_s=settings.misfire_grace_s)
 
 
+def scheduled_weekly_adaptation(cut: str | None = None) -> dict:
+    """The weekly adaptation as the scheduler runs it."""
+    settings = get_settings()
+    with open_context(settings) as ctx:
+        return weekly_adaptation(ctx, cut, wait_s=settings.misfire_grace_s)
+
+
 def scheduled_quarterly_evaluation(quarter: str | None = None) -> dict:
     """The quarterly evaluation as the scheduler runs it."""
     settings = get_settings()
@@ -183,6 +198,7 @@ def job_locks(settings: Settings, runner: JobRunner) -> dict:
         "train-retriever": runner.lock(RETRIEVER_TRAINING_LOCK),
         MONTHLY_INGEST: runner.lock(MONTHLY_INGEST),
         QUARTERLY_EVALUATION: runner.lock(QUARTERLY_EVALUATION),
+        WEEKLY_ADAPTATION: runner.lock(WEEKLY_ADAPTATION),
     }
 
 

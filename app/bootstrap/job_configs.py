@@ -107,6 +107,7 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         db_url=settings.db_url,
         ingest_cron=settings.ingest_cron,
         eval_cron=settings.eval_cron,
+        adapt_cron=settings.adapt_cron,
         misfire_grace_s=settings.misfire_grace_s,
     )
 

@@ -30,8 +30,12 @@ def worker() -> None:
 @cli.command("schedule", epilog="Example: sqa schedule --run monthly-ingest --period 2024-02")
 @guard
 def schedule(
-    run: str | None = typer.Option(None, help="run this scheduled job now (monthly-ingest, quarterly-evaluation)"),
-    period: str | None = typer.Option(None, help="with --run: the month (YYYY-MM) or quarter (YYYYQn)"),
+    run: str | None = typer.Option(
+        None, help="run this scheduled job now (monthly-ingest, quarterly-evaluation, weekly-adaptation)"
+    ),
+    period: str | None = typer.Option(
+        None, help="with --run: the month (YYYY-MM), the quarter (YYYYQn) or the adaptation's cut (YYYY-MM-DD)"
+    ),
 ) -> None:
     """List the scheduled jobs and their next runs, or run one now."""
     from app.bootstrap.job_configs import scheduler_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)

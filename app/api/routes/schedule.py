@@ -98,7 +98,9 @@ def run_now(
     job_id: str,
     jobs: JobsDep,
     period: str | None = Query(
-        None, description="YYYY-MM (monthly-ingest) or YYYYQN (quarterly-evaluation); default: the period just ended"
+        None,
+        description="YYYY-MM (monthly-ingest), YYYYQN (quarterly-evaluation) or YYYY-MM-DD (weekly-adaptation: "
+        "it learns what is dated before that day); default: the period just ended (the adaptation: today)",
     ),
 ) -> ScheduleRunStarted:
     """Run a scheduled job now, in the background. A period already done is skipped (and recorded)."""
