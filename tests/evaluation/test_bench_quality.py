@@ -16,16 +16,6 @@ from evaluation.metrics import exact_match, token_f1
 from evaluation.recent_news import RecentNews
 
 
-@pytest.fixture
-def served_env(loaded_settings, monkeypatch):
-    """The environment `sqa serve` would read for the loaded home."""
-    monkeypatch.setenv("SQA_HOME", str(loaded_settings.home))
-    monkeypatch.setenv("SQA_DATABASE_URL", loaded_settings.db_url)
-    monkeypatch.setenv("SQA_ENCODER", "hash")
-    monkeypatch.setenv("SQA_READER", "first-entity")
-    return loaded_settings
-
-
 def test_bench_quality_on_the_sample_measures_the_served_pipeline(served_env, tmp_path, capsys):
     main = bench_quality.main
     out = tmp_path / "quality.json"

@@ -16,15 +16,6 @@ from models.reader_base import ReaderAnswer, RetrievedPassage
 WINDOWS = "2024-01-01:2024-01-31,2024-02-01:2024-03-31"
 
 
-@pytest.fixture
-def served_env(loaded_settings, monkeypatch):
-    monkeypatch.setenv("SQA_HOME", str(loaded_settings.home))
-    monkeypatch.setenv("SQA_DATABASE_URL", loaded_settings.db_url)
-    monkeypatch.setenv("SQA_ENCODER", "hash")
-    monkeypatch.setenv("SQA_READER", "first-entity")
-    return loaded_settings
-
-
 def _record(home, *firsts):
     (home / rolling.RECORD_FILE).write_text(
         json.dumps({first: {"reader": None, "reranker": None, "recorded_at": "now"} for first in firsts})
