@@ -33,7 +33,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from models.reader_base import ReaderAnswer, RetrievedPassage
+from serving.reranking import active_reranker
+from settings import Settings
+from store.tables import ReaderModel
 
 ROLLING_WINDOWS = "2022-10-01:2022-12-31,2023-01-01:2023-03-31,2023-04-01:2023-06-30"
 RECORD_FILE = "rolling.json"  # in the home: {window's first day: {"reader", "reranker", "recorded_at"}}
@@ -66,12 +71,8 @@ def _sqa(home: Path, *args: str) -> None:
 def serving_versions(home: Path) -> dict[str, str | None]:
     """The reader version (None: the packaged zero-shot reader) and the re-ranker version (None:
     none) that serve in `home` now."""
-    from sqlalchemy import select  # noqa: PLC0415
 
     from app.bootstrap.builders import open_database  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
-    from serving.reranking import active_reranker  # noqa: PLC0415
-    from settings import Settings  # noqa: PLC0415
-    from store.tables import ReaderModel  # noqa: PLC0415
 
     settings = Settings(home=home)
     db = open_database(settings, migrate=False)

@@ -15,8 +15,11 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from bench.rolling import CachedReadings
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
+from serving.reader_state import ReaderState
+from serving.reranking import RerankingRetriever
 from settings import Settings
 from store.tables import Article, IndexSnapshot
 from workers.bakeoff_gold import load_questions
@@ -73,17 +76,13 @@ def open_served(home: Path, *, reader: str | None = None, reranker: str | None =
             f"{home} holds no database: import and ingest the RealTimeQA slice first "
             "(../shared/data/realtimeqa; see README)"
         )
-    # lazy: app.bootstrap pulls faiss
-    from app.bootstrap.builders import (  # noqa: PLC0415
+    from app.bootstrap.builders import (  # noqa: PLC0415 (lazy: app.bootstrap pulls faiss)
         build_answer_service,
         build_encoder,
         build_reader_state,
         open_database,
         reranker_state,
     )
-    from bench.rolling import CachedReadings  # noqa: PLC0415
-    from serving.reader_state import ReaderState  # noqa: PLC0415
-    from serving.reranking import RerankingRetriever  # noqa: PLC0415
 
     settings = Settings(home=home, **({"reader": reader} if reader else {}))
     db = open_database(settings, migrate=False)
