@@ -289,5 +289,7 @@ def test_schedule_run_now_rejects_unknown_ids_bad_periods_and_a_second_run(sched
         client.post("/admin/schedule/quarterly-evaluation/run", params={"period": "2023Q5"}, headers=ADMIN).status_code
         == 422
     )
+    bad_cut = client.post("/admin/schedule/weekly-adaptation/run", params={"period": "2024-03"}, headers=ADMIN)
+    assert bad_cut.status_code == 422 and "is not a day (use YYYY-MM-DD" in bad_cut.json()["detail"]
     with client.app.state.jobs.runner.lock("monthly-ingest").hold():  # as if another process ran it
         assert client.post("/admin/schedule/monthly-ingest/run", headers=ADMIN).status_code == 409
