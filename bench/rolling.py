@@ -33,12 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
+from indexer.dates import month_key
 from models.reader_base import ReaderAnswer, RetrievedPassage
+from serving.reader_registry import active_version
 from serving.reranking import active_reranker
 from settings import Settings
-from store.tables import ReaderModel
 
 ROLLING_WINDOWS = "2022-10-01:2022-12-31,2023-01-01:2023-03-31,2023-04-01:2023-06-30"
 RECORD_FILE = "rolling.json"  # in the home: {window's first day: {"reader", "reranker", "recorded_at"}}
@@ -55,10 +54,6 @@ def _save_record(home: Path, record: dict) -> None:
     tmp = home / f".{RECORD_FILE}.tmp"
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, home / RECORD_FILE)
-
-
-def _month(day: dt.date) -> str:
-    return day.isoformat()[:7]
 
 
 def _sqa(home: Path, *args: str) -> None:
@@ -78,7 +73,8 @@ def serving_versions(home: Path) -> dict[str, str | None]:
     db = open_database(settings, migrate=False)
     try:
         with db.sessions() as session:
-            reader = session.scalars(select(ReaderModel.version).where(ReaderModel.active)).first()
+            row = active_version(session)
+            reader = row.version if row is not None else None
     finally:
         db.close()
     return {"reader": reader, "reranker": active_reranker(settings.rerankers_dir)}
@@ -100,7 +96,7 @@ def build_rolling_home(
                 home,
                 "ingest",
                 "--through",
-                _month(first),
+                month_key(first),
                 "--from",
                 FIRST_MONTH,
                 "--train-minutes",
@@ -109,7 +105,7 @@ def build_rolling_home(
             record[key] = {**serving_versions(home), "recorded_at": dt.datetime.now(dt.UTC).isoformat()}
             _save_record(home, record)
             print(f"window {first}..{last}: reader {record[key]['reader']}, re-ranker {record[key]['reranker']}")
-        _sqa(home, "ingest", "--through", _month(last), "--no-train")
+        _sqa(home, "ingest", "--through", month_key(last), "--no-train")
     return record
 
 

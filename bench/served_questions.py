@@ -19,7 +19,7 @@ from bench.rolling import CachedReadings
 from evaluation.bakeoff import generation_subset
 from evaluation.metrics import answer_in_text
 from serving.reader_state import ReaderState
-from serving.reranking import RerankingRetriever
+from serving.reranking import FOLLOW_ACTIVE
 from settings import Settings
 from store.tables import Article, IndexSnapshot
 from workers.bakeoff_gold import load_questions
@@ -56,10 +56,13 @@ class NotReady(Exception):
     """A home that cannot serve yet: no database, or no index snapshot (the message says what to run)."""
 
 
-ACTIVE = "active"  # open_served's `reranker` default: the version rerankers/ACTIVE names
-
-
-def open_served(home: Path, *, reader: str | None = None, reranker: str | None = ACTIVE, readings: Path | None = None):
+def open_served(
+    home: Path,
+    *,
+    reader: str | None = None,
+    reranker: str | None | object = FOLLOW_ACTIVE,
+    readings: Path | None = None,
+):
     """(db, service, serving snapshot) as `sqa serve` builds them over `home`, from the environment's
     SQA_* settings with their defaults; NotReady without a database or an index snapshot. The caller
     closes db.
@@ -81,7 +84,6 @@ def open_served(home: Path, *, reader: str | None = None, reranker: str | None =
         build_encoder,
         build_reader_state,
         open_database,
-        reranker_state,
     )
 
     settings = Settings(home=home, **({"reader": reader} if reader else {}))
@@ -90,15 +92,7 @@ def open_served(home: Path, *, reader: str | None = None, reranker: str | None =
         state = build_reader_state(settings, db)
         if readings is not None:
             state = ReaderState(CachedReadings(state.reader(), readings))
-        service = build_answer_service(settings, db, build_encoder(settings), state)
-        holder, stage = service, service.retriever  # the re-ranking stage, under any wrapper (distinct evidence)
-        while not isinstance(stage, RerankingRetriever) and hasattr(stage, "base"):
-            holder, stage = stage, stage.base
-        if reranker != ACTIVE and isinstance(stage, RerankingRetriever):
-            if reranker is None:
-                setattr(holder, "retriever" if holder is service else "base", stage.base)
-            else:
-                stage.state = reranker_state(settings, pinned=reranker)
+        service = build_answer_service(settings, db, build_encoder(settings), state, reranker=reranker)
         if not service.index_state.refresh() and service.index_state.current() is None:
             raise NotReady(f"no index snapshot in {home}: run `sqa ingest` first")
     except BaseException:

@@ -110,7 +110,7 @@ def activate_reranker(rerankers_dir: Path, version: str | None) -> None:
     os.replace(tmp, rerankers_dir / ACTIVE_FILE)
 
 
-_FOLLOW_ACTIVE = object()  # RerankerState's `pinned` default: serve what rerankers/ACTIVE names
+FOLLOW_ACTIVE = object()  # RerankerState's `pinned` default: serve what rerankers/ACTIVE names
 
 
 class RerankerState:
@@ -124,10 +124,10 @@ class RerankerState:
         load: Callable[[Path], object],
         *,
         poll_s: float = 2.0,
-        pinned: str | None | object = _FOLLOW_ACTIVE,
+        pinned: str | None | object = FOLLOW_ACTIVE,
     ) -> None:
         self.dir, self._load, self.poll_s = Path(rerankers_dir), load, poll_s
-        if pinned is not _FOLLOW_ACTIVE and pinned is not None and not (self.dir / str(pinned) / INFO_FILE).exists():
+        if pinned is not FOLLOW_ACTIVE and pinned is not None and not (self.dir / str(pinned) / INFO_FILE).exists():
             raise NotFoundError(f"no re-ranker version {pinned!r} in {self.dir}")
         self._pinned = pinned
         self._model: object | None = None
@@ -146,7 +146,7 @@ class RerankerState:
     def refresh(self) -> bool:
         """Load the active version if it changed; True when the serving model changed. A version that
         fails to load is logged and the previous model keeps serving."""
-        wanted = active_reranker(self.dir) if self._pinned is _FOLLOW_ACTIVE else self._pinned
+        wanted = active_reranker(self.dir) if self._pinned is FOLLOW_ACTIVE else self._pinned
         assert wanted is None or isinstance(wanted, str)
         if wanted == self._version:
             return False

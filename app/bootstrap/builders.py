@@ -20,7 +20,7 @@ from serving.distinct import DistinctRetriever
 from serving.index_state import IndexState, latest_snapshot_row
 from serving.reader_registry import check_servable, get_version
 from serving.reader_state import ReaderState, RegistrySource
-from serving.reranking import RerankerState, RerankingRetriever
+from serving.reranking import FOLLOW_ACTIVE, RerankerState, RerankingRetriever
 from serving.retrieval import Retriever, make_retriever
 from settings import ReaderSpec, Settings
 from store.engine import Database, make_engine, make_session_factory
@@ -210,10 +210,13 @@ def resolve_device(settings: Settings) -> str:
     return "cuda" if _cuda_available() else "cpu"
 
 
-def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = True) -> Retriever:
+def build_retriever(
+    settings: Settings, encoder: TextEncoder, *, rerank: bool = True, reranker: str | None | object = FOLLOW_ACTIVE
+) -> Retriever:
     """The retriever the service answers with: SQA_RETRIEVER, SQA_FUSION, SQA_FUSION_DENSE_WEIGHT,
     SQA_RECENCY_WEIGHT, then the active re-ranker version (SQA_RERANKER; `rerank=False`: the first
-    stage alone, what a re-ranker is trained on), then copies collapsed (SQA_DISTINCT_EVIDENCE)."""
+    stage alone, what a re-ranker is trained on; `reranker`: a version pinned instead of the active
+    one, None for none), then copies collapsed (SQA_DISTINCT_EVIDENCE)."""
     first = make_retriever(
         settings.retriever,
         encoder,
@@ -222,27 +225,33 @@ def build_retriever(settings: Settings, encoder: TextEncoder, *, rerank: bool = 
         recency=settings.recency_weight,
     )
     ranked: Retriever = first
-    if rerank and settings.reranker != "none":
-        ranked = RerankingRetriever(first, reranker_state(settings), depth=settings.rerank_depth)
+    if rerank and settings.reranker != "none" and reranker is not None:
+        ranked = RerankingRetriever(first, reranker_state(settings, reranker), depth=settings.rerank_depth)
     if settings.distinct_evidence > 0:
         return DistinctRetriever(ranked, threshold=settings.distinct_evidence)
     return ranked
 
 
-def reranker_state(settings: Settings, **pin) -> RerankerState:
-    """Follows SQA_HOME/rerankers/ACTIVE (or `pinned=VERSION`, None for none: RerankerState);
-    versions load on the SQA_DEVICE."""
+def reranker_state(settings: Settings, pinned: str | None | object = FOLLOW_ACTIVE) -> RerankerState:
+    """Follows SQA_HOME/rerankers/ACTIVE (or serves the `pinned` version: RerankerState); versions
+    load on the SQA_DEVICE."""
 
     def load(folder: Path):
         return load_reranker(folder, device=resolve_device(settings))
 
-    return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5), **pin)
+    return RerankerState(settings.rerankers_dir, load, poll_s=max(settings.snapshot_poll_s, 0.5), pinned=pinned)
 
 
 def build_answer_service(
-    settings: Settings, db: Database, encoder: TextEncoder, reader: Reader | ReaderState | None = None
+    settings: Settings,
+    db: Database,
+    encoder: TextEncoder,
+    reader: Reader | ReaderState | None = None,
+    *,
+    reranker: str | None | object = FOLLOW_ACTIVE,
 ) -> AnswerService:
-    """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names."""
+    """`reader`: a fixed Reader, a ReaderState, or None for the state SQA_READER names;
+    `reranker`: build_retriever's."""
     if reader is None:
         reader = build_reader_state(settings, db)
     state = index_state(settings, db, encoder, lexical=settings.retriever != "dense")  # SQA_RETRIEVER
@@ -253,7 +262,7 @@ def build_answer_service(
         max_question_chars=settings.max_question_chars,
         vote_depth=settings.reader_vote,
     )
-    retriever = build_retriever(settings, encoder)
+    retriever = build_retriever(settings, encoder, reranker=reranker)
     return AnswerService(
         encoder=encoder,
         reader=reader,

@@ -179,3 +179,19 @@ def test_reranker_state_pinned_serves_its_version_whatever_active_says(tmp_path)
     assert none.current() == (None, None)  # pinned to no re-ranker, even with one active
     with pytest.raises(NotFoundError, match="no re-ranker version 'gone'"):
         RerankerState(root, load, pinned="gone")
+
+
+def test_build_retriever_pins_a_version_or_none(loaded_settings):
+    from app.bootstrap.builders import build_retriever
+
+    settings = loaded_settings.model_copy(update={"reranker": "auto"})
+    _version(settings.rerankers_dir, "old")
+    _version(settings.rerankers_dir, "new")
+    activate_reranker(settings.rerankers_dir, "new")
+    encoder = build_encoder(settings)
+    assert isinstance(build_retriever(settings, encoder), RerankingRetriever)
+    assert not isinstance(build_retriever(settings, encoder, reranker=None), RerankingRetriever)
+    pinned = build_retriever(settings, encoder, reranker="old")
+    assert isinstance(pinned, RerankingRetriever) and pinned.state._pinned == "old"
+    with pytest.raises(NotFoundError, match="no re-ranker version 'gone'"):
+        build_retriever(settings, encoder, reranker="gone")
