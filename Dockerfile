@@ -15,6 +15,12 @@ ENV PATH=/opt/venv/bin:$PATH
 # The lock file first (every dependency at an exact version, hash-checked; see the Makefile),
 # then torch alone, the CPU build from PyTorch's CPU wheel index (PyPI's is the CUDA build with
 # gigabytes of nvidia packages). Editing the code does not reinstall any of it.
+# llama-cpp-python (the reader's CPU runtime) has no wheel: it compiles llama.cpp, so the build stage
+# has a C++ compiler. The image is built for any x86-64 CPU with AVX2 (2013 on): GGML_NATIVE, the
+# default of `make install`, would tune it to the machine that builds the image, and crash on another.
+RUN apt-get update && apt-get install -y --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+ENV CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 WORKDIR /src
 COPY requirements.lock ./
 RUN pip install --require-hashes --no-deps -r requirements.lock \
@@ -45,6 +51,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     HF_HUB_DISABLE_TELEMETRY=1
 
+# libgomp: llama.cpp's threads (OpenMP); torch brings its own copy, llama.cpp links the system's.
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 sqa \
     && useradd --system --uid 10001 --gid sqa --create-home --home-dir /home/sqa sqa \
     && mkdir -p /data \

@@ -346,6 +346,54 @@ class GemmaModel:
             echo_beams=echo_beams,
         )
 
+    def export_gguf(self, dest: Path | str, *, weight_type: str = "q8_0") -> Path:
+        """This model, adapters merged, as a GGUF file for the llama.cpp runtime (models/gemma_gguf.py):
+        the packaged base's file with every decoder tensor in `weight_type`, the token embedding as
+        shipped (frozen in training). Like `into_reader`, it merges in place: the model is for
+        serving only afterwards."""
+        from models.gemma_gguf import KEPT_AS_SHIPPED, base_gguf, export_gguf  # noqa: PLC0415 (lazy: exports only)
+
+        lm = self.net.merge_and_unload() if self.config.method == "lora" else self.net
+        self.net = lm.eval()
+        cache = Path(self.config.base_cache) if self.config.base_cache else None
+        state = {k: v.detach().float().cpu().numpy() for k, v in lm.state_dict().items()}
+        kept = {k: state[k] for k in KEPT_AS_SHIPPED}
+        export_gguf(state, kept, base_gguf(cache), Path(dest), weight_type=weight_type)
+        return Path(dest)
+
+
+def base_folder(folder: Path | str) -> Path:
+    """The converted base folder a saved version loads onto (`_base_cache`), converted on first use."""
+    folder = Path(folder)
+    config = GemmaConfig.from_json(json.loads((folder / CONFIG_FILE).read_text()))
+    return gemma_folder(_base_cache(folder, config, None))
+
+
+def llama_reader(folder: Path | str, *, name: str, n_passages: int | None = None, weight_type: str = "q8_0"):
+    """The saved version in `folder` served on llama.cpp (models.gemma_llama.LlamaGemmaReader): its
+    GGUF export, `reader-<weight_type>.gguf` in the folder, written on first use (about 20 s), then
+    read as it is; the tokenizer is the base's."""
+    from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
+
+    from models.gemma_llama import LlamaGemmaReader  # noqa: PLC0415 (lazy: imports this module's reader)
+
+    folder = Path(folder)
+    config = GemmaConfig.from_json(json.loads((folder / CONFIG_FILE).read_text()))
+    gguf_file = folder / f"reader-{weight_type}.gguf"
+    if not gguf_file.exists():
+        GemmaModel.load(folder).export_gguf(gguf_file, weight_type=weight_type)
+    tokenizer = AutoTokenizer.from_pretrained(base_folder(folder))
+    return LlamaGemmaReader(
+        gguf_file,
+        tokenizer,
+        name=name,
+        n_passages=n_passages or config.n_passages,
+        max_passage_words=config.max_passage_words,
+        max_new_tokens=config.max_new_tokens,
+        context_words=config.context_words,
+        titles=config.titles,
+    )
+
 
 def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     """Write the soup of the Gemma version folders `folders` (trained tensors and config, as
@@ -365,4 +413,4 @@ def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     return config
 
 
-__all__ = ["GemmaModel", "write_soup"]
+__all__ = ["GemmaModel", "base_folder", "llama_reader", "write_soup"]

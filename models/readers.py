@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from models.gemma import GemmaReader
+from models.gemma_gguf import base_export, resolve_weight_type
+from models.gemma_llama import LlamaGemmaReader, use_llama_cpp
+from models.gemma_weights import gemma_folder
 from models.reader_base import (
     DATE_WORDS,
     BatchedReader,
@@ -76,14 +79,24 @@ def load_reader(
     vocabulary: str = "full",
     precision: str = "float32",
     echo_beams: int = 0,
+    runtime: str = "torch",
+    gguf_type: str = "auto",
 ) -> Reader:
     """Build a reader from a setting: "gemma" or "first-entity". `cache_dir` is where
     "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
     sentence selection budget (0: none) and `vocabulary` what its answers may be written with
-    ("full" or "read", models.gemma.GemmaReader) and `precision` its number format ("auto",
-    "float32", "bfloat16"); the fake ignores them."""
+    ("full" or "read", models.gemma.GemmaReader), `precision` its number format ("auto",
+    "float32", "bfloat16") and `runtime` what runs it ("torch", "llama.cpp" on the packaged GGUF as
+    shipped, or "auto": models.gemma_llama.use_llama_cpp); the fake ignores them."""
     if spec == "first-entity":
         return FirstEntityReader()
+    decoding = {"answer_beams": answer_beams, "echo_beams": echo_beams, "vocabulary": vocabulary}
+    if spec == "gemma" and runtime != "torch" and use_llama_cpp(runtime, device, gemma_folder(cache_dir), **decoding):
+        from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
+
+        tokenizer = AutoTokenizer.from_pretrained(gemma_folder(cache_dir))
+        gguf_file = base_export(cache_dir, resolve_weight_type(gguf_type))
+        return LlamaGemmaReader(gguf_file, tokenizer, n_passages=max_passages, context_words=context_words)
     if spec == "gemma":
         return GemmaReader.load(
             cache_dir=cache_dir,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from models.gemma_gguf import resolve_weight_type
+from models.gemma_llama import use_llama_cpp
 from models.ranker import CandidateReader, RankerModel
 from models.reader_base import Reader
 
@@ -65,13 +67,22 @@ def load_trained_reader(
     vocabulary: str = "full",
     precision: str = "float32",
     echo_beams: int = 0,
+    runtime: str = "torch",
+    gguf_type: str = "auto",
 ) -> Reader:
     """A `Reader` over a trained folder, named "<kind>:<version>" so answers say what read them
     (`answer_beams`, `vocabulary`, `precision`: a Gemma version's grounded beam search, answer
-    vocabulary and number format, models.gemma.GemmaReader)."""
+    vocabulary and number format, models.gemma.GemmaReader; `runtime` and `gguf_type`: whether a
+    Gemma version runs on llama.cpp, exported in that weight type, models.gemma_llama.use_llama_cpp)."""
     info = read_reader_info(path)
-    model = load_trained_model(path, device=device)
     name = f"{info['kind']}:{info.get('version') or Path(path).name}"
+    decoding = {"answer_beams": answer_beams, "echo_beams": echo_beams, "vocabulary": vocabulary}
+    if info["kind"] == "gemma" and runtime != "torch":
+        from models.gemma_train import base_folder, llama_reader  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
+
+        if use_llama_cpp(runtime, device, base_folder(path), **decoding):
+            return llama_reader(path, name=name, n_passages=max_passages, weight_type=resolve_weight_type(gguf_type))
+    model = load_trained_model(path, device=device)
     if info["kind"] == "gemma":
         return model.into_reader(
             name=name,

@@ -174,6 +174,14 @@ class Settings(BaseSettings):
     # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
     # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma_weights.resolve_precision).
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    # What runs a Gemma reader: "torch", "llama.cpp" (llama-cpp-python over a GGUF file: the packaged
+    # one as shipped, a trained version exported once into its folder), or "auto": llama.cpp on a CPU
+    # when it is installed and the decoding is greedy over the full vocabulary (models/gemma_llama.py).
+    reader_runtime: Literal["auto", "torch", "llama.cpp"] = "auto"
+    # The weight type of the decoder's tensors in a Gemma reader's file for llama.cpp (the token
+    # embedding stays as shipped): "auto" is bf16 on a CPU with native bfloat16, else q8_0
+    # (models.gemma_gguf.resolve_weight_type).
+    reader_gguf_type: Literal["auto", "q8_0", "bf16", "f16", "f32"] = "auto"
     # Gemma trainings' number format (every job that trains or fine-tunes one): "auto" trains under
     # bfloat16 autocast on a GPU with bfloat16 and on every CPU oneDNN computes it on, natively or
     # emulated on AVX-512 (models.gemma_weights.resolve_training_precision); "float32" trains in float32.

@@ -132,6 +132,8 @@ def load_builtin_reader(settings: Settings, name: str) -> Reader:
         vocabulary=settings.reader_vocabulary,
         precision=settings.reader_precision,
         echo_beams=settings.reader_echo_beams,
+        runtime=settings.reader_runtime,
+        gguf_type=settings.reader_gguf_type,
     )
 
 
@@ -149,6 +151,8 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
         vocabulary=settings.reader_vocabulary,
         precision=settings.reader_precision,
         echo_beams=settings.reader_echo_beams,
+        runtime=settings.reader_runtime,
+        gguf_type=settings.reader_gguf_type,
     )
 
 
