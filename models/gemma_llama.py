@@ -8,9 +8,9 @@ worded line, each chosen token's log-probability taken from the full logits, exa
 `GemmaReader._generate` computes them for `line_probability`. Beam search and the "read" vocabulary
 stay PyTorch's (`supports`).
 
-The weights are a GGUF file: the packaged base as shipped (Q4_K_M), or a trained version exported by
-models/gemma_gguf.py. One llama.cpp context serves one generation at a time (the reader's lock), as
-the PyTorch reader does.
+The weights are a GGUF file written by models/gemma_gguf.py: the packaged base's, or a trained
+version's, the decoder in bf16 or q8_0 and the token embedding as shipped. One llama.cpp context
+serves one generation at a time (the reader's lock), on every core, as the PyTorch reader does.
 """
 
 from __future__ import annotations

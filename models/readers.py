@@ -86,8 +86,9 @@ def load_reader(
     "gemma" keeps its converted weights (default ~/.cache/sqa/gemma3-270m), `context_words` its
     sentence selection budget (0: none) and `vocabulary` what its answers may be written with
     ("full" or "read", models.gemma.GemmaReader), `precision` its number format ("auto",
-    "float32", "bfloat16") and `runtime` what runs it ("torch", "llama.cpp" on the packaged GGUF as
-    shipped, or "auto": models.gemma_llama.use_llama_cpp); the fake ignores them."""
+    "float32", "bfloat16"), `runtime` what runs it ("torch", "llama.cpp", or "auto":
+    models.gemma_llama.use_llama_cpp) and `gguf_type` the weight type of its llama.cpp file
+    (models.gemma_gguf.base_export and resolve_weight_type); the fake ignores them."""
     if spec == "first-entity":
         return FirstEntityReader()
     decoding = {"answer_beams": answer_beams, "echo_beams": echo_beams, "vocabulary": vocabulary}

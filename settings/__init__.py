@@ -174,9 +174,10 @@ class Settings(BaseSettings):
     # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
     # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma_weights.resolve_precision).
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"
-    # What runs a Gemma reader: "torch", "llama.cpp" (llama-cpp-python over a GGUF file: the packaged
-    # one as shipped, a trained version exported once into its folder), or "auto": llama.cpp on a CPU
-    # when it is installed and the decoding is greedy over the full vocabulary (models/gemma_llama.py).
+    # What runs a Gemma reader: "torch", "llama.cpp" (llama-cpp-python over GGUF files exported once:
+    # the packaged base's into its cache dir, a trained version's into its folder; models/gemma_gguf.py),
+    # or "auto": llama.cpp on a CPU when it is installed, the decoding is greedy over the full
+    # vocabulary and the base is the packaged model (models/gemma_llama.py).
     reader_runtime: Literal["auto", "torch", "llama.cpp"] = "auto"
     # The weight type of the decoder's tensors in a Gemma reader's file for llama.cpp (the token
     # embedding stays as shipped): "auto" is bf16 on a CPU with native bfloat16, else q8_0
