@@ -9,8 +9,9 @@ worded line, each chosen token's log-probability taken from the full logits, exa
 stay PyTorch's (`supports`).
 
 The weights are a GGUF file written by models/gemma_gguf.py: the packaged base's, or a trained
-version's, the decoder in bf16 or q8_0 and the token embedding as shipped. One llama.cpp context
-serves one generation at a time (the reader's lock), on every core, as the PyTorch reader does.
+version's, the decoder in f32 or bf16 (or q8_0, f16) and the token embedding as shipped. One
+llama.cpp context serves one generation at a time (the reader's lock), on every core, as the
+PyTorch reader does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models import gemma_weights
 from models.gemma import GemmaReader
 from models.gemma_decoding import _eos_ids, ends_first_line, line_probability
 from models.gemma_gguf import is_packaged_base
@@ -42,13 +44,17 @@ def supports(*, answer_beams: int = 1, echo_beams: int = 0, vocabulary: str = "f
 
 def use_llama_cpp(runtime: str, device: str, base: Path | None = None, **decoding) -> bool:
     """Whether a Gemma reader runs on llama.cpp: "llama.cpp" always (an error later if it cannot),
-    "torch" never, "auto" on a CPU when llama-cpp-python is installed, the decoding settings are
-    ones it supports (`supports`) and the base (`base`, its converted folder) is the packaged model."""
+    "torch" never, "auto" on a CPU without native bfloat16 (where PyTorch reads in float32) when
+    llama-cpp-python is installed, the decoding settings are ones it supports (`supports`) and the
+    base (`base`, its converted folder) is the packaged model. With native bfloat16, PyTorch's
+    bfloat16 reads a trained version's prompt faster than llama.cpp (971 against 1,078 ms p50,
+    docs/experiments/2026-12-06-llama-cpp-reader.md)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"reader runtime must be one of {RUNTIMES}, got {runtime!r}")
     if runtime == "auto":
-        packaged = base is None or is_packaged_base(base)
-        return device == "cpu" and llama_cpp_installed() and supports(**decoding) and packaged
+        if device != "cpu" or not llama_cpp_installed() or not supports(**decoding):
+            return False
+        return not gemma_weights.native_bfloat16("cpu") and (base is None or is_packaged_base(base))
     return runtime == "llama.cpp"
 
 

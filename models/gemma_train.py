@@ -346,7 +346,7 @@ class GemmaModel:
             echo_beams=echo_beams,
         )
 
-    def export_gguf(self, dest: Path | str, *, weight_type: str = "q8_0") -> Path:
+    def export_gguf(self, dest: Path | str, *, weight_type: str = "f32") -> Path:
         """This model, adapters merged, as a GGUF file for the llama.cpp runtime (models/gemma_gguf.py):
         the packaged base's file with every decoder tensor in `weight_type`, the token embedding as
         shipped (frozen in training). Like `into_reader`, it merges in place: the model is for
@@ -369,7 +369,7 @@ def base_folder(folder: Path | str) -> Path:
     return gemma_folder(_base_cache(folder, config, None))
 
 
-def llama_reader(folder: Path | str, *, name: str, n_passages: int | None = None, weight_type: str = "q8_0"):
+def llama_reader(folder: Path | str, *, name: str, n_passages: int | None = None, weight_type: str = "f32"):
     """The saved version in `folder` served on llama.cpp (models.gemma_llama.LlamaGemmaReader): its
     GGUF export, `reader-<weight_type>.gguf` in the folder, written on first use (about 20 s), then
     read as it is; the tokenizer is the base's."""

@@ -176,12 +176,13 @@ class Settings(BaseSettings):
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     # What runs a Gemma reader: "torch", "llama.cpp" (llama-cpp-python over GGUF files exported once:
     # the packaged base's into its cache dir, a trained version's into its folder; models/gemma_gguf.py),
-    # or "auto": llama.cpp on a CPU when it is installed, the decoding is greedy over the full
-    # vocabulary and the base is the packaged model (models/gemma_llama.py).
+    # or "auto": llama.cpp on a CPU without native bfloat16 (there PyTorch's bfloat16 is faster) when
+    # it is installed, the decoding is greedy over the full vocabulary and the base is the packaged
+    # model (models/gemma_llama.py).
     reader_runtime: Literal["auto", "torch", "llama.cpp"] = "auto"
     # The weight type of the decoder's tensors in a Gemma reader's file for llama.cpp (the token
-    # embedding stays as shipped): "auto" is bf16 on a CPU with native bfloat16, else q8_0
-    # (models.gemma_gguf.resolve_weight_type).
+    # embedding stays as shipped): "auto" is bf16 on a CPU with native bfloat16, else f32 (as fast
+    # as q8_0 on AVX2, and PyTorch's answers; models.gemma_gguf.resolve_weight_type).
     reader_gguf_type: Literal["auto", "q8_0", "bf16", "f16", "f32"] = "auto"
     # Gemma trainings' number format (every job that trains or fine-tunes one): "auto" trains under
     # bfloat16 autocast on a GPU with bfloat16 and on every CPU oneDNN computes it on, natively or

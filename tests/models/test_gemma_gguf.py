@@ -148,5 +148,5 @@ def test_auto_weight_type_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
     monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": True)
     assert resolve_weight_type("auto") == "bf16"
     monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": False)
-    assert resolve_weight_type("auto") == "q8_0"
+    assert resolve_weight_type("auto") == "f32"
     assert resolve_weight_type("f16") == "f16"

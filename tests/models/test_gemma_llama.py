@@ -116,8 +116,14 @@ def test_the_reader_refuses_decoding_it_does_not_do(scripted):
         LlamaGemmaReader(path.parent / "missing.gguf", CharTokenizer())
 
 
-def test_auto_runs_llama_cpp_on_a_cpu_with_greedy_full_vocabulary_decoding(monkeypatch):
+def test_auto_runs_llama_cpp_on_a_cpu_without_bfloat16_with_greedy_full_vocabulary_decoding(monkeypatch):
+    import models.gemma_weights as gemma_weights
+
     monkeypatch.setattr(gemma_llama, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": True)
+    assert not use_llama_cpp("auto", "cpu")  # PyTorch's bfloat16 is faster there
+    assert use_llama_cpp("llama.cpp", "cpu")
+    monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": False)
     assert use_llama_cpp("auto", "cpu")
     assert not use_llama_cpp("auto", "cuda")
     assert not use_llama_cpp("auto", "cpu", answer_beams=2)
@@ -179,7 +185,10 @@ def test_a_trained_version_exported_reads_like_its_pytorch_reader(gemma_cache, t
 def test_auto_keeps_pytorch_for_a_base_that_is_not_the_packaged_model(monkeypatch, tmp_path):
     import json
 
+    import models.gemma_weights as gemma_weights
+
     monkeypatch.setattr(gemma_llama, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": False)
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 1024}))
     assert not use_llama_cpp("auto", "cpu", tmp_path)
     assert not use_llama_cpp("auto", "cpu", tmp_path / "missing")
