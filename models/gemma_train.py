@@ -43,6 +43,11 @@ from models.gemma_weights import FOLDER_NAME, _load, gemma_folder, resolve_train
 from models.reader_base import Item, RetrievedPassage, final_answer
 
 
+def read_config(folder: Path) -> GemmaConfig:
+    """The GemmaConfig a saved version's folder holds (`CONFIG_FILE`)."""
+    return GemmaConfig.from_json(json.loads((Path(folder) / CONFIG_FILE).read_text()))
+
+
 def _load_base(cache_dir: Path | None):
     """(Gemma3ForCausalLM in float32, tokenizer) of the packaged base, converted on first use."""
     return _load(gemma_folder(cache_dir))
@@ -121,7 +126,7 @@ class GemmaModel:
         cfg_file = folder / CONFIG_FILE
         if not cfg_file.exists():
             raise FileNotFoundError(f"{folder} is not a Gemma reader folder ({CONFIG_FILE} is missing)")
-        config = GemmaConfig.from_json(json.loads(cfg_file.read_text()))
+        config = read_config(folder)
         cache = _base_cache(folder, config, cache_dir)
         lm, tokenizer = _load_base(cache)
         model = cls(lm, tokenizer, config, base_cache=cache)
@@ -365,8 +370,7 @@ class GemmaModel:
 def base_folder(folder: Path | str) -> Path:
     """The converted base folder a saved version loads onto (`_base_cache`), converted on first use."""
     folder = Path(folder)
-    config = GemmaConfig.from_json(json.loads((folder / CONFIG_FILE).read_text()))
-    return gemma_folder(_base_cache(folder, config, None))
+    return gemma_folder(_base_cache(folder, read_config(folder), None))
 
 
 def llama_reader(folder: Path | str, *, name: str, n_passages: int | None = None, weight_type: str = "f32"):
@@ -378,11 +382,11 @@ def llama_reader(folder: Path | str, *, name: str, n_passages: int | None = None
     from models.gemma_llama import LlamaGemmaReader  # noqa: PLC0415 (lazy: imports this module's reader)
 
     folder = Path(folder)
-    config = GemmaConfig.from_json(json.loads((folder / CONFIG_FILE).read_text()))
+    config = read_config(folder)
     gguf_file = folder / f"reader-{weight_type}.gguf"
     if not gguf_file.exists():
         GemmaModel.load(folder).export_gguf(gguf_file, weight_type=weight_type)
-    tokenizer = AutoTokenizer.from_pretrained(base_folder(folder))
+    tokenizer = AutoTokenizer.from_pretrained(gemma_folder(_base_cache(folder, config, None)))
     return LlamaGemmaReader(
         gguf_file,
         tokenizer,
@@ -403,7 +407,7 @@ def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     for f in folders:
         if not (f / CONFIG_FILE).exists():
             raise ValueError(f"{f} is not a Gemma reader folder ({CONFIG_FILE} is missing)")
-        configs.append(GemmaConfig.from_json(json.loads((f / CONFIG_FILE).read_text())))
+        configs.append(read_config(f))
     config = soup_config(configs)
     state = soup_state([load_file(f / WEIGHTS_FILE) for f in folders])
     dest = Path(dest)
@@ -413,4 +417,4 @@ def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     return config
 
 
-__all__ = ["GemmaModel", "base_folder", "llama_reader", "write_soup"]
+__all__ = ["GemmaModel", "base_folder", "llama_reader", "read_config", "write_soup"]

@@ -92,10 +92,11 @@ def load_reader(
     if spec == "first-entity":
         return FirstEntityReader()
     decoding = {"answer_beams": answer_beams, "echo_beams": echo_beams, "vocabulary": vocabulary}
-    if spec == "gemma" and runtime != "torch" and use_llama_cpp(runtime, device, gemma_folder(cache_dir), **decoding):
+    base = gemma_folder(cache_dir) if spec == "gemma" and runtime != "torch" else None
+    if base is not None and use_llama_cpp(runtime, device, base, **decoding):
         from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
-        tokenizer = AutoTokenizer.from_pretrained(gemma_folder(cache_dir))
+        tokenizer = AutoTokenizer.from_pretrained(base)
         gguf_file = base_export(cache_dir, resolve_weight_type(gguf_type))
         return LlamaGemmaReader(gguf_file, tokenizer, n_passages=max_passages, context_words=context_words)
     if spec == "gemma":
