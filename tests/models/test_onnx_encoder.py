@@ -54,6 +54,16 @@ def test_the_export_is_cached_and_a_pickled_tower_encodes_alike(cache):
     assert np.array_equal(copy.encode(TEXTS), tower.encode(TEXTS))
 
 
+def test_the_export_has_no_sdpa_mask_nodes(cache):
+    """Eager attention: the mask is built once and added to the scores. SDPA's export selected with
+    Where and checked with IsNaN in every layer (13 Where and 6 IsNaN nodes for MiniLM's 6 layers)."""
+    import onnx  # noqa: PLC0415 (lazy: only this test reads the graph)
+
+    graph = onnx.load(str(export_onnx(packaged_minilm_path(), quantize=False, cache_dir=cache))).graph
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("Softmax") == 6 and ops.count("IsNaN") == 0 and ops.count("Where") <= 2, sorted(set(ops))
+
+
 def test_the_setting_picks_the_backend_and_refuses_an_unknown_one():
     enc = load_encoder("minilm", backend="onnx-int8")
     assert isinstance(enc, OnnxTower) and enc.quantized and enc.name == PACKAGED_MINILM and enc.dim == 384
