@@ -58,6 +58,21 @@ def passages_of(data: Path, since: dt.date, until: dt.date, limit: int):
     return texts, bodies, np.array([d.toordinal() for d in days]), questions
 
 
+def window_arguments(ap: argparse.ArgumentParser) -> None:
+    """--data, --since and --until: the RealTimeQA window whose passages an encoder bench reads."""
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--since", type=dt.date.fromisoformat, default=dt.date(2023, 4, 1))
+    ap.add_argument("--until", type=dt.date.fromisoformat, default=dt.date(2023, 6, 30))
+
+
+def data_missing(data: Path) -> bool:
+    """True, having said so on stderr, when the RealTimeQA slice is not at `data`."""
+    if data.is_dir():
+        return False
+    print(f"the RealTimeQA slice is missing at {data} (pass --data)", file=sys.stderr)
+    return True
+
+
 def torch_ceiling(encoder, texts: list[str], batch_size: int) -> float:
     """passages/s of the torch model's forward passes alone, on batches tokenised beforehand."""
     import torch  # noqa: PLC0415 (lazy: torch)
@@ -100,16 +115,13 @@ def recall(vectors: np.ndarray, days: np.ndarray, bodies: list[str], questions, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    ap.add_argument("--since", type=dt.date.fromisoformat, default=dt.date(2023, 4, 1))
-    ap.add_argument("--until", type=dt.date.fromisoformat, default=dt.date(2023, 6, 30))
+    window_arguments(ap)
     ap.add_argument("--max-passages", type=int, default=0, help="0: every passage of the window")
     ap.add_argument("--backends", default="torch,onnx,onnx-int8")
     ap.add_argument("--batch-size", type=int, default=0, help="0: the encoder's own choice (8 on a CPU)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    if not args.data.is_dir():
-        print(f"the RealTimeQA slice is missing at {args.data} (pass --data)", file=sys.stderr)
+    if data_missing(args.data):
         return 2
 
     texts, bodies, days, questions = passages_of(args.data, args.since, args.until, args.max_passages)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
 import os
 import sys
@@ -31,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_encoder import DEFAULT_DATA, passages_of  # noqa: E402
+from bench.bench_encoder import data_missing, passages_of, window_arguments  # noqa: E402
 from models.encoders import PACKAGED_MINILM, packaged_minilm_path  # noqa: E402
 from models.onnx_encoder import OnnxTower, export_float, quantize_int8  # noqa: E402
 
@@ -57,15 +56,12 @@ def vectors(sess, batches, count: int) -> np.ndarray:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    ap.add_argument("--since", type=dt.date.fromisoformat, default=dt.date(2023, 4, 1))
-    ap.add_argument("--until", type=dt.date.fromisoformat, default=dt.date(2023, 6, 30))
+    window_arguments(ap)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--passages", type=int, default=400, help="passages per round")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    if not args.data.is_dir():
-        print(f"the RealTimeQA slice is missing at {args.data} (pass --data)", file=sys.stderr)
+    if data_missing(args.data):
         return 2
     texts, *_ = passages_of(args.data, args.since, args.until, 0)
     if len(texts) < args.passages:
