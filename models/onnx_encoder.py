@@ -1,7 +1,7 @@
 """Encoder towers on ONNX Runtime: the sentence-transformers model exported once, float or int8.
 
 A sentence-transformers folder (Transformer + mean or CLS Pooling + Normalize: the packaged
-MiniLM and every trained encoder version's towers) is exported to ONNX with torch's exporter and,
+MiniLM and every trained encoder version's towers) is exported to ONNX with torch's exporter (eager attention) and,
 for "onnx-int8", quantised with ONNX Runtime's dynamic quantisation (int8 weights, activations
 quantised per batch at run time). The files are cached under `cache_dir/<model sha256>/`, written
 to a temp folder and renamed into place, so a crash never leaves half an export and a changed
@@ -131,7 +131,7 @@ def export_float(folder: Path, path: Path, *, attention: str = "eager") -> None:
 
     # Eager attention, not transformers' default (SDPA): SDPA's traced mask handling leaves Where and
     # IsNaN nodes in every layer (9% of the int8 run time on an AVX2 CPU); eager adds the mask to the
-    # scores. The same function: 1.11x the passages/s (bench/bench_onnx_export.py).
+    # scores. The same function: 1.10x the passages/s (bench/bench_onnx_export.py).
     model = AutoModel.from_pretrained(str(folder), local_files_only=True, attn_implementation=attention).eval()
 
     class Hidden(torch.nn.Module):
