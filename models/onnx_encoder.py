@@ -1,9 +1,9 @@
 """Encoder towers on ONNX Runtime: the sentence-transformers model exported once, float or int8.
 
 A sentence-transformers folder (Transformer + mean or CLS Pooling + Normalize: the packaged
-MiniLM and every trained encoder version's towers) is exported to ONNX with torch's exporter (eager attention) and,
-for "onnx-int8", quantised with ONNX Runtime's dynamic quantisation (int8 weights, activations
-quantised per batch at run time). The files are cached under `cache_dir/<model sha256>/`, written
+MiniLM and every trained encoder version's towers) is exported to ONNX with torch's exporter,
+tracing eager attention, and, for "onnx-int8", quantised with ONNX Runtime's dynamic quantisation
+(int8 weights, activations quantised per batch at run time). The files are cached under `cache_dir/<model sha256>/`, written
 to a temp folder and renamed into place, so a crash never leaves half an export and a changed
 model gets a new export.
 
