@@ -3,9 +3,9 @@
 A sentence-transformers folder (Transformer + mean or CLS Pooling + Normalize: the packaged
 MiniLM and every trained encoder version's towers) is exported to ONNX with torch's exporter,
 tracing eager attention, and, for "onnx-int8", quantised with ONNX Runtime's dynamic quantisation
-(int8 weights, activations quantised per batch at run time). The files are cached under `cache_dir/<model sha256>/`, written
-to a temp folder and renamed into place, so a crash never leaves half an export and a changed
-model gets a new export.
+(int8 weights, activations quantised per batch at run time). The files are cached under
+`cache_dir/<model sha256>/`, written to a temp folder and renamed into place, so a crash never
+leaves half an export and a changed model gets a new export.
 
 Encoding tokenises with the folder's own fast tokenizer (`tokenizer.json`), sorts the texts by
 length so that each batch pads to similar lengths, runs the batches on one ONNX Runtime session
