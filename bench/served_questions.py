@@ -91,7 +91,7 @@ def open_served(
     try:
         state = build_reader_state(settings, db)
         if readings is not None:
-            state = ReaderState(CachedReadings(state.reader(), readings))
+            state = ReaderState(CachedReadings(state.reader(), readings), version=state.current().version)
         service = build_answer_service(settings, db, build_encoder(settings), state, reranker=reranker)
         if not service.index_state.refresh() and service.index_state.current() is None:
             raise NotReady(f"no index snapshot in {home}: run `sqa ingest` first")

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from evaluation.metrics import answer_support
+from models.answer_forms import FormedReader
 from models.encoders import TextEncoder
 from models.reader_base import RetrievedPassage
 from models.readers import Reader
 from models.voting import VotingReader
+from serving.answer_forms import AnswerFormsSource
 from serving.errors import IndexNotReadyError, InvalidInputError
 from serving.index_state import IndexState, LoadedSnapshot
 from serving.reader_state import ReaderState
@@ -74,14 +76,17 @@ class AnswerService:
         session_factory: sessionmaker[Session],
         limits: AnswerLimits,
         retriever: Retriever | None = None,
+        forms: AnswerFormsSource | None = None,
     ) -> None:
         """`reader`: a Reader that serves for good, or a ReaderState that may swap readers.
-        `retriever`: DenseRetriever(encoder) when None (SQA_RETRIEVER: `serving.retrieval`)."""
+        `retriever`: DenseRetriever(encoder) when None (SQA_RETRIEVER: `serving.retrieval`).
+        `forms`: the answer forms the serving reader's answers are rewritten to (SQA_ANSWER_FORMS)."""
         self.retriever = retriever if retriever is not None else DenseRetriever(encoder)
         self.reader_state = reader if isinstance(reader, ReaderState) else ReaderState(reader)
         self.index_state = index_state
         self.session_factory = session_factory
         self.limits = limits
+        self.forms = forms
 
     def passages_for(self, reader: Reader) -> int:
         """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
@@ -104,11 +109,14 @@ class AnswerService:
     @property
     def reader(self) -> Reader:
         """The reader serving now; a request takes it once (a swap may replace it at any moment).
-        With a vote depth, that reader votes across passages (models.voting.VotingReader)."""
+        With a vote depth, that reader votes across passages (models.voting.VotingReader); with answer
+        forms, its answers are rewritten to them (models.answer_forms.FormedReader)."""
         reader = self.reader_state.reader()
         if self.limits.vote_depth:
-            return VotingReader(reader, depth=self.limits.vote_depth)
-        return reader
+            reader = VotingReader(reader, depth=self.limits.vote_depth)
+        serving = self.reader_state.current()
+        forms = self.forms.forms_for(serving) if self.forms is not None and serving is not None else None
+        return FormedReader(reader, forms) if forms is not None else reader
 
     def answer(
         self,

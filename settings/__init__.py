@@ -171,6 +171,11 @@ class Settings(BaseSettings):
     # reader reads each of the first N passages alone, and the answer whose readings' confidences add
     # up highest wins (the joint reading counts twice). N more generations an answer; 0: off.
     reader_vote: int = Field(default=0, ge=0, le=20)
+    # Answers rewritten to the forms the quizzes write (models/answer_forms.py), learned from the
+    # answers and choices of the questions asked before the serving reader's training cut: "expand"
+    # ("Biden" -> "Joe Biden" where a passage read says it), "contract" (also "President Joe Biden" ->
+    # "Joe Biden"), "off".
+    answer_forms: Literal["off", "expand", "contract"] = "off"
     # Gemma readers' number format: "auto" is bfloat16 where the device computes it natively (a CPU
     # with AVX512-BF16 or AMX, a recent GPU), else float32 (models.gemma_weights.resolve_precision).
     reader_precision: Literal["auto", "float32", "bfloat16"] = "auto"

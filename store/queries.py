@@ -111,6 +111,15 @@ def earliest_question_day(session: Session) -> dt.date | None:
     return session.scalar(select(func.min(Question.asked)))
 
 
+def answer_forms_before(session: Session, day: dt.date) -> list[str]:
+    """The gold answers and the choices of every question asked before `day`, one string each time
+    it was written: what `models.answer_forms.AnswerForms` learns the quizzes' answer forms from."""
+    forms: list[str] = []
+    for answers, choices in session.execute(select(Question.answers, Question.choices).where(Question.asked < day)):
+        forms += [a for a in [*(answers or []), *(choices or [])] if isinstance(a, str)]
+    return forms
+
+
 def newest_indexed_article_at(session: Session, manifest: Manifest | None) -> dt.datetime | None:
     """When the newest searchable article arrived: the latest store or change time of an article
     with passages in the snapshot `manifest`'s shard builds (None: no snapshot, no article)."""

@@ -15,6 +15,7 @@ import models.trained  # called as models.trained.X: tests replace its functions
 from models.encoders import TextEncoder, describe_encoder, load_encoder, resolve_encoder
 from models.readers import Reader, load_reader
 from models.reranker import load_reranker
+from serving.answer_forms import AnswerFormsSource
 from serving.answering import AnswerLimits, AnswerService
 from serving.distinct import DistinctRetriever
 from serving.index_state import IndexState, latest_snapshot_row
@@ -266,6 +267,7 @@ def build_answer_service(
         max_question_chars=settings.max_question_chars,
         vote_depth=settings.reader_vote,
     )
+    forms = AnswerFormsSource(db.sessions, settings.answer_forms) if settings.answer_forms != "off" else None
     retriever = build_retriever(settings, encoder, reranker=reranker)
     return AnswerService(
         encoder=encoder,
@@ -274,4 +276,5 @@ def build_answer_service(
         session_factory=db.sessions,
         limits=limits,
         retriever=retriever,
+        forms=forms,
     )
