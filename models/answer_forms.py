@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from evaluation.metrics import normalize_answer
+from evaluation.metrics import answer_in_haystack, haystack, normalize_answer
 
 MODES = ("off", "expand", "contract")
 MAX_WORDS = 8  # longer choices are sentences, not forms
@@ -41,12 +41,6 @@ def _runs(words: tuple[str, ...]) -> Iterable[tuple[str, ...]]:
     for size in range(1, n):
         for i in range(n - size + 1):
             yield words[i : i + size]
-
-
-def _states(form: tuple[str, ...], texts: Sequence[tuple[str, ...]]) -> bool:
-    """Whether one of the word sequences `texts` holds `form` as a run."""
-    n = len(form)
-    return any(t[i : i + n] == form for t in texts for i in range(len(t) - n + 1) if t[i] == form[0])
 
 
 class AnswerForms:
@@ -83,9 +77,14 @@ class AnswerForms:
         key = form_key(answer)
         if self.mode == "off" or not key or key in self.counts:
             return answer
-        read = [form_key(t) for t in texts]
-        asked = [form_key(question)] if question else []
-        stated = [f for f in self.longer.get(key, ()) if _states(f, read) and not _states(f, asked)]
+        stated = []
+        longer = self.longer.get(key, ())
+        if longer:  # the passages are normalised only for an answer some known form holds
+            read, asked = [haystack(t) for t in texts], haystack(question)
+            for form in longer:
+                needle = " ".join(form)
+                if any(answer_in_haystack(needle, h) for h in read) and not answer_in_haystack(needle, asked):
+                    stated.append(form)
         if stated:
             best = max(self.counts[f] for f in stated)
             top = [f for f in stated if self.counts[f] == best]

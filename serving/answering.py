@@ -111,11 +111,12 @@ class AnswerService:
         """The reader serving now; a request takes it once (a swap may replace it at any moment).
         With a vote depth, that reader votes across passages (models.voting.VotingReader); with answer
         forms, its answers are rewritten to them (models.answer_forms.FormedReader)."""
-        reader = self.reader_state.reader()
+        serving = self.reader_state.current()  # taken once: the forms are those of this reader's cut
+        assert serving is not None, "ReaderState.refresh() must run before the first request"
+        reader = serving.reader
         if self.limits.vote_depth:
             reader = VotingReader(reader, depth=self.limits.vote_depth)
-        serving = self.reader_state.current()
-        forms = self.forms.forms_for(serving) if self.forms is not None and serving is not None else None
+        forms = self.forms.forms_for(serving) if self.forms is not None else None
         return FormedReader(reader, forms) if forms is not None else reader
 
     def answer(

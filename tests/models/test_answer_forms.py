@@ -56,13 +56,11 @@ class _Scripted:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.seen: list[int] = []
 
     def context(self, question, passages):
         return list(passages[:1])  # reads only the first passage
 
     def generate(self, question, as_of, passages):
-        self.seen.append(len(passages))
         return ReaderAnswer(self.text, raw=self.text, confidence=0.4)
 
 
