@@ -293,7 +293,7 @@ class Settings(BaseSettings):
     # Evaluation: questions answered by the reader per quarter (0: all); retrieval metrics cover all.
     eval_max_questions: int = Field(default=0, ge=0)
 
-    # --- live news (workers/live_publisher.py, workers/feed_poller.py, workers/inbox.py) ---
+    # --- live news (workers/live_publisher.py, feed_poller.py, inbox.py, nats_consumer.py) ---
     # Run the live loops in `sqa worker`: the publisher of pushed/polled articles, the feed poller and,
     # with SQA_NEWS_SOURCE=inbox:PATH, the inbox watcher. Off: news waits for the monthly ingest.
     live: bool = True
@@ -318,6 +318,12 @@ class Settings(BaseSettings):
     feed_timeout_s: float = Field(default=20.0, gt=0)
     feed_retries: int = Field(default=3, ge=0, le=10)
     feed_max_bytes: int = Field(default=5 * 1024 * 1024, ge=1024)
+    # NATS JetStream (workers/nats_consumer.py): with a URL (nats://127.0.0.1:4222) the worker consumes
+    # the subject's messages (the POST /admin/articles body) and acknowledges each once it is stored.
+    nats_url: str = ""
+    nats_subject: str = "sqa.articles"
+    nats_stream: str = "SQA_ARTICLES"
+    nats_durable: str = "sqa-worker"
 
     # --- drift of each new month (evaluation/drift.py) ---
     # Compute a month's drift (against the previous, earlier and training months) after its ingest.

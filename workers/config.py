@@ -116,6 +116,24 @@ class InboxConfig:
 
 
 @dataclass(frozen=True)
+class NatsConfig:
+    """The NATS JetStream consumer (workers/nats_consumer.py): a durable pull consumer `durable` on
+    `stream`, which holds `subject` (the stream is made when missing). A message not acknowledged
+    within `ack_wait_s` is delivered again; one that fails to store waits `retry_s` first."""
+
+    url: str
+    status_file: Path  # what the consumer last did, for GET /admin/live and the dashboard
+    subject: str = "sqa.articles"
+    stream: str = "SQA_ARTICLES"
+    durable: str = "sqa-worker"
+    batch: int = 64
+    ack_wait_s: float = 60.0
+    retry_s: float = 5.0
+    poll_s: float = 1.0
+    limits: PushLimits = PushLimits()
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduler's settings: its job store's database, the crons (SQA_INGEST_CRON,
     SQA_EVAL_CRON) and SQA_MISFIRE_GRACE_S."""

@@ -254,6 +254,33 @@ class LivePieceMonthPublic(BaseModel):
     passages: int
 
 
+class BrokerRejectionPublic(BaseModel):
+    message: str = Field(description="The message, by its stream sequence.")
+    line: int | None = Field(description="The record's line (NDJSON) or position (array), from 1.")
+    field: str
+    reason: str
+    url: str | None
+
+
+class BrokerStatusPublic(BaseModel):
+    """The worker's NATS JetStream consumer (SQA_NATS_URL), as it last wrote its status."""
+
+    url: str
+    subject: str
+    connected: bool
+    messages: int = Field(description="Messages acknowledged or terminated since the worker started.")
+    new: int
+    updated: int
+    duplicate: int
+    rejected: int = Field(description="Records rejected (their messages' good records were stored).")
+    terminated: int = Field(description="Messages with nothing to store: not delivered again.")
+    redelivered: int = Field(description="Messages delivered more than once (a crash or a failed commit).")
+    last_message_at: dt.datetime | None
+    last_error: str | None
+    last_error_at: dt.datetime | None
+    recent_rejections: list[BrokerRejectionPublic]
+
+
 class LiveStatusPublic(BaseModel):
     waiting: int = Field(description="Articles stored but not yet searchable.")
     oldest_waiting_at: dt.datetime | None
@@ -263,6 +290,7 @@ class LiveStatusPublic(BaseModel):
     )
     newest_day: dt.date | None = Field(description="The newest publication day in the serving index.")
     months: list[LivePieceMonthPublic] = Field(description="Live pieces of the serving snapshot, by month.")
+    broker: BrokerStatusPublic | None = Field(None, description="The NATS consumer, where SQA_NATS_URL is set.")
 
 
 # ---- feeds (app/api/routes/feeds.py) ---------------------------------------------------------------

@@ -37,6 +37,7 @@ from app.bootstrap.job_configs import (
     inbox_config,
     ingest_config,
     live_config,
+    nats_config,
     scheduler_config,
     transport_config,
 )
@@ -53,6 +54,7 @@ from workers.inbox import InboxWatcher
 from workers.ingest import ingest_lock
 from workers.job_context import JobContext
 from workers.live_publisher import LivePublisher
+from workers.nats_consumer import NatsConsumer
 from workers.runner import JobRunner
 from workers.scheduled import (
     MONTHLY_INGEST,
@@ -229,7 +231,8 @@ def run_worker(settings: Settings) -> None:
 
 def worker_services(settings: Settings, db: Database) -> list:
     """The live loops `sqa worker` runs beside its scheduler (SQA_LIVE): the publisher of the live
-    queue, the feed poller and, with SQA_NEWS_SOURCE=inbox:PATH, the inbox watcher."""
+    queue, the feed poller and, with SQA_NEWS_SOURCE=inbox:PATH, the inbox watcher; with SQA_NATS_URL,
+    the NATS JetStream consumer."""
     if not settings.live:
         return []
     encoder = functools.cache(lambda: build_encoder(settings))
@@ -240,4 +243,6 @@ def worker_services(settings: Settings, db: Database) -> list:
     kind, _, where = settings.news_source.partition(":")
     if kind == "inbox" and where:
         services.append(InboxWatcher(db.sessions, inbox_config(settings, Path(where).expanduser())))
+    if settings.nats_url:
+        services.append(NatsConsumer(db.sessions, nats_config(settings)))
     return services

@@ -1,5 +1,5 @@
 """The settings as the plain configs the jobs and the worker's loops take (workers.config): drift,
-transport, evaluation, ingest, live publishing, feeds, the inbox and the scheduler, with what one
+transport, evaluation, ingest, live publishing, feeds, the inbox, the NATS consumer and the scheduler, with what one
 pushed article may hold and the shard policy. Nothing below app.bootstrap reads the settings.
 """
 
@@ -17,6 +17,7 @@ from workers.config import (
     InboxConfig,
     IngestConfig,
     LiveConfig,
+    NatsConfig,
     SchedulerConfig,
     TransportConfig,
 )
@@ -83,6 +84,18 @@ def feed_config(settings: Settings) -> FeedConfig:
         retries=settings.feed_retries,
         max_bytes=settings.feed_max_bytes,
         poll_s=min(10.0, settings.feed_interval_s),
+        limits=push_limits(settings),
+    )
+
+
+def nats_config(settings: Settings) -> NatsConfig:
+    """SQA_NATS_URL, SQA_NATS_SUBJECT, SQA_NATS_STREAM and SQA_NATS_DURABLE; its status under the work dir."""
+    return NatsConfig(
+        url=settings.nats_url,
+        status_file=settings.work_dir / "nats-status.json",
+        subject=settings.nats_subject,
+        stream=settings.nats_stream,
+        durable=settings.nats_durable,
         limits=push_limits(settings),
     )
 

@@ -70,6 +70,8 @@ def freshness(request: Request, session) -> dict:
         "published_ago": ago(live.last_publish_at),
         "months": live.months,
         "oldest_waiting_ago": ago(live.oldest_waiting_at),
+        "broker": live.broker,
+        "broker_ago": ago(live.broker.last_message_at) if live.broker else None,
     }
 
 

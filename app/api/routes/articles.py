@@ -8,6 +8,7 @@ Articles are stored and queued in one transaction (store/intake.py); the worker'
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import defaultdict
 
@@ -22,16 +23,18 @@ from app.api.schemas import (
     ArticleRejectedPublic,
     ArticleResultPublic,
     ArticlesStoredPublic,
+    BrokerStatusPublic,
     LivePieceMonthPublic,
     LiveStatusPublic,
 )
-from app.bootstrap.job_configs import live_config, push_limits
+from app.bootstrap.job_configs import live_config, nats_config, push_limits
 from indexer.push import BodyError, parse_articles
 from indexer.shards import live_key_parts
 from serving.errors import InvalidInputError
 from store.intake import intake_articles
 from store.queries import newest_indexed_article_at
 from workers.live_publisher import publish_live, queue_status
+from workers.nats_consumer import ConsumerStatus, read_status
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep], responses=ADMIN_ERRORS)
 
@@ -150,4 +153,23 @@ def live_status(request: Request, session) -> LiveStatusPublic:
         newest_article_at=newest_indexed_article_at(session, snap.manifest if snap else None),
         newest_day=snap.newest_day if snap else None,
         months=[LivePieceMonthPublic(month=k, pieces=v[0], passages=v[1]) for k, v in sorted(months.items())],
+        broker=_broker(request.app.state.settings),
     )
+
+
+def _broker(settings) -> BrokerStatusPublic | None:
+    """The worker's NATS consumer status (its file under the work dir), where SQA_NATS_URL is set."""
+    if not settings.nats_url:
+        return None
+    data = read_status(nats_config(settings).status_file)
+    if data is None:  # the worker has not started its consumer yet
+        return BrokerStatusPublic.model_validate(
+            {
+                **dataclasses.asdict(ConsumerStatus(url=settings.nats_url, subject=settings.nats_subject)),
+                "last_error": "no status yet: is `sqa worker` running?",
+            }
+        )
+    try:
+        return BrokerStatusPublic.model_validate(data)
+    except ValueError:  # a file from another version
+        return None
