@@ -101,6 +101,8 @@ def live_status() -> None:
             f"waiting: {status.waiting} article(s)"
             + (f", the oldest since {status.oldest:%Y-%m-%d %H:%M:%S} UTC" if status.oldest else "")
         )
+        if s.nats_url:
+            typer.echo(_broker_line(s))
         if manifest is None:
             typer.echo("no index snapshot yet")
             return
@@ -112,3 +114,19 @@ def live_status() -> None:
             typer.echo(f"  {e.key}  {e.count:6d} passages  {e.min_day}..{e.max_day}")
     finally:
         db.close()
+
+
+def _broker_line(s) -> str:
+    """The worker's NATS consumer (SQA_NATS_URL) as it last wrote its status."""
+    from app.bootstrap.job_configs import nats_config  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: app.bootstrap pulls faiss)
+    from workers.nats_consumer import read_status  # noqa: PLC0415 (lazy: keeps `sqa --help` fast: workers pull faiss)
+
+    b = read_status(nats_config(s).status_file)
+    if b is None:
+        return f"nats {s.nats_subject} at {s.nats_url}: no status yet (is `sqa worker` running?)"
+    line = (
+        f"nats {b['subject']} at {b['url']}: {'connected' if b['connected'] else 'not connected'}; "
+        f"{b['messages']} message(s), {b['new']} new, {b['updated']} updated, {b['duplicate']} duplicate, "
+        f"{b['rejected']} record(s) rejected, {b['terminated']} message(s) dropped"
+    )
+    return line + (f"; last error: {b['last_error']}" if b.get("last_error") else "")

@@ -270,3 +270,18 @@ def test_a_real_stream_is_consumed_and_every_message_acknowledged(nats_settings)
     finally:
         db.close()
         asyncio.run(_drop_stream(NATS_URL, cfg.stream))
+
+
+def test_sqa_live_status_shows_the_consumer(sqa, monkeypatch, tmp_path):
+    from settings import get_settings
+
+    monkeypatch.setenv("SQA_NATS_URL", "nats://127.0.0.1:1")
+    get_settings.cache_clear()
+    r = sqa("live", "status")
+    assert r.exit_code == 0, r.output
+    assert "nats sqa.articles at nats://127.0.0.1:1: no status yet" in r.output
+    consumer = NatsConsumer(None, nats_config(get_settings()))  # type: ignore[arg-type]
+    consumer.status.messages, consumer.status.last_error = 4, "ConnectionRefusedError: refused"
+    consumer.save_status()
+    r = sqa("live", "status")
+    assert "not connected; 4 message(s)" in r.output and "last error: ConnectionRefusedError" in r.output
