@@ -170,12 +170,15 @@ def test_worker_runs_the_consumer_and_live_status_shows_it(nats_settings, make_s
 # ---- against the local NATS server ----------------------------------------------------------------
 
 
-async def _publish(url: str, subject: str, bodies: list[bytes]) -> None:
+async def _publish(url: str, subject: str, bodies: list[bytes], stream: str | None = None) -> None:
+    """Publish `bodies` to `subject` (first making `stream` for it, where given)."""
     import nats
 
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
+        if stream:
+            await js.add_stream(name=stream, subjects=[subject])
         for body in bodies:
             await js.publish(subject, body)
     finally:
@@ -285,3 +288,65 @@ def test_sqa_live_status_shows_the_consumer(sqa, monkeypatch, tmp_path):
     consumer.save_status()
     r = sqa("live", "status")
     assert "not connected; 4 message(s)" in r.output and "last error: ConnectionRefusedError" in r.output
+
+
+CHILD = """
+import json, sys
+from dataclasses import replace
+from app.bootstrap.builders import open_database
+from app.bootstrap.job_configs import nats_config
+from settings import Settings
+from workers.nats_consumer import NatsConsumer
+
+args = json.loads(sys.argv[1])
+s = Settings(home=args["home"], database_url=args["db"], encoder="hash", reader="first-entity", nats_url=args["url"])
+cfg = replace(nats_config(s), subject=args["subject"], stream=args["stream"], ack_wait_s=2.0, batch=8)
+NatsConsumer(open_database(s, migrate=False).sessions, cfg).run()
+"""
+
+
+@needs_nats
+def test_a_consumer_killed_at_random_points_loses_and_duplicates_nothing(nats_settings):
+    """kill -9 of the consuming process three times while 150 articles stream in: each article is
+    stored once, and every message ends acknowledged (a message is acknowledged after its commit)."""
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    tag = uuid.uuid4().hex[:10]
+    cfg = replace(
+        nats_config(nats_settings), url=NATS_URL, subject=f"sqa.kill.{tag}", stream=f"SQA_KILL_{tag}", ack_wait_s=2.0
+    )
+    db = open_database(nats_settings)
+    rng = random.Random(tag)
+    total = 150
+    args = json.dumps(
+        {
+            "home": str(nats_settings.home),
+            "db": nats_settings.database_url,
+            "url": NATS_URL,
+            "subject": cfg.subject,
+            "stream": cfg.stream,
+        }
+    )
+    try:
+        bodies = [json.dumps(article(i)).encode() for i in range(total)]
+        asyncio.run(_publish(NATS_URL, cfg.subject, bodies, stream=cfg.stream))
+        for _ in range(3):
+            child = subprocess.Popen([sys.executable, "-c", CHILD, args])
+            target = min(total - 1, stored(db)[0] + rng.randint(1, 40))
+            deadline = time.monotonic() + 120
+            while stored(db)[0] < target and time.monotonic() < deadline and child.poll() is None:
+                time.sleep(0.01)
+            child.send_signal(signal.SIGKILL)
+            assert child.wait(30) == -signal.SIGKILL
+        last = NatsConsumer(db.sessions, cfg)
+        _run_until(last, db, total)
+        with db.sessions() as s:
+            urls = list(s.scalars(select(Article.url)))
+        assert len(urls) == total and len(set(urls)) == total
+        assert asyncio.run(_pending(NATS_URL, cfg.stream, cfg.durable)) == (0, 0)
+    finally:
+        db.close()
+        asyncio.run(_drop_stream(NATS_URL, cfg.stream))
