@@ -197,6 +197,15 @@ async def _pending(url: str, stream: str, durable: str) -> tuple[int, int]:
         await nc.close()
 
 
+def _settled(cfg) -> tuple[int, int]:
+    """The durable's (pending, unacknowledged) once both are 0, or as they are after 30 s: the server
+    applies acknowledgements sent just before a consumer closed a moment later."""
+    deadline = time.monotonic() + 30
+    while (now := asyncio.run(_pending(cfg.url, cfg.stream, cfg.durable))) != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return now
+
+
 async def _take_without_ack(url: str, cfg) -> int:
     """A consumer that fetches and dies before acknowledging: returns how many it took."""
     import nats
@@ -219,13 +228,17 @@ async def _drop_stream(url: str, stream: str) -> None:
         await nc.close()
 
 
-def _run_until(consumer: NatsConsumer, db, articles: int) -> None:
+def _run_until(consumer: NatsConsumer, cfg, db, articles: int) -> None:
+    """Run `consumer` until `articles` are stored and its durable has nothing pending or unacknowledged
+    (a message stored by a killed consumer and never acknowledged comes again after the ack wait)."""
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 60
-        while stored(db)[0] < articles and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while time.monotonic() < deadline and not (
+            stored(db)[0] >= articles and asyncio.run(_pending(cfg.url, cfg.stream, cfg.durable)) == (0, 0)
+        ):
+            time.sleep(0.2)
     finally:
         consumer.stop()
         thread.join(30)
@@ -255,7 +268,7 @@ def test_a_real_stream_is_consumed_and_every_message_acknowledged(nats_settings)
         thread.join(30)
         assert not thread.is_alive()
         assert stored(db)[0] == 2
-        assert asyncio.run(_pending(NATS_URL, cfg.stream, cfg.durable)) == (0, 0)
+        assert _settled(cfg) == (0, 0)
         status = read_status(cfg.status_file)
         assert status is not None and (status["messages"], status["terminated"], status["new"]) == (3, 1, 2)
         assert status["connected"] is False  # stopped
@@ -267,9 +280,9 @@ def test_a_real_stream_is_consumed_and_every_message_acknowledged(nats_settings)
         assert asyncio.run(_take_without_ack(NATS_URL, short)) == 1
         assert stored(db)[0] == 2
         second = NatsConsumer(db.sessions, short)
-        _run_until(second, db, 3)
+        _run_until(second, short, db, 3)
         assert stored(db)[0] == 3 and second.status.redelivered == 1
-        assert asyncio.run(_pending(NATS_URL, cfg.stream, cfg.durable)) == (0, 0)
+        assert _settled(cfg) == (0, 0)
     finally:
         db.close()
         asyncio.run(_drop_stream(NATS_URL, cfg.stream))
@@ -342,11 +355,11 @@ def test_a_consumer_killed_at_random_points_loses_and_duplicates_nothing(nats_se
             child.send_signal(signal.SIGKILL)
             assert child.wait(30) == -signal.SIGKILL
         last = NatsConsumer(db.sessions, cfg)
-        _run_until(last, db, total)
+        _run_until(last, cfg, db, total)
         with db.sessions() as s:
             urls = list(s.scalars(select(Article.url)))
         assert len(urls) == total and len(set(urls)) == total
-        assert asyncio.run(_pending(NATS_URL, cfg.stream, cfg.durable)) == (0, 0)
+        assert _settled(cfg) == (0, 0)
     finally:
         db.close()
         asyncio.run(_drop_stream(NATS_URL, cfg.stream))
