@@ -294,8 +294,9 @@ class Settings(BaseSettings):
     eval_max_questions: int = Field(default=0, ge=0)
 
     # --- live news (workers/live_publisher.py, feed_poller.py, inbox.py, nats_consumer.py) ---
-    # Run the live loops in `sqa worker`: the publisher of pushed/polled articles, the feed poller and,
-    # with SQA_NEWS_SOURCE=inbox:PATH, the inbox watcher. Off: news waits for the monthly ingest.
+    # Run the live loops in `sqa worker`: the publisher of pushed/polled articles, the feed poller,
+    # with SQA_NEWS_SOURCE=inbox:PATH the inbox watcher and with SQA_NATS_URL the NATS consumer.
+    # Off: news waits for the monthly ingest.
     live: bool = True
     # Publish the live queue as soon as this many articles wait, or once the oldest has waited
     # SQA_LIVE_MAX_WAIT_S seconds; at most SQA_LIVE_MAX_BATCH articles a snapshot.

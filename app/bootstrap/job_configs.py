@@ -1,6 +1,7 @@
 """The settings as the plain configs the jobs and the worker's loops take (workers.config): drift,
-transport, evaluation, ingest, live publishing, feeds, the inbox, the NATS consumer and the scheduler, with what one
-pushed article may hold and the shard policy. Nothing below app.bootstrap reads the settings.
+transport, evaluation, ingest, live publishing, feeds, the inbox, the NATS consumer and the
+scheduler, with what one pushed article may hold and the shard policy. Nothing below app.bootstrap
+reads the settings.
 """
 
 from __future__ import annotations
