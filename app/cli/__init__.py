@@ -5,7 +5,16 @@ It reads the settings once per command and hands jobs a context built by app.boo
 
 from __future__ import annotations
 
-from app.cli import data, eval_commands, feed_commands, live_commands, service, train_commands, version_commands  # noqa: F401  (each registers its commands)
+from app.cli import (  # noqa: F401  (each registers its commands)
+    data,
+    eval_commands,
+    feed_commands,
+    live_commands,
+    service,
+    tower_commands,
+    train_commands,
+    version_commands,
+)
 from app.cli.common import cli
 
 
