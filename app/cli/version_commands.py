@@ -26,9 +26,17 @@ def encoders_list() -> None:
     serving = index_encoder_name(s)
     typer.echo(f"{'*' if serving == 'all-MiniLM-L6-v2' else ' '} all-MiniLM-L6-v2  (packaged, untuned)")
     for info in list_encoder_versions(s.encoders_dir):
+        mark = "*" if serving == info["version"] else " "
+        if info.get("kind") == "distilled":  # `sqa train passage-tower`: MiniLM asks, the student reads
+            after = info.get("validation", {}).get("after", {})
+            typer.echo(
+                f"{mark} {info['version']}  passage tower of MiniLM's layers {info.get('config', {}).get('layers')}  "
+                f"trained until {info.get('trained_until')}  cosine to MiniLM {after.get('cos_mean')}"
+            )
+            continue
         best = info.get("validation", {}).get("best", {})
         typer.echo(
-            f"{'*' if serving == info['version'] else ' '} {info['version']}  towers {info.get('towers')}  "
+            f"{mark} {info['version']}  towers {info.get('towers')}  "
             f"trained until {info.get('trained_until')}  validation recall@5 {best.get('recall@5')} "
             f"recall@20 {best.get('recall@20')}"
         )

@@ -41,6 +41,8 @@ def test_a_distilled_tower_is_trained_switched_to_and_answers(sqa, sample_root, 
     question = ["Who is the mayor of Port Calder?"]
     assert (enc.encode_queries(question) == minilm.encode_queries(question)).all()  # MiniLM asks
 
+    listed = sqa("encoders", "list").output
+    assert f"* {version}  passage tower of MiniLM's layers [0, 5]  trained until 2024-03-01  cosine to MiniLM" in listed
     again = sqa("train", "passage-tower", "--until", "2024-03-01", "--layers", "0,5", "--passages", "60")
     assert again.exit_code == 0 and f"encoder version {version}" in again.output  # kept, not trained again
 
