@@ -38,7 +38,7 @@ TEACHER_LAYERS = 6  # all-MiniLM-L6-v2
 class DistillConfig:
     layers: tuple[int, ...] = (0, 5)  # teacher layers the student keeps, in order
     batch_size: int = 32
-    lr: float = 1e-4
+    lr: float = 5e-4  # 1e-4 reached cosine 0.83 in one epoch where 5e-4 reached 0.87 (two layers)
     epochs: int = 1
     warmup_steps: int = 50
     max_passage_len: int = 256  # the teacher's own limit: the student reads what it reads

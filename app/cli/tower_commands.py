@@ -19,7 +19,7 @@ def train_passage_tower(
     ),
     passages: int = typer.Option(8000, min=10, help="passages to learn from (500 more are held out)"),
     epochs: int = typer.Option(1, min=1),
-    lr: float = typer.Option(1e-4, min=0.0),
+    lr: float = typer.Option(5e-4, min=0.0),
     max_minutes: float = typer.Option(0.0, min=0.0, help="wall-clock budget for the training (0: none)"),
     seed: int = typer.Option(0),
     switch: bool = typer.Option(
