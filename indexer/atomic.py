@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,3 +41,14 @@ def write_atomic(path: Path, data: Buffer) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def replace_folder(dest: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a folder beside `dest`, which then takes dest's place (a crash leaves the
+    old folder, or none, never half of the new one)."""
+    tmp = dest.with_name(dest.name + TMP_SUFFIX)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.replace(dest)

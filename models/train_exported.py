@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from indexer.atomic import replace_folder
 from models.gemma_config import GemmaConfig
 from models.gemma_weights import PRECISIONS
 from models.trained import write_reader_info
@@ -110,7 +111,7 @@ def train_exported(
     import torch  # noqa: PLC0415 (lazy: torch)
 
     from models.gemma_train import GemmaModel  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
-    from models.training import ReaderTrainer, TrainConfig, _write_folder, load_examples  # noqa: PLC0415 (lazy: models.training imports torch)
+    from models.training import ReaderTrainer, TrainConfig, load_examples  # noqa: PLC0415 (lazy: models.training imports torch)
 
     job = read_job(folder)
     if out.resolve() == folder.resolve() or out.resolve().is_relative_to(folder.resolve()):
@@ -211,7 +212,7 @@ def train_exported(
         shutil.copytree(trainer.best_dir, tmp, dirs_exist_ok=True)
         write_reader_info(tmp, info)
 
-    _write_folder(out, write)  # beside `out`, then in its place: a crash leaves no half version
+    replace_folder(out, write)  # beside `out`, then in its place: a crash leaves no half version
     shutil.rmtree(run_dir, ignore_errors=True)
     return info
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from evaluation.metrics import exact_match, token_f1
+from indexer.atomic import replace_folder
 from indexer.chunking import strip_date_prefix
 from models.reader_base import RetrievedPassage
 
@@ -121,16 +122,6 @@ class TrainResult:
 Progress = Callable[[float, str], None]
 
 
-def _write_folder(dest: Path, write: Callable[[Path], None]) -> None:
-    """Write a folder beside `dest`, then put it in dest's place (a crash leaves the old one)."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.replace(dest)
-
-
 def score_predictions(predictions: Sequence[str], examples: Sequence[TrainExample]) -> dict:
     n = len(examples)
     if n == 0:
@@ -199,10 +190,10 @@ class ReaderTrainer:
             self.model.save(tmp / "model")
             torch.save({"opt": opt.state_dict(), "sched": sched.state_dict(), **state}, tmp / "state.pt")
 
-        _write_folder(self.ckpt_dir, write)
+        replace_folder(self.ckpt_dir, write)
 
     def _save_best(self) -> None:
-        _write_folder(self.best_dir, self.model.save)
+        replace_folder(self.best_dir, self.model.save)
 
     # ---- the loop -----------------------------------------------------------------------
     def _validate(
@@ -228,7 +219,7 @@ class ReaderTrainer:
         if progress:
             progress(step / total, f"step {step}/{total} validation EM {metrics['em']} F1 {metrics['f1']}")
         if self.cfg.keep_within > 0:
-            _write_folder(self.validated_dir / f"step-{step}", self.model.save)
+            replace_folder(self.validated_dir / f"step-{step}", self.model.save)
         if metrics["f1"] > state["best_f1"] or not state["best"]:
             state.update(best_f1=metrics["f1"], best_step=step, best=metrics, bad_evals=0)
             self._save_best()
@@ -250,7 +241,7 @@ class ReaderTrainer:
         )
         if kept["step"] != state["best_step"]:
             src = self.validated_dir / f"step-{kept['step']}"
-            _write_folder(self.best_dir, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
+            replace_folder(self.best_dir, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
             log.info(
                 "keeping step %d (validation F1 %s), within %s F1 points of step %d's %s",
                 kept["step"],

@@ -18,10 +18,12 @@ import random
 import shutil
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
+from indexer.atomic import replace_folder
 from indexer.chunking import dated_text
 from models.distill import DistillConfig, distill, student_tower
 from models.encoders import ENCODER_INFO, PACKAGED_MINILM, load_encoder, packaged_minilm_path
@@ -103,13 +105,13 @@ def run_distill_job(
         "train_seconds": result.seconds,
         "teacher_seconds": round(t1 - t0, 1),
     }
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    shutil.copytree(packaged_minilm_path(), tmp / "query")
-    student.save(str(tmp / "passage"))
-    (tmp / ENCODER_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    tmp.rename(dest)
+
+    def write(tmp: Path) -> None:
+        shutil.copytree(packaged_minilm_path(), tmp / "query")
+        student.save(str(tmp / "passage"))
+        (tmp / ENCODER_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+    replace_folder(dest, write)
     job.update(
         counts={"version": version, "validation": info["validation"], "passages": info["passages"]},
         timings={"teacher_s": info["teacher_seconds"], "train_s": result.seconds},
