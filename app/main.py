@@ -98,6 +98,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if n:
             log.warning("marked %d job(s) left running by a stopped process as interrupted", n)
         app.state.db, app.state.answers, app.state.jobs = db, service, jobs
+        metrics = getattr(app.state, "answer_metrics", None)
+        if service.batcher is not None and metrics is not None:
+            service.batcher.on_batch = metrics.observe_batch
         app.state.answer_gate = AdmissionGate(
             max_active=settings.answer_concurrency, max_waiting=settings.answer_queue, max_wait_s=settings.answer_wait_s
         )

@@ -3,12 +3,16 @@
 
     .venv/bin/python bench/bench_answers.py --data ../shared/data/realtimeqa [--n 50]
         [--since 2023-06-01 --until 2023-06-30] [--reader auto|gemma|first-entity] [--encoder minilm]
-        [--threads 0] [--max-articles N] [--home PATH] [--json OUT] [--clients 8]
+        [--threads 0] [--max-articles N] [--home PATH] [--json OUT] [--clients 8] [--batch 8]
 
 With --clients N, N clients send the questions at once (each takes the next unsent one): the server
 answers SQA_ANSWER_CONCURRENCY at a time, lets SQA_ANSWER_QUEUE wait at most SQA_ANSWER_WAIT_S,
 and refuses the rest with 503 + Retry-After. Those refusals are counted apart from errors (they are
 by design), with how long a client waited for one: the target is that nobody waits minutes.
+With --batch N the server answers N at a time and reads concurrent questions in batches of up to N
+(SQA_ANSWER_CONCURRENCY=N, SQA_READER_BATCH=N: serving/reader_batching.py). The answers per second
+are the answered questions over the measured run's wall time; --json also keeps each answer, so two
+runs' answers can be compared question by question.
 
 Without --home it builds a temporary SQA_HOME (SQLite), imports the RealTimeQA questions and
 articles of [since, until] and ingests those months; with --home it uses that SQA_HOME as it is
@@ -135,6 +139,7 @@ def send_questions(server, questions, args):
     """Warm up, then send each question once (from args.clients clients); returns latencies, the
     server's timings per stage (STAGES), errors, examples and the 503 refusals' waits."""
     latencies, errors, examples, refused = [], [], [], []
+    answers: list[dict] = []  # each answered question's answer, in the order answered
     stages: dict[str, list[float]] = {name: [] for name in STAGES}  # the server's timings_ms, and the rest
     lock = threading.Lock()
     pending = iter(enumerate(questions))
@@ -174,6 +179,7 @@ def send_questions(server, questions, args):
                         inside = timings.get("queue", 0.0) + timings.get("total", float("nan"))
                         stages["server"].append(inside)
                         stages["outside"].append(elapsed_ms - inside)
+                        answers.append({"question": text, "as_of": asked.isoformat(), "answer": out["answer"]})
                         if len(examples) < 3:
                             examples.append((asked, text, out["answer"], gold))
                     if sys.stdout.isatty():
@@ -185,16 +191,18 @@ def send_questions(server, questions, args):
                 client.post("/v1/answers", json={"question": text, "as_of": asked.isoformat()})
             except httpx.HTTPError:
                 pass  # the measured loop counts errors
+    t_start = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.clients)) as pool:
         for f in [pool.submit(client_loop) for _ in range(max(1, args.clients))]:
             f.result()
+    wall_s = time.perf_counter() - t_start
     if sys.stdout.isatty():
         print(" " * 40, end="\r")
     if server.process.poll() is not None:
         print(
             f"the server exited during the run (code {server.process.returncode})\n{server.log_tail()}", file=sys.stderr
         )
-    return latencies, stages, errors, examples, refused
+    return latencies, stages, errors, examples, refused, answers, wall_s
 
 
 def main() -> int:
@@ -238,6 +246,13 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT", help="also write the figures to this JSON file")
     ap.add_argument("--clients", type=int, default=1, help="concurrent clients (default 1: one question at a time)")
     ap.add_argument("--repeat", type=int, default=1, help="send the question sample this many times (a longer load)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="answer this many at a time and read concurrent questions in batches of up to this many "
+        "(SQA_ANSWER_CONCURRENCY and SQA_READER_BATCH; default 0: the caller's environment or the defaults)",
+    )
     args = ap.parse_args()
     if args.n < 1:
         ap.error("--n must be at least 1")
@@ -276,6 +291,8 @@ def main() -> int:
             "SQA_READER": args.reader,
             "SQA_TORCH_THREADS": str(args.threads),
         }
+        if args.batch:
+            env.update(SQA_ANSWER_CONCURRENCY=str(args.batch), SQA_READER_BATCH=str(args.batch))
         if not args.home:
             env["SQA_DATABASE_URL"] = ""  # the temporary home's SQLite file, whatever the caller's env says
         print(
@@ -287,7 +304,7 @@ def main() -> int:
             with served(env, Path(tmp) / "server.log", ready_timeout_s=args.ready_timeout) as server:
                 startup_s = server.startup_s
                 print(f"ready in {startup_s:.1f} s: {server.ready}", flush=True)
-                latencies, stages, errors, examples, refused = send_questions(server, questions, args)
+                latencies, stages, errors, examples, refused, answers, wall_s = send_questions(server, questions, args)
         except ServerNotReady as exc:
             print(f"the server did not become ready: {exc}", file=sys.stderr)
             return 1
@@ -317,8 +334,13 @@ def main() -> int:
             for name, v in stages.items()
         },
         "clients": args.clients,
+        "concurrency": env.get("SQA_ANSWER_CONCURRENCY", "default"),
+        "reader_batch": env.get("SQA_READER_BATCH", "default"),
+        "wall_s": round(wall_s, 2),
+        "answers_per_s": len(latencies) / wall_s if wall_s > 0 else float("nan"),
         "refused_503": len(refused),
         "refused_wait_ms": {"p50": pct(refused, 50), "max": max(refused, default=float("nan"))},
+        "answers": answers,
     }
     print(f"\n/v1/answers latency: {source}")
     print(
@@ -342,6 +364,10 @@ def main() -> int:
             f"  answered: {len(latencies)}; refused with 503 + Retry-After (by design): {len(refused)}"
             + (f", after {r['p50']:.0f} ms p50, {r['max']:.0f} ms at most" if refused else "")
         )
+    print(
+        f"  {len(latencies)} answered in {wall_s:.1f} s: {figures['answers_per_s']:.2f} answers/s "
+        f"(SQA_ANSWER_CONCURRENCY {figures['concurrency']}, SQA_READER_BATCH {figures['reader_batch']})"
+    )
     print(f"\n  errors: {len(errors)} of {len(questions)}")
     for e in errors[:5]:
         print(f"    {e}")

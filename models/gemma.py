@@ -23,7 +23,7 @@ from models.gemma_decoding import (
 )
 from models.gemma_prompt import build_prompt, echoes_question, reader_context
 from models.gemma_weights import _load, gemma_folder, resolve_precision
-from models.reader_base import ReaderAnswer, RetrievedPassage, check_passages, final_answer, grounded
+from models.reader_base import Item, ReaderAnswer, RetrievedPassage, check_passages, final_answer, grounded
 
 
 class GemmaReader:
@@ -151,6 +151,36 @@ class GemmaReader:
                 if answer and grounded(answer, text) and not echoes_question(answer, question):
                     return ReaderAnswer(text=answer, raw=raw, confidence=p)
         return ReaderAnswer(text=answers[0], raw=found[0][0], confidence=found[0][1])
+
+    def batches(self) -> bool:
+        """Whether `generate_batch` reads several questions in one model call: greedy decoding over the
+        full vocabulary, with no echo search (the default). Other decodings read one at a time."""
+        return self.answer_beams == 1 and self.vocabulary == "full" and self.echo_beams <= 1
+
+    def generate_batch(self, items: Sequence[Item]) -> list[ReaderAnswer]:
+        """The answers to several (question, as_of, passages) items, in their order, as `generate`
+        gives each. With `batches()`, the prompts are padded on the left and decoded together: a
+        decoding step reads the weights once for all of them (serving.reader_batching gathers
+        concurrent questions into such a batch). Otherwise they are read one by one."""
+        if not self.batches() or len(items) < 2:
+            return [self.generate(*item) for item in items]
+        answers: list[ReaderAnswer | None] = [None] * len(items)
+        rows: list[tuple[int, str, list[RetrievedPassage]]] = []
+        prompts: list[str] = []
+        for i, (question, as_of, passages) in enumerate(items):
+            check_passages(as_of, passages)
+            if not passages:
+                answers[i] = ReaderAnswer(text="", raw="")
+                continue
+            read = self.context(question, passages)
+            rows.append((i, question, read))
+            prompts.append(build_prompt(question, as_of, read, None))
+        if prompts:
+            enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+            found = self._generate(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device), 1)
+            for (i, question, read), (raw, p) in zip(rows, found):
+                answers[i] = ReaderAnswer(text=final_answer(raw, question, read), raw=raw, confidence=p)
+        return [a for a in answers if a is not None]
 
     def _generate(self, input_ids, attention_mask, beams: int) -> list[tuple[str, float]]:
         """(text, probability of its first line: `line_probability`) of the `beams` best

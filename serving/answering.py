@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +24,7 @@ from models.voting import VotingReader
 from serving.answer_forms import AnswerFormsSource
 from serving.errors import IndexNotReadyError, InvalidInputError
 from serving.index_state import IndexState, LoadedSnapshot
+from serving.reader_batching import BatchingReader, ReaderBatcher, batches
 from serving.reader_state import ReaderState
 from serving.retrieval import DenseRetriever, Retriever
 
@@ -77,16 +79,25 @@ class AnswerService:
         limits: AnswerLimits,
         retriever: Retriever | None = None,
         forms: AnswerFormsSource | None = None,
+        batch: int = 1,
+        batch_window_s: float = 0.02,
     ) -> None:
         """`reader`: a Reader that serves for good, or a ReaderState that may swap readers.
         `retriever`: DenseRetriever(encoder) when None (SQA_RETRIEVER: `serving.retrieval`).
-        `forms`: the answer forms the serving reader's answers are rewritten to (SQA_ANSWER_FORMS)."""
+        `forms`: the answer forms the serving reader's answers are rewritten to (SQA_ANSWER_FORMS).
+        `batch`: concurrent questions read in one model call at most (SQA_READER_BATCH; 1: each
+        alone), gathered for at most `batch_window_s` (serving.reader_batching)."""
         self.retriever = retriever if retriever is not None else DenseRetriever(encoder)
         self.reader_state = reader if isinstance(reader, ReaderState) else ReaderState(reader)
         self.index_state = index_state
         self.session_factory = session_factory
         self.limits = limits
         self.forms = forms
+        self._arriving = 0  # questions in answer() that have not reached the reader yet
+        self._arriving_lock = threading.Lock()
+        self.batcher = None
+        if batch > 1:
+            self.batcher = ReaderBatcher(max_batch=batch, window_s=batch_window_s, arriving=lambda: self._arriving)
 
     def passages_for(self, reader: Reader) -> int:
         """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
@@ -109,11 +120,14 @@ class AnswerService:
     @property
     def reader(self) -> Reader:
         """The reader serving now; a request takes it once (a swap may replace it at any moment).
-        With a vote depth, that reader votes across passages (models.voting.VotingReader); with answer
+        With a batcher, its readings are batched with concurrent ones (serving.reader_batching); with
+        a vote depth, that reader votes across passages (models.voting.VotingReader); with answer
         forms, its answers are rewritten to them (models.answer_forms.FormedReader)."""
         serving = self.reader_state.current()  # taken once: the forms are those of this reader's cut
         assert serving is not None, "ReaderState.refresh() must run before the first request"
         reader = serving.reader
+        if self.batcher is not None and batches(reader):
+            reader = BatchingReader(reader, self.batcher)
         if self.limits.vote_depth:
             reader = VotingReader(reader, depth=self.limits.vote_depth)
         forms = self.forms.forms_for(serving) if self.forms is not None else None
@@ -137,6 +151,32 @@ class AnswerService:
         (bench/bench_live.py's monthly schedule).
         """
         t0 = time.perf_counter()
+        with self._arriving_lock:
+            self._arriving += 1
+        arrived = [True]  # until this request reaches the reader (or ends): a batch leader waits for it
+
+        def reached() -> None:
+            with self._arriving_lock:
+                if arrived[0]:
+                    arrived[0] = False
+                    self._arriving -= 1
+
+        try:
+            return self._answer(question, as_of, top_k, snapshot, read, index_as_of, t0, reached)
+        finally:
+            reached()
+
+    def _answer(
+        self,
+        question: str,
+        as_of: dt.date | None,
+        top_k: int | None,
+        snapshot: LoadedSnapshot | None,
+        read: bool,
+        index_as_of: dt.date | None,
+        t0: float,
+        reached: Callable[[], None],
+    ) -> AnswerResult:
         text, k = self.validate(question, top_k)
         as_of = as_of or dt.datetime.now(dt.UTC).date()
         # Held for the whole request: a swap does not disturb them.
@@ -162,6 +202,7 @@ class AnswerService:
         if not passages:
             notes.append(f"no indexed passage was published on or before {as_of}")
         elif read:
+            reached()
             reading = reader.generate(text, as_of, passages[:n_read])
             answer_text, confidence = reading.text, getattr(reading, "confidence", None)
         t3 = time.perf_counter()

@@ -202,6 +202,12 @@ class Settings(BaseSettings):
     # time on every core anyway, so a second place only queued behind it. 4.5 s leaves half a second
     # of a 5 s budget to the network and the client (8 clients on the server's 2 cores: 0.3 s).
     answer_concurrency: int = Field(default=1, ge=1, le=256)
+    # Concurrent questions whose readings go through the reader in one call at most, gathered for at
+    # most SQA_READER_BATCH_WAIT_MS while more are still retrieving (serving/reader_batching.py; 1:
+    # each alone). Only a greedy Gemma reader on PyTorch batches; it takes SQA_ANSWER_CONCURRENCY
+    # above 1 for questions to be in flight together.
+    reader_batch: int = Field(default=1, ge=1, le=64)
+    reader_batch_wait_ms: float = Field(default=20, ge=0, le=1000)
     answer_queue: int = Field(default=8, ge=0, le=10_000)
     answer_wait_s: float = Field(default=4.5, ge=0, le=3600)
     # A request body over this many bytes is refused (413) before it is read whole.

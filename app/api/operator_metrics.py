@@ -3,15 +3,15 @@ goes, the answer gate, the index that serves, how fresh it is, how fast ingest r
 
 - Observed as answers are served (`observe_answers`, called by the JSON API and the ask page):
   `sqa_answer_stage_seconds{stage}` from each answer's `timings_ms`, `sqa_answer_queue_wait_seconds`
-  from the gate's queue time.
+  from the gate's queue time; `sqa_reader_batch_size` and `sqa_reader_batch_wait_seconds` from
+  each batch of readings (serving.reader_batching, when SQA_READER_BATCH is above 1).
 - Read at scrape time (`OperatorCollector`): the gate's running, waiting and refused answers, the
   serving snapshot (vectors, shards, id, age), the newest searchable article's age and the live
   articles waiting (the figures of the ask page's freshness line), the passages/s of the last
   finished ingest job, and the jobs by kind and state. One database session per scrape; a family
   whose query fails is logged and left out, the rest of /metrics is still served.
 
-Not here: a reader batch size (serving reads one question per `Reader.generate` call, so there is
-no batch to measure), and the passages/s of the last live publish (the worker's publisher keeps its
+Not here: the passages/s of the last live publish (the worker's publisher keeps its
 result in memory only; nothing the API process can read records it).
 """
 
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 STAGES = ("retrieve", "rerank", "read", "total")  # the keys of AnswerResult.timings_ms
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 QUEUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.5, 10.0)  # SQA_ANSWER_WAIT_S is 4.5
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # SQA_READER_BATCH is at most 64
 
 
 class AnswerMetrics:
@@ -59,6 +60,25 @@ class AnswerMetrics:
             buckets=QUEUE_BUCKETS,
             registry=registry,
         )
+
+        self.batch_size = Histogram(
+            "sqa_reader_batch_size",
+            "Questions read in one reader call (serving.reader_batching), per batch",
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.batch_wait_seconds = Histogram(
+            "sqa_reader_batch_wait_seconds",
+            "Seconds a reading waited at the reader, from reaching it until its batch started",
+            buckets=QUEUE_BUCKETS,
+            registry=registry,
+        )
+
+    def observe_batch(self, size: int, waits_s: Sequence[float]) -> None:
+        """One batch of readings as it starts (serving.reader_batching.ReaderBatcher's `on_batch`)."""
+        self.batch_size.observe(size)
+        for wait in waits_s:
+            self.batch_wait_seconds.observe(max(0.0, wait))
 
     def observe(self, results: Iterable[AnswerResult], queued_s: float) -> None:
         self.queue_wait_seconds.observe(max(0.0, queued_s))

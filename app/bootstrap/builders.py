@@ -277,4 +277,6 @@ def build_answer_service(
         limits=limits,
         retriever=retriever,
         forms=forms,
+        batch=settings.reader_batch,
+        batch_window_s=settings.reader_batch_wait_ms / 1000,
     )
