@@ -183,7 +183,7 @@ def test_ingest_killed_half_way_keeps_old_snapshot_and_resumes(settings):
     )
     work = settings.work_dir
     deadline = time.monotonic() + 60
-    while not list(work.glob("ingest-2024-03-*/emb-000001.npy")):
+    while not list(work.glob("ingest-2024-03-*/emb-sorted-000001.npy")):
         assert proc.poll() is None, proc.stdout.read().decode()
         assert time.monotonic() < deadline, "the ingest never checkpointed"
         time.sleep(0.05)
@@ -245,3 +245,36 @@ def test_ingest_stores_bodies_and_encodes_and_indexes_the_old_dated_text(sqlite_
                 np.testing.assert_array_equal(got[0], want[0])
     finally:
         db.close()
+
+
+class LengthsSeen(HashEncoder):
+    """The hash encoder, noting the lengths of the texts of each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[int]] = []
+
+    def encode_passages(self, texts, batch_size=0):
+        self.calls.append([len(t) for t in texts])
+        return super().encode_passages(texts, batch_size=batch_size)
+
+
+def test_passages_are_encoded_longest_first_and_returned_in_their_order(tmp_path):
+    """Blocks of about one length (less padding in every batch); the vectors come back in the texts'
+    order, and a resumed run reads the saved blocks back into the same places."""
+    from workers.config import IngestConfig
+    from workers.ingest import encode_with_checkpoints
+    from workers.progress import NullProgress
+
+    rng = np.random.default_rng(0)
+    texts = [" ".join(f"w{i}x{j}" for j in range(int(n))) for i, n in enumerate(rng.integers(1, 60, size=23))]
+    cfg = IngestConfig(index_dir=tmp_path / "index", work_dir=tmp_path / "work", checkpoint_every=5)
+    encoder = LengthsSeen()
+    vectors = encode_with_checkpoints(encoder, texts, tmp_path / "work" / "x", cfg, NullProgress())
+    np.testing.assert_allclose(vectors, HashEncoder().encode_passages(texts), rtol=1e-6)
+    seen = [n for call in encoder.calls for n in call]
+    assert seen == sorted((len(t) for t in texts), reverse=True)  # longest first, across the blocks
+    assert [len(c) for c in encoder.calls] == [5, 5, 5, 5, 3]
+    again = LengthsSeen()
+    resumed = encode_with_checkpoints(again, texts, tmp_path / "work" / "x", cfg, NullProgress())
+    assert again.calls == [] and np.array_equal(resumed, vectors)  # every block read back, in place
