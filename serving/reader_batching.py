@@ -20,6 +20,7 @@ every reading it held. Each batch's size and the time its readings waited for it
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.reader_base import ReaderAnswer, RetrievedPassage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,7 +92,7 @@ class ReaderBatcher:
                     self._cond.wait()
                     continue
                 self._running = True
-                batch = self._gather(mine)
+                batch = self._gather()
                 self._cond.release()
                 try:
                     self._tell(batch)
@@ -103,7 +106,7 @@ class ReaderBatcher:
         assert mine.answer is not None
         return mine.answer
 
-    def _gather(self, leader: _Reading) -> list[_Reading]:
+    def _gather(self) -> list[_Reading]:
         """The next batch, taken out of the waiting list (called holding the lock, which the window's
         wait releases). It is led by the oldest waiting reading; a reader that does not batch goes
         alone."""
@@ -143,9 +146,13 @@ class ReaderBatcher:
                 reading.done = True
 
     def _tell(self, batch: list[_Reading]) -> None:
-        if self.on_batch is not None:
-            now = time.monotonic()
+        if self.on_batch is None:
+            return
+        now = time.monotonic()
+        try:
             self.on_batch(len(batch), [now - r.arrived for r in batch])
+        except Exception:  # a metric must never cost an answer
+            log.exception("reader batching: on_batch failed; the batch is read all the same")
 
 
 class BatchingReader:

@@ -145,6 +145,14 @@ def test_a_failed_batch_fails_every_reading_it_held_and_the_next_ones_still_run(
     assert batcher.generate(healthy, "after", DAY, [passage("x")]).text == "AFTER"  # the batcher is free again
 
 
+def test_a_failing_metric_costs_no_answer():
+    def broken(size, waits):
+        raise RuntimeError("the registry is gone")
+
+    batcher = ReaderBatcher(max_batch=4, window_s=0, on_batch=broken)
+    assert batcher.generate(FakeBatchReader(), "still?", DAY, [passage("x")]).text == "STILL?"
+
+
 def test_one_client_alone_is_read_at_once_without_waiting_the_window():
     told = Told()
     batcher = ReaderBatcher(max_batch=8, window_s=30, arriving=lambda: 0, on_batch=told)
