@@ -71,9 +71,18 @@ def resolve_weight_type(weight_type: str) -> str:
     """ "auto": f32 on a CPU without native bfloat16 (on AVX2 llama.cpp reads a prompt as fast in
     float32 as in q8_0, and answers as PyTorch's float32 does: 119 of 120 answers alike against
     108 for q8_0), bf16 where the CPU computes it natively. Any other name is returned as it is."""
+    from models.gemma_weights import amx_cpu, native_bfloat16  # noqa: PLC0415 (lazy: imports torch)
+
+    if weight_type == "q8_0" and amx_cpu():
+        # llama-cpp-python 0.3.36 repacks q8_0 weights for its AMX kernels on such a CPU, and the first
+        # prompt then ends the process (SIGSEGV in libggml-cpu; measured 2026-12-07, the same file read
+        # without the extra buffer types answers). A setting must not crash the server.
+        raise ValueError(
+            "SQA_READER_GGUF_TYPE=q8_0 crashes llama.cpp's AMX kernels on this CPU (it has AMX): use "
+            "bf16 or f32, or SQA_READER_RUNTIME=auto, which reads with PyTorch's bfloat16 here"
+        )
     if weight_type != "auto":
         return weight_type
-    from models.gemma_weights import native_bfloat16  # noqa: PLC0415 (lazy: imports torch)
 
     return "bf16" if native_bfloat16("cpu") else "f32"
 

@@ -160,6 +160,14 @@ def native_bfloat16(device: str = "cpu") -> bool:
     return any(probe() for probe in probes if probe is not None)
 
 
+def amx_cpu() -> bool:
+    """Whether this CPU has AMX tiles (Intel Xeon since Sapphire Rapids)."""
+    import torch  # noqa: PLC0415 (lazy: torch)
+
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe())
+
+
 def onednn_bfloat16(device: str = "cpu") -> bool:
     """Whether `device` is a CPU whose bfloat16 matmuls run in oneDNN's AVX-512 kernels: natively with
     AVX512-BF16 or AMX, and otherwise converted to float32 inside the kernel (a Gemma training step

@@ -187,7 +187,8 @@ class Settings(BaseSettings):
     reader_runtime: Literal["auto", "torch", "llama.cpp"] = "auto"
     # The weight type of the decoder's tensors in a Gemma reader's file for llama.cpp (the token
     # embedding stays as shipped): "auto" is bf16 on a CPU with native bfloat16, else f32 (as fast
-    # as q8_0 on AVX2, and PyTorch's answers; models.gemma_gguf.resolve_weight_type).
+    # as q8_0 on AVX2, and PyTorch's answers; models.gemma_gguf.resolve_weight_type). q8_0 is
+    # refused on a CPU with AMX, where llama.cpp's kernels for it crash the process.
     reader_gguf_type: Literal["auto", "q8_0", "bf16", "f16", "f32"] = "auto"
     # Gemma trainings' number format (every job that trains or fine-tunes one): "auto" trains under
     # bfloat16 autocast on a GPU with bfloat16 and on every CPU oneDNN computes it on, natively or

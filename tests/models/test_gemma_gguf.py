@@ -150,3 +150,13 @@ def test_auto_weight_type_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
     monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": False)
     assert resolve_weight_type("auto") == "f32"
     assert resolve_weight_type("f16") == "f16"
+
+
+def test_q8_0_is_refused_with_a_message_on_a_cpu_with_amx_and_kept_elsewhere(monkeypatch):
+    """On an AMX CPU llama.cpp's q8_0 kernels ended the process at the first prompt: refused before."""
+    monkeypatch.setattr(gemma_weights, "amx_cpu", lambda: True)
+    with pytest.raises(ValueError, match="SQA_READER_GGUF_TYPE=q8_0 crashes.*use bf16 or f32"):
+        resolve_weight_type("q8_0")
+    assert resolve_weight_type("bf16") == "bf16"
+    monkeypatch.setattr(gemma_weights, "amx_cpu", lambda: False)
+    assert resolve_weight_type("q8_0") == "q8_0"
