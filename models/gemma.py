@@ -105,21 +105,6 @@ class GemmaReader:
         model, tokenizer = _load(Path(folder) if folder is not None else gemma_folder(cache_dir))
         return cls(model.to(device), tokenizer, device=device, **kwargs)
 
-    def compile(self) -> GemmaReader:
-        """Run the model's forward compiled by torch.compile (inductor: dynamic shapes, the weights
-        frozen as constants, its elementwise work fused), then read one warm-up question so that the
-        compilation (about 3 minutes on 2 cores) happens now and not at the first question. On 2 cores
-        with AMX the trained version then reads in about 0.65x the eager time, with a few answers
-        changed by the fused arithmetic (docs/experiments/2026-12-07-batched-reading.md). A batch of
-        several questions compiles once more, at its first batch. Returns self."""
-        import torch  # noqa: PLC0415 (lazy: torch)
-
-        self.model.forward = torch.compile(self.model.forward, dynamic=True, options={"freezing": True})
-        day = dt.date(2000, 1, 3)
-        warm = RetrievedPassage(title="", text="The warm-up passage names no one in particular.", published=day)
-        self.generate("Who is named?", day, [warm] * self.n_passages)
-        return self
-
     def context(self, question: str, passages: Sequence[RetrievedPassage]) -> list[RetrievedPassage]:
         """What this reader reads of the ranked passages (the prompt's passages, as cut)."""
         return reader_context(

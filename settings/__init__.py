@@ -185,10 +185,6 @@ class Settings(BaseSettings):
     # it is installed, the decoding is greedy over the full vocabulary and the base is the packaged
     # model (models/gemma_llama.py).
     reader_runtime: Literal["auto", "torch", "llama.cpp"] = "auto"
-    # A Gemma reader on PyTorch runs its forward compiled by torch.compile (models.gemma.GemmaReader.
-    # compile): about 3 minutes more to load (/readyz waits), then on 2 cores with AMX 0.65x the read
-    # time of eager PyTorch; a few answers differ. Off: for servers that run for long.
-    reader_compile: bool = False
     # The weight type of the decoder's tensors in a Gemma reader's file for llama.cpp (the token
     # embedding stays as shipped): "auto" is bf16 on a CPU with native bfloat16, else f32 (as fast
     # as q8_0 on AVX2, and PyTorch's answers; models.gemma_gguf.resolve_weight_type). q8_0 is

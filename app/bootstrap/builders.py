@@ -7,7 +7,6 @@ models load on (SQA_DEVICE). The jobs' context over them is app.bootstrap's.
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 
 from sqlalchemy import inspect
@@ -27,8 +26,6 @@ from serving.retrieval import Retriever, make_retriever
 from settings import ReaderSpec, Settings
 from store.engine import Database, make_engine, make_session_factory
 from store.engine import open_database as _open_url
-
-log = logging.getLogger(__name__)
 
 
 def open_database(settings: Settings, *, migrate: bool = True) -> Database:
@@ -160,40 +157,30 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
     )
 
 
-def compiled(settings: Settings, reader: Reader) -> Reader:
-    """`reader` compiled when SQA_READER_COMPILE is on and it is a Gemma reader on PyTorch (it has
-    `compile`); any other reader as it is."""
-    if settings.reader_compile and callable(getattr(reader, "compile", None)):
-        log.info("compiling reader %s (SQA_READER_COMPILE; a few minutes)", reader.name)
-        return reader.compile()  # type: ignore[attr-defined]
-    return reader
-
-
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
     """The serving reader SQA_READER names; with "auto" a state that follows the active version.
-    Compiled with SQA_READER_COMPILE (`compiled`); the readers a training checks are not.
 
     `db` may be None only for specs that need no registry (built-in names and folders).
     """
     configure_torch(settings)
     spec: ReaderSpec = settings.reader_spec
     if spec.kind == "builtin":
-        return ReaderState(compiled(settings, load_builtin_reader(settings, spec.value)))
+        return ReaderState(load_builtin_reader(settings, spec.value))
     if spec.kind == "path":
-        return ReaderState(compiled(settings, load_trained_folder(settings, Path(spec.value), expect=spec.expect)))
+        return ReaderState(load_trained_folder(settings, Path(spec.value), expect=spec.expect))
     if db is None:
         raise ValueError(f"SQA_READER={settings.reader} reads the reader registry: it needs the database")
     if spec.kind == "version":
         with db.sessions() as session:
             row = get_version(session, spec.value)  # NotFoundError
             folder = check_servable(row, settings.models_dir)  # ConflictError: not ready, folder missing
-        return ReaderState(compiled(settings, load_trained_folder(settings, folder)), version=spec.value)
+        return ReaderState(load_trained_folder(settings, folder), version=spec.value)
     state = ReaderState(
         source=RegistrySource(
             db.sessions,
             settings.models_dir,
-            load_version=lambda folder: compiled(settings, load_trained_folder(settings, folder)),
-            load_fallback=lambda: compiled(settings, load_builtin_reader(settings, FALLBACK_READER)),
+            load_version=lambda folder: load_trained_folder(settings, folder),
+            load_fallback=lambda: load_builtin_reader(settings, FALLBACK_READER),
         )
     )
     state.refresh()  # the active version, else the fallback; raises only if nothing can serve

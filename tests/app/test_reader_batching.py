@@ -304,38 +304,3 @@ def test_concurrent_questions_to_the_api_are_batched_and_their_batches_counted_a
     assert metrics["sqa_reader_batch_size_sum"] == 5
     assert metrics["sqa_reader_batch_size_count"] == len(reader.sizes)
     assert metrics["sqa_reader_batch_wait_seconds_count"] == 5
-
-
-def test_a_compiled_gemma_reads_as_the_eager_one(tiny_gemma_cache):
-    """SQA_READER_COMPILE: torch.compile'd forward, warmed up at load; the tiny model in float32
-    answers as it does eagerly, alone and in a batch."""
-    from models.gemma import GemmaReader
-
-    items = [
-        ("Who won the final?", DAY, [passage("The Denver Nuggets beat the Miami Heat in the final.")]),
-        ("What fell?", DAY, [passage("Snow fell in Denver."), passage("Markets rose in Tokyo on Monday.")]),
-    ]
-    eager = GemmaReader.load(cache_dir=tiny_gemma_cache, n_passages=3, max_new_tokens=4)
-    expected = [eager.generate(*item) for item in items]
-    reader = GemmaReader.load(cache_dir=tiny_gemma_cache, n_passages=3, max_new_tokens=4).compile()
-    assert getattr(reader.model.forward, "_torchdynamo_orig_callable", None) is not None  # compiled
-    assert [reader.generate(*item).raw for item in items] == [a.raw for a in expected]
-    assert [a.raw for a in reader.generate_batch(items)] == [a.raw for a in expected]
-
-
-def test_the_compile_setting_compiles_a_gemma_reader_and_leaves_others(make_settings, monkeypatch):
-    from app.bootstrap import builders
-    from models.readers import FirstEntityReader
-
-    class Compilable(FirstEntityReader):
-        compiled = False
-
-        def compile(self):
-            self.compiled = True
-            return self
-
-    on, off = make_settings(reader_compile=True), make_settings()
-    assert builders.compiled(on, Compilable()).compiled
-    assert not builders.compiled(off, Compilable()).compiled
-    plain = FirstEntityReader()
-    assert builders.compiled(on, plain) is plain
