@@ -103,11 +103,16 @@ def make_batcher(n: int, max_batch: int) -> tuple[ReaderBatcher, list[int], thre
     return batcher, arrived, lock
 
 
+def ask_together(questions: list[str], max_batch: int, reader) -> tuple[dict[str, object], ReaderBatcher]:
+    """`questions` asked at once of `reader` through a batcher of `max_batch`: (answers, batcher)."""
+    batcher, arrived, lock = make_batcher(len(questions), max_batch=max_batch)
+    return ask_all(batcher, reader, questions, arrived, lock), batcher
+
+
 def test_concurrent_readings_are_read_in_one_batch_and_each_gets_its_own_answer():
     questions = [f"who is number {i}?" for i in range(4)]
-    batcher, arrived, lock = make_batcher(4, max_batch=8)
     reader = FakeBatchReader()
-    out = ask_all(batcher, reader, questions, arrived, lock)
+    out, batcher = ask_together(questions, 8, reader)
     assert out == {q: q.upper() for q in questions}
     assert len(reader.calls) == 1 and sorted(reader.calls[0]) == sorted(questions)
     assert batcher.on_batch.sizes == [4] and len(batcher.on_batch.waits) == 4
@@ -115,9 +120,8 @@ def test_concurrent_readings_are_read_in_one_batch_and_each_gets_its_own_answer(
 
 def test_a_batch_holds_at_most_max_batch_and_the_rest_follow():
     questions = [f"q{i}" for i in range(6)]
-    batcher, arrived, lock = make_batcher(6, max_batch=4)
     reader = FakeBatchReader()
-    out = ask_all(batcher, reader, questions, arrived, lock)
+    out, batcher = ask_together(questions, 4, reader)
     assert out == {q: q.upper() for q in questions}
     assert sorted(len(c) for c in reader.calls) == [2, 4]
     assert sorted(batcher.on_batch.sizes) == [2, 4]
@@ -127,9 +131,8 @@ def test_a_batch_holds_at_most_max_batch_and_the_rest_follow():
 
 def test_a_reader_that_does_not_batch_reads_one_question_at_a_time():
     questions = [f"q{i}" for i in range(5)]
-    batcher, arrived, lock = make_batcher(5, max_batch=8)
     reader = FakeBatchReader(batch=False)
-    out = ask_all(batcher, reader, questions, arrived, lock)
+    out, _ = ask_together(questions, 8, reader)
     assert out == {q: q.upper() for q in questions}
     assert [len(c) for c in reader.calls] == [1] * 5
     assert reader.most_at_once == 1
@@ -137,9 +140,8 @@ def test_a_reader_that_does_not_batch_reads_one_question_at_a_time():
 
 def test_a_failed_batch_fails_every_reading_it_held_and_the_next_ones_still_run():
     questions = [f"q{i}" for i in range(3)]
-    batcher, arrived, lock = make_batcher(3, max_batch=8)
     failing = FakeBatchReader(fail=True)
-    out = ask_all(batcher, failing, questions, arrived, lock)
+    out, batcher = ask_together(questions, 8, failing)
     assert all(isinstance(v, RuntimeError) and "out of memory" in str(v) for v in out.values())
     healthy = FakeBatchReader()
     assert batcher.generate(healthy, "after", DAY, [passage("x")]).text == "AFTER"  # the batcher is free again
