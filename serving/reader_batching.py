@@ -8,8 +8,13 @@ several answers are in flight at once (SQA_ANSWER_CONCURRENCY above 1), their re
   already admitted and still retrieving (`arriving`), at most `window_s`, then takes up to
   `max_batch` waiting readings of the same reader into one `generate_batch` call;
 - readings that arrive while a batch runs wait for it, and the next of them to wake leads the next
-  batch with every reading that has gathered meanwhile (no window then: they are already there);
+  batch with every reading that has gathered meanwhile (waiting, as any leader, only for questions
+  still retrieving);
 - one client alone never waits: nothing else is arriving, so its reading starts at once.
+
+The prompt itself is not cheaper in a batch: on 2 cores, where a trained reader's short answer is
+mostly its prompt, four clients batched answered only 1.07x one client's questions a second
+(docs/experiments/2026-12-07-batched-reading.md). Hence off by default (SQA_READER_BATCH=1).
 
 Only a reader whose `batches()` says so is batched (models.gemma.GemmaReader with greedy decoding);
 any other reads one question at a time, in arrival order, as before. A batch that raises raises in
