@@ -6,11 +6,11 @@ reaches the reader: the index filters by id range, and the fetched rows are chec
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -93,11 +93,7 @@ class AnswerService:
         self.session_factory = session_factory
         self.limits = limits
         self.forms = forms
-        self._arriving = 0  # questions in answer() that have not reached the reader yet
-        self._arriving_lock = threading.Lock()
-        self.batcher = None
-        if batch > 1:
-            self.batcher = ReaderBatcher(max_batch=batch, window_s=batch_window_s, arriving=lambda: self._arriving)
+        self.batcher = ReaderBatcher(max_batch=batch, window_s=batch_window_s) if batch > 1 else None
 
     def passages_for(self, reader: Reader) -> int:
         """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
@@ -151,20 +147,9 @@ class AnswerService:
         (bench/bench_live.py's monthly schedule).
         """
         t0 = time.perf_counter()
-        with self._arriving_lock:
-            self._arriving += 1
-        arrived = [True]  # until this request reaches the reader (or ends): a batch leader waits for it
-
-        def reached() -> None:
-            with self._arriving_lock:
-                if arrived[0]:
-                    arrived[0] = False
-                    self._arriving -= 1
-
-        try:
-            return self._answer(question, as_of, top_k, snapshot, read, index_as_of, t0, reached)
-        finally:
-            reached()
+        # With a batcher, a batch leader waits for this question until it reaches the reader.
+        with self.batcher.arrival() if self.batcher is not None else contextlib.nullcontext():
+            return self._answer(question, as_of, top_k, snapshot, read, index_as_of, t0)
 
     def _answer(
         self,
@@ -175,7 +160,6 @@ class AnswerService:
         read: bool,
         index_as_of: dt.date | None,
         t0: float,
-        reached: Callable[[], None],
     ) -> AnswerResult:
         text, k = self.validate(question, top_k)
         as_of = as_of or dt.datetime.now(dt.UTC).date()
@@ -202,7 +186,6 @@ class AnswerService:
         if not passages:
             notes.append(f"no indexed passage was published on or before {as_of}")
         elif read:
-            reached()
             reading = reader.generate(text, as_of, passages[:n_read])
             answer_text, confidence = reading.text, getattr(reading, "confidence", None)
         t3 = time.perf_counter()

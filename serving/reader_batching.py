@@ -5,7 +5,8 @@ token at a time; eight prompts decoded together read them once a step for all ei
 several answers are in flight at once (SQA_ANSWER_CONCURRENCY above 1), their readings meet here:
 
 - the first reading to arrive while the reader is idle leads: it waits a moment for the questions
-  already admitted and still retrieving (`arriving`), at most `window_s`, then takes up to
+  already admitted and still retrieving (each holds an `arrival()` until its reading is added to
+  the waiting ones, in the same step), at most `window_s`, then takes up to
   `max_batch` waiting readings of the same reader into one `generate_batch` call;
 - readings that arrive while a batch runs wait for it, and the next of them to wake leads the next
   batch with every reading that has gathered meanwhile (waiting, as any leader, only for questions
@@ -37,6 +38,32 @@ from models.reader_base import ReaderAnswer, RetrievedPassage
 log = logging.getLogger(__name__)
 
 
+class Arrival:
+    """A question on its way to the reader (`ReaderBatcher.arrival`): a leader waits for it. It ends
+    when the question's first reading joins the waiting ones (in the same step, so a leader never
+    sees it neither arriving nor waiting), or when `end()` is called (the question read nothing)."""
+
+    def __init__(self, batcher: ReaderBatcher) -> None:
+        self._batcher = batcher
+        self._open = True
+
+    def end(self) -> None:
+        with self._batcher._cond:
+            self._end_locked()
+            self._batcher._cond.notify_all()
+
+    def _end_locked(self) -> None:
+        if self._open:
+            self._open = False
+            self._batcher._arriving -= 1
+
+    def __enter__(self) -> Arrival:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+
 @dataclass
 class _Reading:
     reader: Any
@@ -56,8 +83,8 @@ def batches(reader: Any) -> bool:
 class ReaderBatcher:
     """Gathers concurrent `generate` calls on the same reader into `generate_batch` calls (thread-safe).
 
-    `arriving()` counts the questions admitted but not yet at the reader (AnswerService keeps it);
-    a leader waits for them at most `window_s`. `on_batch(size, waits_s)` is told of each batch as it
+    A question admitted and still retrieving holds an `arrival()` (AnswerService takes one per
+    question); a leader waits for those at most `window_s`. `on_batch(size, waits_s)` is told of each batch as it
     starts (its readings' seconds from arrival to start); it may be set after construction.
 
     Example:
@@ -70,7 +97,6 @@ class ReaderBatcher:
         *,
         max_batch: int = 8,
         window_s: float = 0.02,
-        arriving: Callable[[], int] | None = None,
         on_batch: Callable[[int, list[float]], None] | None = None,
     ) -> None:
         if max_batch < 1:
@@ -79,11 +105,21 @@ class ReaderBatcher:
             raise ValueError(f"window_s must be 0 or more, got {window_s}")
         self.max_batch = max_batch
         self.window_s = window_s
-        self.arriving = arriving or (lambda: 0)
         self._cond = threading.Condition()
+        self._arriving = 0  # open arrivals
+        self._local = threading.local()  # the arrival of the question this thread answers
         self._waiting: list[_Reading] = []
         self._running = False
         self.on_batch = on_batch
+
+    def arrival(self) -> Arrival:
+        """Count this thread's question as on its way to the reader until its first reading joins
+        the waiting ones (or the arrival ends: use it as a context manager)."""
+        arrival = Arrival(self)
+        with self._cond:
+            self._arriving += 1
+        self._local.arrival = arrival
+        return arrival
 
     def generate(
         self, reader: Any, question: str, as_of: dt.date, passages: Sequence[RetrievedPassage]
@@ -91,7 +127,12 @@ class ReaderBatcher:
         """`reader.generate(question, as_of, passages)`, read in a batch with whatever else is waiting."""
         mine = _Reading(reader, (question, as_of, passages))
         with self._cond:
+            arrival = getattr(self._local, "arrival", None)
+            if arrival is not None:  # this question's first reading: it has arrived
+                arrival._end_locked()
+                self._local.arrival = None
             self._waiting.append(mine)
+            self._cond.notify_all()
             while not mine.done:
                 if self._running:
                     self._cond.wait()
@@ -118,11 +159,11 @@ class ReaderBatcher:
         first = self._waiting[0]
         if batches(first.reader):
             deadline = time.monotonic() + self.window_s
-            while self._count(first.reader) < self.max_batch and self.arriving() > 0:
+            while self._count(first.reader) < self.max_batch and self._arriving > 0:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(min(left, 0.002))
+                self._cond.wait(left)  # an arrival or a new reading wakes it
             batch = [r for r in self._waiting if r.reader is first.reader][: self.max_batch]
         else:
             batch = [first]

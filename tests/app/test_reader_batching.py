@@ -1,7 +1,7 @@
 """Concurrent readings gathered into batches (serving/reader_batching.py), and Gemma's batched read.
 
-The batcher's tests are deterministic: the readers below say how many readings are still on their
-way (`arriving`), so a leader waits for exactly those and no test depends on a thread's timing.
+The batcher's tests are deterministic: every asking thread takes its `arrival()` before any of them
+reads, so a leader waits for exactly those questions and no test depends on a thread's timing.
 """
 
 from __future__ import annotations
@@ -61,15 +61,15 @@ class FakeBatchReader:
             self._leave()
 
 
-def ask_all(batcher: ReaderBatcher, reader, questions: list[str], arrived: list[int], lock: threading.Lock):
-    """Each question from its own thread, all started together; returns {question: answer or error}."""
+def ask_all(batcher: ReaderBatcher, reader, questions: list[str]):
+    """Each question from its own thread, all started together (each on its way to the reader, as an
+    AnswerService question is, before any reads); returns {question: answer or error}."""
     out: dict[str, object] = {}
     start = threading.Barrier(len(questions))
 
     def ask(q: str) -> None:
+        batcher.arrival()
         start.wait()
-        with lock:
-            arrived[0] += 1
         try:
             out[q] = batcher.generate(reader, q, DAY, [passage(q)]).text
         except Exception as exc:  # noqa: BLE001 (the test looks at it)
@@ -96,17 +96,15 @@ class Told:
         self.waits.extend(waits)
 
 
-def make_batcher(n: int, max_batch: int) -> tuple[ReaderBatcher, list[int], threading.Lock]:
-    arrived, lock = [0], threading.Lock()
+def make_batcher(max_batch: int) -> ReaderBatcher:
     # a generous window: the leader waits for the readings still arriving, never for the clock
-    batcher = ReaderBatcher(max_batch=max_batch, window_s=30, arriving=lambda: n - arrived[0], on_batch=Told())
-    return batcher, arrived, lock
+    return ReaderBatcher(max_batch=max_batch, window_s=30, on_batch=Told())
 
 
 def ask_together(questions: list[str], max_batch: int, reader) -> tuple[dict[str, object], ReaderBatcher]:
     """`questions` asked at once of `reader` through a batcher of `max_batch`: (answers, batcher)."""
-    batcher, arrived, lock = make_batcher(len(questions), max_batch=max_batch)
-    return ask_all(batcher, reader, questions, arrived, lock), batcher
+    batcher = make_batcher(max_batch)
+    return ask_all(batcher, reader, questions), batcher
 
 
 def test_concurrent_readings_are_read_in_one_batch_and_each_gets_its_own_answer():
@@ -157,7 +155,7 @@ def test_a_failing_metric_costs_no_answer():
 
 def test_one_client_alone_is_read_at_once_without_waiting_the_window():
     told = Told()
-    batcher = ReaderBatcher(max_batch=8, window_s=30, arriving=lambda: 0, on_batch=told)
+    batcher = ReaderBatcher(max_batch=8, window_s=30, on_batch=told)
     reader = FakeBatchReader()
     assert batcher.generate(reader, "alone?", DAY, [passage("x")]).text == "ALONE?"
     assert told.sizes == [1] and told.waits[0] < 10  # it did not wait for the 30 s window
@@ -165,16 +163,14 @@ def test_one_client_alone_is_read_at_once_without_waiting_the_window():
 
 def test_readings_of_two_readers_never_share_a_batch():
     """A reader swap mid-load: each batch is read by one reader only."""
-    arrived, lock = [0], threading.Lock()
-    batcher = ReaderBatcher(max_batch=8, window_s=30, arriving=lambda: 4 - arrived[0])
+    batcher = ReaderBatcher(max_batch=8, window_s=30)
     old, new = FakeBatchReader(), FakeBatchReader()
     out: dict[str, str] = {}
     start = threading.Barrier(4)
 
     def ask(reader, q):
+        batcher.arrival()
         start.wait()
-        with lock:
-            arrived[0] += 1
         out[q] = batcher.generate(reader, q, DAY, [passage(q)]).text
 
     threads = [threading.Thread(target=ask, args=(r, q)) for r, q in ((old, "a"), (new, "b"), (old, "c"), (new, "d"))]
