@@ -156,8 +156,8 @@ def native_bfloat16(device: str = "cpu") -> bool:
 
     if str(device).startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(probe() for probe in probes if probe is not None)
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(probe is not None and probe()) or amx_cpu()
 
 
 def amx_cpu() -> bool:
