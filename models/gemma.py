@@ -119,11 +119,10 @@ class GemmaReader:
     def generate(self, question: str, as_of: dt.date, passages: Sequence[RetrievedPassage]) -> ReaderAnswer:
         import torch  # noqa: PLC0415 (lazy: torch)
 
-        check_passages(as_of, passages)
-        if not passages:
+        prompted = self._prompt(question, as_of, passages)
+        if prompted is None:
             return ReaderAnswer(text="", raw="")  # a base model would make something up
-        read = self.context(question, passages)
-        prompt = build_prompt(question, as_of, read, None)
+        read, prompt = prompted
         enc = self.tokenizer(prompt, return_tensors="pt")  # starts with <bos>
         input_ids = enc["input_ids"].to(self.device)  # (1, L)
         if self.vocabulary == "read" and self.answer_beams == 1:
@@ -152,6 +151,17 @@ class GemmaReader:
                     return ReaderAnswer(text=answer, raw=raw, confidence=p)
         return ReaderAnswer(text=answers[0], raw=found[0][0], confidence=found[0][1])
 
+    def _prompt(
+        self, question: str, as_of: dt.date, passages: Sequence[RetrievedPassage]
+    ) -> tuple[list[RetrievedPassage], str] | None:
+        """(what is read of the passages, the prompt), or None without passages; a passage after
+        `as_of` fails `check_passages` first."""
+        check_passages(as_of, passages)
+        if not passages:
+            return None
+        read = self.context(question, passages)
+        return read, build_prompt(question, as_of, read, None)
+
     def batches(self) -> bool:
         """Whether `generate_batch` reads several questions in one model call: greedy decoding over the
         full vocabulary, with no echo search (the default). Other decodings read one at a time."""
@@ -168,13 +178,12 @@ class GemmaReader:
         rows: list[tuple[int, str, list[RetrievedPassage]]] = []
         prompts: list[str] = []
         for i, (question, as_of, passages) in enumerate(items):
-            check_passages(as_of, passages)
-            if not passages:
+            prompted = self._prompt(question, as_of, passages)
+            if prompted is None:
                 answers[i] = ReaderAnswer(text="", raw="")
                 continue
-            read = self.context(question, passages)
-            rows.append((i, question, read))
-            prompts.append(build_prompt(question, as_of, read, None))
+            rows.append((i, question, prompted[0]))
+            prompts.append(prompted[1])
         if prompts:
             enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
             found = self._generate(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device), 1)
