@@ -35,6 +35,7 @@ the same reader, snapshot and question, so a long run can be killed and resumed.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -76,6 +77,7 @@ from evaluation.recent_news import RecentNews
 from evaluation.trust import Judged, confidence_bands, grounded_split
 from indexer.records import ImportReport
 from models.reader_base import RetrievedPassage
+from serving.errors import NotFoundError
 from store.tables import Article
 from workers.bakeoff_gold import gold_passage
 
@@ -240,6 +242,22 @@ def _reads_answer(reader, question, passages) -> bool:
     return any(answer_in_text(list(question.answers), p.text) for p in read)
 
 
+def window_rerankers(text: str) -> dict[str, str]:
+    """--rerankers' value: {window's first day (ISO): version or "none"}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, sep, version = part.partition("=")
+        try:
+            day = dt.date.fromisoformat(first.strip()).isoformat()
+        except ValueError:
+            day = ""
+        if not sep or not day or not version.strip():
+            example = "2022-10-01=reranker-2022-10-01-ab12cd"
+            raise argparse.ArgumentTypeError(f"{part!r} is not FIRST=VERSION (e.g. {example})")
+        out[day] = version.strip()
+    return out
+
+
 def parse_args(argv):
     ap = question_arguments(__doc__, DEFAULT_WINDOWS, 150)
     ap.add_argument("--baseline", default="open_gpt3_gcs_gen", help="a published system ('' for none)")
@@ -260,13 +278,24 @@ def parse_args(argv):
     ap.add_argument("--build", action="store_true", help="--rolling: import and ingest the home window by window first")
     ap.add_argument("--train-minutes", type=float, default=10.0, help="--build: each window's reader training budget")
     ap.add_argument("--readings", help="--rolling: the readings kept across runs (default HOME/bench/readings.jsonl)")
+    ap.add_argument(
+        "--rerankers",
+        type=window_rerankers,
+        default={},
+        help="--rolling: FIRST=VERSION[,FIRST=VERSION...]: answer the window starting FIRST with this "
+        "re-ranker version of the home ('none': no re-ranker) instead of the one rolling.json recorded "
+        "(a version trained later with `sqa train reranker --until FIRST`, compared on the same readers)",
+    )
     ap.add_argument("--no-gold", action="store_true", help="skip reading each question's gold passage alone")
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--rolling" in argv and "--windows" not in argv and not any(a.startswith("--windows=") for a in argv):
         argv += ["--windows", ROLLING_WINDOWS]
     args = parsed_windows(ap, argv)
-    if (args.build or args.readings) and not args.rolling:
-        ap.error("--build and --readings go with --rolling")
+    if (args.build or args.readings or args.rerankers) and not args.rolling:
+        ap.error("--build, --readings and --rerankers go with --rolling")
+    unknown = sorted(set(args.rerankers) - {first.isoformat() for first, _ in args.windows})
+    if unknown:
+        ap.error(f"--rerankers names {', '.join(unknown)}: no window starts there")
     if args.rolling and args.snapshot:
         ap.error("--rolling answers over the serving snapshot: leave out --snapshot")
     return args
@@ -289,14 +318,15 @@ def measure_windows(args, home: Path, baseline: dict, bar: bool) -> tuple[dict, 
                     print(f"error: {exc.args[0]}", file=sys.stderr)
                     return 2
                 pins = {"reader": window_reader(versions["reader"], os.environ.get("SQA_READER", "auto"))}
-                pins.update(reranker=versions["reranker"], readings=readings)
+                reranker = args.rerankers.get(first.isoformat(), versions["reranker"])
+                pins.update(reranker=None if reranker == "none" else reranker, readings=readings)
             if opened is None or args.rolling:
                 if opened is not None:
                     opened[0].close()
                 t0 = time.perf_counter()
                 try:
                     opened = open_served(home, **pins)
-                except NotReady as exc:
+                except (NotReady, NotFoundError) as exc:  # NotFoundError: a pinned re-ranker version not in the home
                     print(f"error: {exc}", file=sys.stderr)
                     return 2
                 db, service, snap = opened

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from models.encoders import packaged_minilm_path
+from models.gemma_weights import native_bfloat16
 from models.ltr import KIND, FeatureReranker
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ class RerankerConfig:
     max_minutes: float = 0.0  # 0: no budget
     seed: int = 0
     warmup_ratio: float = 0.0  # > 0: the learning rate warms up over this share of the steps, then decays linearly
-    precision: str = "float32"  # or "bfloat16": autocast on a GPU (the weights stay float32)
+    # or "bfloat16": training autocasts (the weights stay float32); a CPU trains so only with native bfloat16
+    precision: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class CrossEncoderReranker:
     ) -> None:
         self.model, self.tokenizer, self.cfg, self.name, self.device = model, tokenizer, cfg, name, device
         self.info = info or {}
+        # scoring autocasts to bfloat16 where the device computes it natively (AVX512-BF16, AMX, a GPU)
+        self.bfloat16 = native_bfloat16(device)
         self.model.to(device)
         self.model.eval()
 
@@ -132,7 +136,8 @@ class CrossEncoderReranker:
 
         out = []
         self.model.eval()
-        with torch.inference_mode():
+        device_type = "cuda" if str(self.device).startswith("cuda") else "cpu"
+        with torch.inference_mode(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.bfloat16):
             for i in range(0, len(passages), self.cfg.batch_size):
                 chunk = passages[i : i + self.cfg.batch_size]
                 out.append(self._forward([query] * len(chunk), chunk).float().cpu().numpy())
@@ -167,7 +172,8 @@ class CrossEncoderReranker:
                 opt,
                 lambda i: (i + 1) / max(1, warmup) if i < warmup else max(0.0, (total - i) / max(1, total - warmup)),
             )
-        autocast = cfg.precision == "bfloat16" and str(self.device).startswith("cuda")
+        autocast = cfg.precision == "bfloat16"
+        device_type = "cuda" if str(self.device).startswith("cuda") else "cpu"
         rng = random.Random(cfg.seed)
         t0, step, stopped, history = time.monotonic(), 0, "epochs", []
         best, best_state, best_epoch = None, None, None
@@ -183,7 +189,7 @@ class CrossEncoderReranker:
                     queries += [g.query] * len(members)
                     passages += members
                     sizes.append(len(members))
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
                     logits = self._forward(queries, passages).float()
                 loss, j = 0.0, 0
                 for n in sizes:  # the positive is each group's first member

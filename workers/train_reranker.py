@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from evaluation.metrics import answer_in_text
 from indexer.atomic import write_atomic
 from indexer.dates import month_key, month_start
+from models.gemma_weights import native_bfloat16
 from models.ltr import FeatureReranker, learnable
 from models.reranker import (
     FIRST_STAGE_GRID,
@@ -339,8 +340,15 @@ def _train_cross_encoder(
             "month has an answer among its candidates"
         )
     job.update(counts={"data": {**items["counts"], "groups": len(groups)}})
-    cfg = RerankerConfig(epochs=epochs, max_minutes=max_minutes, negatives=data.negatives, seed=data.seed)
-    model = CrossEncoderReranker.from_packaged(cfg, device=ctx.torch_device())
+    device = ctx.torch_device()
+    cfg = RerankerConfig(
+        epochs=epochs,
+        max_minutes=max_minutes,
+        negatives=data.negatives,
+        seed=data.seed,
+        precision="bfloat16" if native_bfloat16(device) else "float32",
+    )
+    model = CrossEncoderReranker.from_packaged(cfg, device=device)
     result = model.train_groups(groups, progress=fraction_reporter(job, log))
     scores = _validation_scores(job, val, lambda i: model.scores(i["query"], [c["input"] for c in i["cands"]]))
     return model, {"groups": len(groups)}, result, scores

@@ -67,6 +67,31 @@ def test_rolling_options_that_need_rolling_are_refused(served_env):
         bench_quality.main(["--home", str(served_env.home), "--build"])
 
 
+def test_rerankers_replace_a_windows_recorded_re_ranker(served_env, tmp_path, capsys):
+    home = served_env.home
+    (home / rolling.RECORD_FILE).write_text(
+        json.dumps({"2024-01-01": {"reader": None, "reranker": "reranker-gone", "recorded_at": "now"}})
+    )
+    argv = ["--home", str(home), "--rolling", "--windows", "2024-01-01:2024-01-31", "--baseline", "", "--no-gold"]
+    argv += ["--readings", str(tmp_path / "readings.jsonl"), "--out", str(tmp_path / "out.json")]
+    assert bench_quality.main(argv) == 2  # the recorded version is not in the home
+    assert "no re-ranker version 'reranker-gone'" in capsys.readouterr().err
+    assert bench_quality.main([*argv, "--rerankers", "2024-01-01=none"]) == 0
+    served = json.loads((tmp_path / "out.json").read_text())["windows"]
+    assert [w["served"]["retriever"] for w in served.values()] == ["hybrid"]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [("2024-01-01", "is not FIRST=VERSION"), ("Jan=v1", "is not FIRST=VERSION"), ("2024-03-01=v1", "no window starts")],
+)
+def test_rerankers_refuses_what_names_no_window(served_env, value, message, capsys):
+    argv = ["--home", str(served_env.home), "--rolling", "--windows", WINDOWS, "--rerankers", value]
+    with pytest.raises(SystemExit):
+        bench_quality.main(argv)
+    assert message in capsys.readouterr().err
+
+
 def test_build_trains_each_window_once_and_resumes(tmp_path, monkeypatch):
     commands, serving = [], iter(["r1", "r2", "r3"])
     monkeypatch.setattr(rolling, "_sqa", lambda home, *args: commands.append(args))

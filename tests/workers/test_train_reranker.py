@@ -5,12 +5,28 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 import pytest
 import torch
 
-from models.reranker import CrossEncoderReranker
+from models.gemma_weights import native_bfloat16
+from models.reranker import CrossEncoderReranker, Group, RerankerConfig
 from serving.reranking import active_reranker, list_reranker_versions
 from workers.train_reranker import RECENCY_GRID, RerankerDataConfig, ranking_figures, run_train_reranker_job
+
+
+@pytest.mark.integration  # the real MiniLM weights
+def test_bfloat16_training_on_a_cpu_moves_the_float32_weights_and_scores_in_float32():
+    torch.manual_seed(0)
+    model = CrossEncoderReranker.from_packaged(RerankerConfig(precision="bfloat16", groups_per_step=1, negatives=1))
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    groups = [Group("Who coaches the Harriers?", "Ines Okafor coaches the Harriers.", ("Rain fell.",))] * 2
+    result = model.train_groups(groups)
+    after = model.model.state_dict()
+    assert result["steps"] == 2 and all(v.dtype == torch.float32 for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    scores = model.scores("Who coaches the Harriers?", ["Ines Okafor coaches the Harriers.", "Rain fell."])
+    assert scores.dtype.name == "float32" and bool(np.isfinite(scores).all())
 
 
 def test_ranking_figures_count_a_question_without_a_positive_as_a_miss():
@@ -40,6 +56,9 @@ def test_train_a_reranker_version_and_activate_it_only_if_it_beats_the_first_sta
 
     model = CrossEncoderReranker.load(loaded_settings.rerankers_dir / info["version"])
     assert model.info["recency_weight"] == info["recency_weight"]
+    # trained in bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), the weights kept in float32
+    assert model.cfg.precision == ("bfloat16" if native_bfloat16("cpu") else "float32")
+    assert {p.dtype for p in model.model.parameters()} == {torch.float32}
     scores = model.scores(
         "Who coaches the Harriers?", ["Harriers. Ines Okafor coaches the Harriers.", "Weather. Rain."]
     )
