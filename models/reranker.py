@@ -150,11 +150,17 @@ class CrossEncoderReranker:
         progress: Callable[[float, str], None] | None = None,
         validate: Callable[[], dict] | None = None,
         better: Callable[[dict, dict], bool] | None = None,
+        checkpoint: Path | None = None,
+        checkpoint_every: int = 100,
     ) -> dict:
         """Listwise training over the groups (cfg.epochs, within cfg.max_minutes). Returns
-        {"steps", "seconds", "stopped", "history": [validate() after each epoch], "best_epoch"}.
-        With `better(new, best)` the weights of the best epoch by it are kept (validated each epoch),
-        else the last ones."""
+        {"steps", "seconds", "stopped", "history": [validate() after each epoch], "best_epoch",
+        "resumed_at"}. With `better(new, best)` the weights of the best epoch by it are kept (validated
+        each epoch), else the last ones.
+
+        `checkpoint`: a file the weights, optimiser and step are saved to every `checkpoint_every`
+        steps and at each epoch's end; a run that finds it resumes there (the same groups in the same
+        order, the budget counting the time already spent), so a killed hour-long run loses minutes."""
         import torch  # noqa: PLC0415 (lazy: torch)
 
         cfg = self.cfg
@@ -174,14 +180,43 @@ class CrossEncoderReranker:
             )
         autocast = cfg.precision == "bfloat16"
         device_type = "cuda" if str(self.device).startswith("cuda") else "cpu"
-        rng = random.Random(cfg.seed)
-        t0, step, stopped, history = time.monotonic(), 0, "epochs", []
+        step, spent, stopped, history = 0, 0.0, "epochs", []
         best, best_state, best_epoch = None, None, None
-        order = list(groups)
-        for epoch in range(cfg.epochs):
-            rng.shuffle(order)
+        if checkpoint is not None and checkpoint.exists():
+            saved = torch.load(checkpoint, map_location=self.device, weights_only=True)
+            if saved["groups"] != len(groups) or saved["total"] != total:
+                raise ValueError(
+                    f"{checkpoint} was saved over {saved['groups']} groups and {saved['total']} steps, "
+                    f"not {len(groups)} and {total}: delete it to start again"
+                )
+            self.model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
+            if sched is not None:
+                sched.load_state_dict(saved["sched"])
+            torch.set_rng_state(saved["rng"])  # dropout goes on as it would have
+            step, spent = int(saved["step"]), float(saved["seconds"])
+            history = json.loads(saved["history"])
+            log.info("resuming the re-ranker's training at step %d of %d (%.0f s spent)", step, total, spent)
+        resumed_at = step
+
+        def save() -> None:
+            assert checkpoint is not None
+            state = {"model": self.model.state_dict(), "opt": opt.state_dict()}
+            if sched is not None:
+                state["sched"] = sched.state_dict()
+            state.update(
+                step=step, seconds=time.monotonic() - t0, history=json.dumps(history), rng=torch.get_rng_state()
+            )
+            tmp = checkpoint.with_suffix(".tmp")
+            torch.save({**state, "groups": len(groups), "total": total}, tmp)
+            tmp.replace(checkpoint)  # a kill mid-save leaves the previous checkpoint whole
+
+        t0 = time.monotonic() - spent
+        for epoch in range(step // steps_per_epoch if steps_per_epoch else 0, cfg.epochs):
+            order = list(groups)
+            random.Random(cfg.seed + epoch).shuffle(order)  # an epoch's order depends on nothing else
             self.model.train()
-            for s in range(steps_per_epoch):
+            for s in range(step - epoch * steps_per_epoch, steps_per_epoch):
                 batch = order[s * cfg.groups_per_step : (s + 1) * cfg.groups_per_step]
                 queries, passages, sizes = [], [], []
                 for g in batch:
@@ -206,6 +241,8 @@ class CrossEncoderReranker:
                 step += 1
                 if progress and step % 10 == 0:
                     progress(step / total, f"step {step}/{total} loss {loss.item() / len(sizes):.3f}")
+                if checkpoint is not None and step % checkpoint_every == 0:
+                    save()
                 if cfg.max_minutes and time.monotonic() - t0 > cfg.max_minutes * 60:
                     stopped = "budget"
                     break
@@ -215,6 +252,8 @@ class CrossEncoderReranker:
                 if better is not None and (best is None or better(history[-1], best)):
                     best, best_epoch = history[-1], epoch + 1
                     best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            if checkpoint is not None:
+                save()
             if stopped != "epochs":
                 break
         if best_state is not None:
@@ -225,6 +264,7 @@ class CrossEncoderReranker:
             "stopped": stopped,
             "history": history,
             "best_epoch": best_epoch,
+            "resumed_at": resumed_at,
         }
 
 

@@ -28,7 +28,7 @@ import random
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -226,7 +226,7 @@ def run_train_reranker_job(
         model, counts, result, scores = _train_features(job, items, val)
         extra = {"base": None}
     else:
-        model, counts, result, scores = _train_cross_encoder(ctx, job, items, val, data, epochs, max_minutes)
+        model, counts, result, scores = _train_cross_encoder(ctx, job, items, val, data, epochs, max_minutes, work)
         extra = {"base": "all-MiniLM-L6-v2"}
     t2 = time.perf_counter()
     first_stage = ranking_figures(val, None)
@@ -331,8 +331,12 @@ def _train_cross_encoder(
     data: RerankerDataConfig,
     epochs: int,
     max_minutes: float,
+    work: Path,
 ):
-    """(model, counts, result, validation scores) of a MiniLM cross-encoder trained on groups."""
+    """(model, counts, result, validation scores) of a MiniLM cross-encoder trained on groups,
+    checkpointed in the `work` folder beside the candidates: the same command run again after a kill
+    resumes the training where its last checkpoint left it (keyed by the training's settings but its
+    budget, which counts the time already spent)."""
     groups = groups_of(items["train"], max_positives=data.max_positives, negatives=data.negatives, seed=data.seed)
     if not groups:
         raise ValueError(
@@ -349,7 +353,8 @@ def _train_cross_encoder(
         precision="bfloat16" if native_bfloat16(device) else "float32",
     )
     model = CrossEncoderReranker.from_packaged(cfg, device=device)
-    result = model.train_groups(groups, progress=fraction_reporter(job, log))
+    checkpoint = work / f"ckpt-{digest(replace(cfg, max_minutes=0.0))}.pt"
+    result = model.train_groups(groups, progress=fraction_reporter(job, log), checkpoint=checkpoint)
     scores = _validation_scores(job, val, lambda i: model.scores(i["query"], [c["input"] for c in i["cands"]]))
     return model, {"groups": len(groups)}, result, scores
 

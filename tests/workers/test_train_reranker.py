@@ -29,6 +29,41 @@ def test_bfloat16_training_on_a_cpu_moves_the_float32_weights_and_scores_in_floa
     assert scores.dtype.name == "float32" and bool(np.isfinite(scores).all())
 
 
+@pytest.mark.integration  # the real MiniLM weights
+def test_a_killed_training_resumes_from_its_checkpoint_to_the_weights_of_an_unbroken_run(tmp_path):
+    cfg = RerankerConfig(groups_per_step=1, negatives=1)
+    groups = [
+        Group(f"Who coaches team {i}?", f"Coach {i} leads team {i}.", (f"Rain fell on day {i}.",)) for i in range(6)
+    ]
+    torch.manual_seed(0)
+    unbroken = CrossEncoderReranker.from_packaged(cfg)
+    result = unbroken.train_groups(groups, checkpoint=tmp_path / "a.pt", checkpoint_every=2)
+    assert result["steps"] == 6 and result["resumed_at"] == 0
+
+    torch.manual_seed(0)
+    killed = CrossEncoderReranker.from_packaged(cfg)
+    forward, calls = killed._forward, []
+
+    def dies_at_the_fourth_step(*args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("killed")
+        return forward(*args)
+
+    killed._forward = dies_at_the_fourth_step
+    with pytest.raises(KeyboardInterrupt):
+        killed.train_groups(groups, checkpoint=tmp_path / "b.pt", checkpoint_every=2)
+
+    torch.manual_seed(123)  # another process: another head until the checkpoint is read
+    again = CrossEncoderReranker.from_packaged(cfg)
+    result = again.train_groups(groups, checkpoint=tmp_path / "b.pt", checkpoint_every=2)
+    assert result["steps"] == 6 and result["resumed_at"] == 2
+    want, got = unbroken.model.state_dict(), again.model.state_dict()
+    assert all(torch.allclose(want[k], got[k], atol=1e-6) for k in want)
+    with pytest.raises(ValueError, match="delete it to start again"):
+        again.train_groups(groups[:4], checkpoint=tmp_path / "b.pt")
+
+
 def test_ranking_figures_count_a_question_without_a_positive_as_a_miss():
     items = [{"cands": [{"hit": False, "age": 0}, {"hit": True, "age": 30}]}, {"cands": [{"hit": False, "age": 0}]}]
     assert ranking_figures(items, None) == {"recall@1": 0.0, "recall@5": 50.0, "recall@10": 50.0, "mrr": 0.25}
