@@ -79,7 +79,11 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=24)
     ap.add_argument("--passages", type=int, default=5)
     ap.add_argument("--version-folder", default="", help="a trained Gemma version's folder (SQA_HOME/models/NAME)")
-    ap.add_argument("--types", default="q8_0", help="its export's weight types, comma-separated (q8_0, f16, bf16)")
+    ap.add_argument(
+        "--types",
+        default="auto",
+        help="its export's weight types, comma-separated (auto, f32, q8_0, f16, bf16; auto: what serving picks here)",
+    )
     args = ap.parse_args()
     data = Path(args.data)
     if not data.is_dir():
@@ -87,9 +91,15 @@ def main() -> int:
         return 2
     import torch  # noqa: PLC0415 (lazy: torch, after the argument checks)
 
+    from models.gemma_gguf import resolve_weight_type  # noqa: PLC0415 (lazy: as above)
     from models.gemma_train import GemmaModel, llama_reader  # noqa: PLC0415 (lazy: imports torch)
     from models.readers import load_reader  # noqa: PLC0415 (lazy: as above)
 
+    try:  # the same refusals as serving (q8_0 on an AMX CPU crashes llama.cpp 0.3.36)
+        types = [resolve_weight_type(t.strip()) for t in args.types.split(",") if t.strip()]
+    except ValueError as exc:
+        print(f"error: --types: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(2)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     items = items_of(data, args.questions, args.passages)
@@ -118,7 +128,7 @@ def main() -> int:
                 f"{folder.name}, llama.cpp {t}",
                 lambda t=t: llama_reader(folder, name=folder.name, n_passages=args.passages, weight_type=t),
             )
-            for t in args.types.split(",")
+            for t in types
         ]
     reference: dict[str, list[str]] = {}
     for name, load in readers:
