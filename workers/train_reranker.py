@@ -255,14 +255,17 @@ def run_train_reranker_job(
         "train": result,
         "seconds": {"data": round(t1 - t0, 1), "train_and_validate": round(t2 - t1, 1)},
     }
+    # what the fitted weights reach without the model, and so whether the rule would serve it: kept in
+    # the version's file too, so that a version trained without --activate says what the rule decided
+    info["prior_alone"] = prior_alone(val, weight, first_weight)
+    info["worth_serving"] = worth_serving(figures, first_stage, info["prior_alone"])
     model.info = info
     dest = ctx.rerankers_dir / version
     tmp = ctx.rerankers_dir / f".{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(tmp, info)
     tmp.rename(dest)
-    info["prior_alone"] = prior_alone(val, weight, first_weight)
-    info["activated"] = bool(activate and worth_serving(figures, first_stage, info["prior_alone"]))
+    info["activated"] = bool(activate and info["worth_serving"])
     if info["activated"]:
         activate_reranker(ctx.rerankers_dir, version)
     job.update(

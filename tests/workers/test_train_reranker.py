@@ -91,6 +91,8 @@ def test_train_a_reranker_version_and_activate_it_only_if_it_beats_the_first_sta
 
     model = CrossEncoderReranker.load(loaded_settings.rerankers_dir / info["version"])
     assert model.info["recency_weight"] == info["recency_weight"]
+    # the version's own file says what the rule decided, whether it was asked to activate or not
+    assert model.info["worth_serving"] == better and model.info["prior_alone"] == info["prior_alone"]
     # trained in bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), the weights kept in float32
     assert model.cfg.precision == ("bfloat16" if native_bfloat16("cpu") else "float32")
     assert {p.dtype for p in model.model.parameters()} == {torch.float32}
