@@ -77,6 +77,7 @@ class CrossEncoderReranker:
         self.info = info or {}
         # scoring autocasts to bfloat16 where the device computes it natively (AVX512-BF16, AMX, a GPU)
         self.bfloat16 = native_bfloat16(device)
+        self.device_type = "cuda" if str(device).startswith("cuda") else "cpu"  # torch.autocast's
         self.model.to(device)
         self.model.eval()
 
@@ -136,8 +137,7 @@ class CrossEncoderReranker:
 
         out = []
         self.model.eval()
-        device_type = "cuda" if str(self.device).startswith("cuda") else "cpu"
-        with torch.inference_mode(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.bfloat16):
+        with torch.inference_mode(), torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bfloat16):
             for i in range(0, len(passages), self.cfg.batch_size):
                 chunk = passages[i : i + self.cfg.batch_size]
                 out.append(self._forward([query] * len(chunk), chunk).float().cpu().numpy())
@@ -179,7 +179,6 @@ class CrossEncoderReranker:
                 lambda i: (i + 1) / max(1, warmup) if i < warmup else max(0.0, (total - i) / max(1, total - warmup)),
             )
         autocast = cfg.precision == "bfloat16"
-        device_type = "cuda" if str(self.device).startswith("cuda") else "cpu"
         step, spent, stopped, history = 0, 0.0, "epochs", []
         best, best_state, best_epoch = None, None, None
         if checkpoint is not None and checkpoint.exists():
@@ -212,7 +211,7 @@ class CrossEncoderReranker:
             tmp.replace(checkpoint)  # a kill mid-save leaves the previous checkpoint whole
 
         t0 = time.monotonic() - spent
-        for epoch in range(step // steps_per_epoch if steps_per_epoch else 0, cfg.epochs):
+        for epoch in range(step // steps_per_epoch, cfg.epochs):  # groups is not empty: steps_per_epoch >= 1
             order = list(groups)
             random.Random(cfg.seed + epoch).shuffle(order)  # an epoch's order depends on nothing else
             self.model.train()
@@ -224,7 +223,7 @@ class CrossEncoderReranker:
                     queries += [g.query] * len(members)
                     passages += members
                     sizes.append(len(members))
-                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
+                with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=autocast):
                     logits = self._forward(queries, passages).float()
                 loss, j = 0.0, 0
                 for n in sizes:  # the positive is each group's first member

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from evaluation.metrics import answer_in_text
 from indexer.atomic import write_atomic
 from indexer.dates import month_key, month_start
-from models.gemma_weights import native_bfloat16
+from models.gemma_weights import resolve_precision
 from models.ltr import FeatureReranker, learnable
 from models.reranker import (
     FIRST_STAGE_GRID,
@@ -353,7 +353,7 @@ def _train_cross_encoder(
         max_minutes=max_minutes,
         negatives=data.negatives,
         seed=data.seed,
-        precision="bfloat16" if native_bfloat16(device) else "float32",
+        precision=resolve_precision("auto", device),  # bfloat16 where the device computes it natively
     )
     model = CrossEncoderReranker.from_packaged(cfg, device=device)
     checkpoint = work / f"ckpt-{digest(replace(cfg, max_minutes=0.0))}.pt"
