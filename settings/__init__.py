@@ -153,8 +153,9 @@ class Settings(BaseSettings):
     top_k: int = Field(default=5, ge=1, le=100)
     max_top_k: int = Field(default=50, ge=1, le=1000)
     reader_passages: int = Field(default=0, ge=0, le=100)  # 0: the reader's own number
-    # The packaged Gemma's context: 0 reads the first 100 words of each of its passages; N reads the
-    # sentences of its passages that bear on the question, N words in all (models/reader_context.py).
+    # Gemma's context: 0 reads the first 100 words of each passage; N the sentences of the passages that
+    # bear on the question, N words in all (models/reader_context.py): how the packaged Gemma reads, and
+    # how a Gemma training reads (its version keeps it: SQA_READER_CONTEXT_WORDS does not change a version).
     reader_context_words: int = Field(default=0, ge=0, le=2000)
     # Gemma readers (packaged or trained): 1 decodes greedily; N keeps N beams and answers with the
     # best one the passages read contain (models.reader_base.grounded), else the best beam.

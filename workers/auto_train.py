@@ -286,7 +286,9 @@ def after_ingest(ctx: JobContext, job: JobHandle, *, until: dt.date, cfg: AutoTr
 
     # No validation before the first step: the check below scores the serving reader on the held-back
     # month anyway, and scoring the untrained base first took 4 to 8 of a 10-minute budget's minutes.
-    spec = ReaderJobSpec.for_gemma(max_minutes=cfg.max_minutes, seed=cfg.seed, validate_first=False)
+    spec = ReaderJobSpec.for_gemma(
+        max_minutes=cfg.max_minutes, seed=cfg.seed, validate_first=False, context_words=cfg.context_words
+    )
     if what["action"] == "train":
         version, members = train_seeds(ctx, job, until=until, spec=spec, seeds=cfg.seeds)
         if len(members) > 1:

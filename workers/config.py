@@ -74,6 +74,9 @@ class AutoTrainConfig:
     # The weekly adaptation's period (SQA_ADAPT_DAYS): it learns the news of these days before its
     # cut and is checked on them (workers.scheduled.weekly_adaptation sets held_back_days to it).
     adapt_days: int = 7
+    # SQA_READER_CONTEXT_WORDS: a first Gemma training reads (and its version serves) the sentences of
+    # its passages that bear on the question, this many words in all; 0 the first 100 words of each
+    context_words: int = 0
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ class ReaderJobSpec:
     base: str = ""  # fid seq2seq: a local T5/BART folder
     method: str = "lora"  # gemma only: lora | last-layers (models.gemma_train)
     titles: bool = False  # gemma only: passages carry their article's headline (models.reader_context.add_titles)
+    # gemma only: 0 reads the first 100 words of each passage; N the sentences of the passages that bear on
+    # the question, N words in all (models.reader_context.select_context), in training and in serving
+    context_words: int = 0
     max_length: int = 320  # gemma only: training tokens per example, passages cut to fit (0: the served prompt whole)
     lr: float = 0.0  # 0: the kind's default
     batch_size: int = 2
@@ -97,9 +100,13 @@ class ReaderJobSpec:
 
     def gemma_config(self):
         """The Gemma model settings this spec implies (gemma only): its passages as served, method,
-        headlines and training length."""
+        headlines, context and training length."""
         return GemmaConfig(
-            n_passages=self.infer_passages, method=self.method, titles=self.titles, max_length=self.max_length
+            n_passages=self.infer_passages,
+            method=self.method,
+            titles=self.titles,
+            max_length=self.max_length,
+            context_words=self.context_words,
         )
 
     def data_config(self, data: DataConfig | None = None) -> DataConfig:

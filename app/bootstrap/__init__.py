@@ -140,6 +140,7 @@ def build_context(
             reranker_kind=settings.auto_train_reranker_kind,
             reranker_depth=settings.rerank_depth,
             adapt_days=settings.adapt_days,
+            context_words=settings.reader_context_words,
         ),
         load_encoder=load_encoder,
         load_answer_service=load_answer_service,

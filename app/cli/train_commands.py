@@ -109,6 +109,13 @@ def train_reader(
         "passages cut to fit (default 320; 0: the served prompt "
         "whole, no cut)",
     ),
+    context_words: int | None = typer.Option(
+        None,
+        min=0,
+        max=2000,
+        help="gemma: read the sentences of the passages that bear on the question, this many words in all, "
+        "in training and serving (default SQA_READER_CONTEXT_WORDS; 0: the first 100 words of each passage)",
+    ),
     keep_within: float | None = typer.Option(
         None,
         min=0.0,
@@ -138,6 +145,8 @@ def train_reader(
     spec = _reader_spec(kind, max_minutes, epochs, n_passages, base, seed, gold)
     if max_length is not None and kind != "gemma":
         fail("--max-length is for --kind gemma")
+    if context_words is not None and kind != "gemma":
+        fail("--context-words is for --kind gemma")
     if keep_within is not None and kind == "ranker":
         fail("--keep-within is for gemma, fid and extractive readers (the ranker keeps its best fit)")
     if max_steps is not None and kind == "ranker":
@@ -150,6 +159,8 @@ def train_reader(
         **({} if keep_within is None else {"keep_within": keep_within}),
         **({} if max_steps is None else {"max_steps": max_steps}),
     )
+    if kind == "gemma":
+        spec = replace(spec, context_words=settings().reader_context_words if context_words is None else context_words)
     if export is not None:
         _check_export(
             export,

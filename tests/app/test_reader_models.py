@@ -711,6 +711,13 @@ def test_cli_train_reader_max_length_is_for_gemma_only_and_never_negative(sqa):
     assert r.exit_code == 2 and "--max-length" in r.output, r.output
 
 
+def test_cli_train_reader_context_words_is_for_gemma_only_and_bounded(sqa):
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "fid", "--context-words", "150")
+    assert r.exit_code == 2 and "--context-words is for --kind gemma" in r.output, r.output
+    r = sqa("train", "reader", "--until", "2024-03-01", "--kind", "gemma", "--context-words", "-1")
+    assert r.exit_code == 2 and "--context-words" in r.output, r.output
+
+
 # ---- soups of seeds (`sqa models soup`) ------------------------------------------------------------
 
 

@@ -245,6 +245,8 @@ def test_config_refuses_a_negative_max_length_and_a_train_spec_passes_its_own_on
     cfg = ReaderJobSpec.for_gemma(max_length=0).gemma_config()
     assert cfg.max_length == 0 and cfg.n_passages == 5 and cfg.titles
     assert ReaderJobSpec.for_gemma().gemma_config().max_length == ReaderJobSpec.for_gemma().max_length
+    assert ReaderJobSpec.for_gemma().gemma_config().context_words == 0  # the first words of each passage
+    assert ReaderJobSpec.for_gemma(context_words=150).gemma_config().context_words == 150
 
 
 def test_config_refuses_an_unknown_method_and_round_trips_through_json():

@@ -166,7 +166,7 @@ def test_a_first_training_is_capped_at_its_first_validation_and_a_fine_tune_is_n
         raise Handed
 
     ctx, job = new_job(loaded_settings, AUTO_TRAIN)
-    cfg = AutoTrainConfig(max_minutes=5, rerank=False)
+    cfg = AutoTrainConfig(max_minutes=5, rerank=False, context_words=150)
     with (
         patch("workers.auto_train.plan", return_value={"action": action, "parent": "gemma-old"}),
         patch("workers.train.run_train_job", side_effect=capture),
@@ -177,6 +177,8 @@ def test_a_first_training_is_capped_at_its_first_validation_and_a_fine_tune_is_n
     (spec,) = specs
     assert spec.kind == "gemma" and spec.max_minutes == 5
     assert spec.train_config().max_steps == (GEMMA_MAX_STEPS if action == "train" else 0)
+    # SQA_READER_CONTEXT_WORDS reaches a first training (a fine-tune reads as its parent was saved)
+    assert spec.gemma_config().context_words == 150
 
 
 def _fake_runs(clock, specs, key="key-1"):
