@@ -78,3 +78,18 @@ def test_the_first_round_asks_only_what_the_newest_month_alone_answers(loaded_se
         assert not any(
             dt.date(2024, 3, 1) <= a.published <= day and answer_in_evidence(gold, text, a.text) for a in articles
         ), gold
+
+
+def test_the_recent_months_are_indexed_and_trained_on_before_the_older_ones_are_backfilled():
+    steps = demo.demo_backfill("2022-06-01", "2023-04-01", "2023-06-30", 4, 10.0)
+    assert steps == [
+        ("ingest", "--through", "2023-04", "--from", "2022-12", "--train-minutes", "10.0"),
+        ("ingest", "--through", "2023-06", "--no-train"),
+        ("ingest", "--through", "2022-11", "--from", "2022-06", "--no-train"),
+    ]
+    # 0 months, or more months than there are: every month before the training, nothing to backfill
+    for months in (0, 12, 40):
+        first, second = demo.demo_backfill("2022-06-01", "2023-04-01", "2023-06-30", months, 5.0)
+        assert first == ("ingest", "--through", "2023-04", "--from", "2022-06", "--train-minutes", "5.0")
+        assert second == ("ingest", "--through", "2023-06", "--no-train")
+    assert demo.months_before("2023-01", 1) == "2022-12" and demo.months_before("2023-01", 13) == "2021-12"
