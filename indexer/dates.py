@@ -86,6 +86,18 @@ def month_end(day: dt.date) -> dt.date:
     return next_month(day) - dt.timedelta(days=1)
 
 
+def months_before(day: dt.date, months: int) -> dt.date:
+    """The same day `months` earlier (the month's last day where it is shorter)."""
+    y, m = divmod(day.year * 12 + day.month - 1 - months, 12)
+    m += 1
+    for d in (day.day, 30, 29, 28):
+        try:
+            return dt.date(y, m, min(day.day, d))
+        except ValueError:
+            continue
+    raise AssertionError("unreachable")
+
+
 def format_long(day: dt.date) -> str:
     """'Thursday, February 7, 2019': the StreamingQA passage and question date prefix."""
     return f"{day:%A}, {day:%B} {day.day}, {day.year}"

@@ -44,7 +44,7 @@ from app.bootstrap.builders import open_database
 from app.server_process import ServerNotReady, free_port, port_is_free, served
 from evaluation.metrics import answer_in_evidence, exact_match
 from evaluation.subsets import needs_choices
-from indexer.dates import month_key, parse_month
+from indexer.dates import month_key, months_before, parse_month
 from settings import get_settings
 from store.tables import Article, Passage, Question
 
@@ -198,13 +198,6 @@ def stop_if_failed(step: subprocess.Popen) -> None:
         signal.raise_signal(signal.SIGTERM)  # handled as Ctrl-C in the main thread: every child stops
 
 
-def months_before(month: str, n: int) -> str:
-    """The month `n` months before `month` ("2023-04", 4 -> "2022-12")."""
-    day = parse_month(month)
-    index = day.year * 12 + day.month - 1 - n
-    return f"{index // 12:04d}-{index % 12 + 1:02d}"
-
-
 def demo_backfill(
     train_from: str, since: str, until: str, train_months: int, train_minutes: float
 ) -> list[tuple[str, ...]]:
@@ -217,17 +210,15 @@ def demo_backfill(
     ingest --through 2023-06 --no-train
     ingest --through 2022-11 --from 2022-06 --no-train
     """
-    first, recent = month_key(dt.date.fromisoformat(train_from)), since[:7]
-    if train_months > 0:
-        recent_from = max(first, months_before(recent, train_months))
-    else:
-        recent_from = first
+    first, recent = month_key(dt.date.fromisoformat(train_from)), parse_month(since[:7])
+    recent_from = max(first, month_key(months_before(recent, train_months))) if train_months > 0 else first
     steps = [
-        ("ingest", "--through", recent, "--from", recent_from, "--train-minutes", str(train_minutes)),
+        ("ingest", "--through", month_key(recent), "--from", recent_from, "--train-minutes", str(train_minutes)),
         ("ingest", "--through", until[:7], "--no-train"),
     ]
     if recent_from > first:
-        steps.append(("ingest", "--through", months_before(recent_from, 1), "--from", first, "--no-train"))
+        older = month_key(months_before(parse_month(recent_from), 1))
+        steps.append(("ingest", "--through", older, "--from", first, "--no-train"))
     return steps
 
 

@@ -14,9 +14,9 @@ from app.api.operator_metrics import observe_answers
 from app.api.request_ids import arrived_at
 from app.api.routes.articles import live_status
 from app.web.templating import templates
-from app.web.views import ago, answer_view, ask_url, months_before, parse_as_of, parse_top_k
+from app.web.views import ago, answer_view, ask_url, parse_as_of, parse_top_k
 from evaluation.subsets import needs_choices
-from indexer.dates import InvalidDateError
+from indexer.dates import InvalidDateError, months_before
 from serving.errors import ServiceError
 from store.tables import Question
 

@@ -145,18 +145,6 @@ def ask_url(question: str, as_of: dt.date | str, top_k: int | None = None, compa
     return "/?" + urlencode(params)
 
 
-def months_before(day: dt.date, months: int) -> dt.date:
-    """The same day `months` earlier (the month's last day where it is shorter)."""
-    y, m = divmod(day.year * 12 + day.month - 1 - months, 12)
-    m += 1
-    for d in (day.day, 30, 29, 28):
-        try:
-            return dt.date(y, m, min(day.day, d))
-        except ValueError:
-            continue
-    raise AssertionError("unreachable")
-
-
 def ago(stamp: dt.datetime | None, now: dt.datetime | None = None) -> str | None:
     """'14 minutes ago', '3 hours ago', '2 days ago' ('just now' under a minute); None for None."""
     if stamp is None:

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.web import session as web_session
-from app.web.views import answer_view, mark_answer, months_before, parse_as_of, parse_top_k
-from indexer.dates import InvalidDateError
+from app.web.views import answer_view, mark_answer, parse_as_of, parse_top_k
+from indexer.dates import InvalidDateError, months_before
 from tests import loaded
 
 loaded_settings = loaded.loaded_settings  # the sample copied from a template: overrides conftest's fixture here

@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from app.bootstrap.builders import open_database
 from evaluation.metrics import answer_in_evidence, answer_in_text
+from indexer.dates import months_before
 from scripts import demo
 from store.tables import Article, Question
 
@@ -92,4 +93,6 @@ def test_the_recent_months_are_indexed_and_trained_on_before_the_older_ones_are_
         first, second = demo.demo_backfill("2022-06-01", "2023-04-01", "2023-06-30", months, 5.0)
         assert first == ("ingest", "--through", "2023-04", "--from", "2022-06", "--train-minutes", "5.0")
         assert second == ("ingest", "--through", "2023-06", "--no-train")
-    assert demo.months_before("2023-01", 1) == "2022-12" and demo.months_before("2023-01", 13) == "2021-12"
+    # across a year's turn (indexer.dates.months_before, which the web page's "a month earlier" link uses too)
+    assert months_before(dt.date(2023, 1, 1), 1) == dt.date(2022, 12, 1)
+    assert months_before(dt.date(2023, 1, 1), 13) == dt.date(2021, 12, 1)
