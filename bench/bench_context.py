@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 from bench.served_questions import NotReady, open_served, parse_windows, window_questions  # noqa: E402
 from evaluation.metrics import answer_in_text  # noqa: E402
 from models.gemma_prompt import build_prompt, reader_context  # noqa: E402
+from models.gemma_weights import gemma_folder  # noqa: E402
+from settings import Settings  # noqa: E402
 
 DEFAULT_RECIPES = "first:5x100,first:5x80,first:5x60,first:4x100,first:3x100,select:5:200,select:5:450,select:10:550"
 
@@ -125,14 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     except NotReady as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: transformers is slow to import)
+    from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: slow to import; reads the offline flags open_served set)
 
-    from models.gemma_weights import gemma_folder  # noqa: PLC0415 (lazy: pulls torch)
-    from settings import Settings  # noqa: PLC0415 (lazy: after open_served set the offline flags)
-
-    tokenizer = AutoTokenizer.from_pretrained(gemma_folder(Settings(home=Path(args.home)).models_dir / "base"))
     depth = max(r.passages for r in args.recipes)
     try:
+        tokenizer = AutoTokenizer.from_pretrained(gemma_folder(Settings(home=Path(args.home)).models_dir / "base"))
         with db.sessions() as session:
             for first, last in args.windows:
                 questions, _ = window_questions(db, first, last, args.max_questions, args.seed)
