@@ -373,19 +373,26 @@ def base_folder(folder: Path | str) -> Path:
     return gemma_folder(_base_cache(folder, read_config(folder), None))
 
 
+def llama_export(folder: Path | str, *, weight_type: str = "f32") -> Path:
+    """The saved version in `folder` as `reader-<weight_type>.gguf` in that folder: written (about
+    20 s, atomically) unless it is there already."""
+    gguf_file = Path(folder) / f"reader-{weight_type}.gguf"
+    if not gguf_file.exists():
+        GemmaModel.load(folder).export_gguf(gguf_file, weight_type=weight_type)
+    return gguf_file
+
+
 def llama_reader(folder: Path | str, *, name: str, n_passages: int | None = None, weight_type: str = "f32"):
     """The saved version in `folder` served on llama.cpp (models.gemma_llama.LlamaGemmaReader): its
-    GGUF export, `reader-<weight_type>.gguf` in the folder, written on first use (about 20 s), then
-    read as it is; the tokenizer is the base's."""
+    GGUF export, `reader-<weight_type>.gguf` in the folder (`llama_export`: written by the training
+    that saved the version, or here on first use), read as it is; the tokenizer is the base's."""
     from transformers import AutoTokenizer  # noqa: PLC0415 (lazy: transformers)
 
     from models.gemma_llama import LlamaGemmaReader  # noqa: PLC0415 (lazy: imports this module's reader)
 
     folder = Path(folder)
     config = read_config(folder)
-    gguf_file = folder / f"reader-{weight_type}.gguf"
-    if not gguf_file.exists():
-        GemmaModel.load(folder).export_gguf(gguf_file, weight_type=weight_type)
+    gguf_file = llama_export(folder, weight_type=weight_type)
     tokenizer = AutoTokenizer.from_pretrained(gemma_folder(_base_cache(folder, config, None)))
     return LlamaGemmaReader(
         gguf_file,
@@ -417,4 +424,4 @@ def write_soup(folders: Sequence[Path | str], dest: Path | str) -> GemmaConfig:
     return config
 
 
-__all__ = ["GemmaModel", "base_folder", "llama_reader", "read_config", "write_soup"]
+__all__ = ["GemmaModel", "base_folder", "llama_export", "llama_reader", "read_config", "write_soup"]

@@ -58,6 +58,45 @@ def load_trained_model(path: Path | str, *, device: str = "cpu"):
     return SpanModel.load(path, device=device)
 
 
+def llama_weight_type(
+    path: Path | str, info: dict, *, device: str, runtime: str, gguf_type: str, **decoding
+) -> str | None:
+    """The GGUF weight type the version in `path` (its reader.json: `info`) is read in on llama.cpp
+    under these settings (models.gemma_llama.use_llama_cpp), or None where PyTorch reads it."""
+    if info["kind"] != "gemma" or not use_llama_cpp(runtime, device, **decoding):  # runtime, CPU, decoding
+        return None
+    from models.gemma_train import base_folder  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
+
+    if runtime == "auto" and not use_llama_cpp(runtime, device, base_folder(path), **decoding):  # its base
+        return None
+    return resolve_weight_type(gguf_type)
+
+
+def export_for_serving(
+    path: Path | str,
+    *,
+    device: str = "cpu",
+    answer_beams: int = 1,
+    vocabulary: str = "full",
+    echo_beams: int = 0,
+    runtime: str = "auto",
+    gguf_type: str = "auto",
+) -> Path | None:
+    """Write now the GGUF file that `load_trained_reader` would write at the version's first load
+    (about 20 s), where these settings read the version on llama.cpp: a training calls it when it
+    saves a version, so the reader that takes over serves at once. The file written (or already
+    there), or None where PyTorch reads the version (another kind, native bfloat16, `runtime`
+    "torch")."""
+    decoding = {"answer_beams": answer_beams, "echo_beams": echo_beams, "vocabulary": vocabulary}
+    info = read_reader_info(path)
+    weight_type = llama_weight_type(path, info, device=device, runtime=runtime, gguf_type=gguf_type, **decoding)
+    if weight_type is None:
+        return None
+    from models.gemma_train import llama_export  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
+
+    return llama_export(path, weight_type=weight_type)
+
+
 def load_trained_reader(
     path: Path | str,
     *,
@@ -77,11 +116,10 @@ def load_trained_reader(
     info = read_reader_info(path)
     name = f"{info['kind']}:{info.get('version') or Path(path).name}"
     decoding = {"answer_beams": answer_beams, "echo_beams": echo_beams, "vocabulary": vocabulary}
-    if info["kind"] == "gemma" and runtime != "torch":
-        from models.gemma_train import base_folder, llama_reader  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
+    if weight_type := llama_weight_type(path, info, device=device, runtime=runtime, gguf_type=gguf_type, **decoding):
+        from models.gemma_train import llama_reader  # noqa: PLC0415 (lazy: models.gemma_train imports torch)
 
-        if use_llama_cpp(runtime, device, base_folder(path), **decoding):
-            return llama_reader(path, name=name, n_passages=max_passages, weight_type=resolve_weight_type(gguf_type))
+        return llama_reader(path, name=name, n_passages=max_passages, weight_type=weight_type)
     model = load_trained_model(path, device=device)
     if info["kind"] == "gemma":
         return model.into_reader(

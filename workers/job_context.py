@@ -67,6 +67,9 @@ class JobContext:
     load_reader_folder: Callable[[Path], Reader]
     # SQA_TRAIN_PRECISION: the number format Gemma readers train in ("auto", "float32", "bfloat16").
     train_precision: str
+    # Writes what a saved version folder is served from where serving reads it in another runtime
+    # (llama.cpp's GGUF file) and returns it; None where the folder serves as it is.
+    export_reader_folder: Callable[[Path], Path | None] = lambda folder: None
 
     def torch_device(self) -> str:
         """The device a job's model goes to: SQA_DEVICE, with "auto" the GPU when torch sees one."""

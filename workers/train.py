@@ -188,6 +188,9 @@ def _train_and_register(
         **({"precision": precision} if precision else {}),
     }
     write_reader_info(dest, info)
+    t2 = time.perf_counter()
+    if (served := ctx.export_reader_folder(dest)) is not None:  # llama.cpp's GGUF, before anyone loads it
+        log.info("%s: exported for llama.cpp as %s in %.1f s", version, served.name, time.perf_counter() - t2)
     with db.sessions() as session, session.begin():
         make_active = bool(activate)  # a new version serves only once someone activates it
         register_version(
@@ -212,7 +215,11 @@ def _train_and_register(
         job.update_in(
             session,
             counts={"version": version, "activated": make_active, "validation": result.best},
-            timings={"data_s": round(t1 - t0, 1), "train_s": round(time.perf_counter() - t1, 1)},
+            timings={
+                "data_s": round(t1 - t0, 1),
+                "train_s": round(t2 - t1, 1),
+                **({"export_s": round(time.perf_counter() - t2, 1)} if served is not None else {}),
+            },
         )
     shutil.rmtree(work, ignore_errors=True)
     return version

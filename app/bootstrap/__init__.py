@@ -26,6 +26,7 @@ from app.bootstrap.builders import (
     build_encoder,
     build_reader,
     build_retriever,
+    export_trained_folder,
     index_state,
     load_trained_folder,
     open_database,
@@ -148,6 +149,7 @@ def build_context(
         make_retriever=lambda enc, rerank=True: build_retriever(settings, enc, rerank=rerank),
         load_reader_folder=lambda folder: load_trained_folder(settings, Path(folder)),
         train_precision=settings.train_precision,
+        export_reader_folder=lambda folder: export_trained_folder(settings, Path(folder)),
     )
 
 

@@ -157,6 +157,20 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
     )
 
 
+def export_trained_folder(settings: Settings, folder: Path) -> Path | None:
+    """The GGUF file a version folder serves from on llama.cpp under these settings, written now
+    (models.trained.export_for_serving); None where PyTorch serves it."""
+    return models.trained.export_for_serving(
+        folder,
+        device=resolve_device(settings),
+        answer_beams=settings.reader_answer_beams,
+        vocabulary=settings.reader_vocabulary,
+        echo_beams=settings.reader_echo_beams,
+        runtime=settings.reader_runtime,
+        gguf_type=settings.reader_gguf_type,
+    )
+
+
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:
     """The serving reader SQA_READER names; with "auto" a state that follows the active version.
 

@@ -164,6 +164,7 @@ def test_a_trained_version_exported_reads_like_its_pytorch_reader(gemma_cache, t
 
     from models.gemma_config import GemmaConfig
     from models.gemma_train import GemmaModel, llama_reader
+    from models.trained import export_for_serving, write_reader_info
 
     torch.manual_seed(0)
     model = GemmaModel.from_base(GemmaConfig(n_passages=2), cache_dir=gemma_cache)
@@ -173,15 +174,19 @@ def test_a_trained_version_exported_reads_like_its_pytorch_reader(gemma_cache, t
                 p.normal_(0, 0.002)
     folder = tmp_path / "v1"
     model.save(folder)
+    write_reader_info(folder, {"kind": "gemma", "version": "v1"})
+    assert export_for_serving(folder, runtime="torch") is None  # PyTorch reads it: nothing to write
+    exported = export_for_serving(folder, runtime="llama.cpp", gguf_type="f16")  # what a training does
+    assert exported == folder / "reader-f16.gguf" and exported.exists()
+    stamp = exported.stat().st_mtime_ns
     theirs = GemmaModel.load(folder, cache_dir=gemma_cache).into_reader(name="gemma:v1")
     ours = llama_reader(folder, name="gemma:v1", weight_type="f16")
-    assert (folder / "reader-f16.gguf").exists() and ours.name == "gemma:v1@llama.cpp"
+    assert ours.name == "gemma:v1@llama.cpp" and exported.stat().st_mtime_ns == stamp  # read as written
     a, b = ours.generate(NBA_Q, AS_OF, [NBA]), theirs.generate(NBA_Q, AS_OF, [NBA])
     assert a.text == b.text and "denver nuggets" in a.text.lower()
     assert a.confidence == pytest.approx(b.confidence, rel=0.25)
-    stamp = (folder / "reader-f16.gguf").stat().st_mtime_ns
     llama_reader(folder, name="gemma:v1", weight_type="f16")  # the export is reused
-    assert (folder / "reader-f16.gguf").stat().st_mtime_ns == stamp
+    assert exported.stat().st_mtime_ns == stamp
 
 
 def test_auto_keeps_pytorch_for_a_base_that_is_not_the_packaged_model(monkeypatch, tmp_path):
@@ -198,3 +203,19 @@ def test_auto_keeps_pytorch_for_a_base_that_is_not_the_packaged_model(monkeypatc
         json.dumps({"hidden_size": 640, "num_hidden_layers": 18, "vocab_size": 262144, "other": 1})
     )
     assert use_llama_cpp("auto", "cpu", tmp_path)
+
+
+def test_export_for_serving_writes_nothing_where_pytorch_reads_the_version(monkeypatch, tmp_path):
+    import models.gemma_weights as gemma_weights
+    from models.trained import export_for_serving, write_reader_info
+
+    monkeypatch.setattr(gemma_llama, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": True)
+    write_reader_info(tmp_path, {"kind": "gemma", "version": "v1"})
+    assert export_for_serving(tmp_path) is None  # native bfloat16: PyTorch reads it
+    monkeypatch.setattr(gemma_weights, "native_bfloat16", lambda device="cpu": False)
+    assert export_for_serving(tmp_path, runtime="torch") is None
+    assert export_for_serving(tmp_path, answer_beams=2) is None  # beams: PyTorch decodes them
+    write_reader_info(tmp_path, {"kind": "fid", "version": "v1"})
+    assert export_for_serving(tmp_path, runtime="llama.cpp") is None  # only Gemma versions run there
+    assert list(tmp_path.iterdir()) == [tmp_path / "reader.json"]

@@ -142,9 +142,20 @@ def test_train_and_finetune_a_gemma_version(loaded_production_settings, new_job,
     answer = reader.generate("Who coaches the Harriers?", day, [p]).text
     assert answer and "\n" not in answer and len(answer.split()) <= 8
 
-    # SQA_TRAIN_PRECISION reaches a fine-tune, whatever its parent trained in.
+    # SQA_TRAIN_PRECISION reaches a fine-tune, whatever its parent trained in. The version folder is
+    # exported for the serving runtime (llama.cpp's GGUF where it reads the version) before it is
+    # registered, so nobody loads it first; the tiny base here is served by PyTorch (above: no GGUF).
     exact = loaded_production_settings.model_copy(update={"train_precision": "float32"})
-    second = run_finetune_job(*new_job(exact, "finetune"), month="2024-03", max_minutes=0.2)
+    ctx, job = new_job(exact, "finetune")
+    exported: list[tuple[str, list[str]]] = []
+
+    def export(folder):
+        with ctx.sessions() as session:
+            exported.append((folder.name, [r.version for r in list_versions(session)]))
+        return folder / "reader-f32.gguf"
+
+    second = run_finetune_job(replace(ctx, export_reader_folder=export), job, month="2024-03", max_minutes=0.2)
+    assert exported == [(second, [version])]
     assert read_reader_info(loaded_production_settings.models_dir / second)["precision"] == "float32"
     db = open_database(loaded_production_settings)
     try:
