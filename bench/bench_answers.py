@@ -9,6 +9,9 @@ With --clients N, N clients send the questions at once (each takes the next unse
 answers SQA_ANSWER_CONCURRENCY at a time, lets SQA_ANSWER_QUEUE wait at most SQA_ANSWER_WAIT_S,
 and refuses the rest with 503 + Retry-After. Those refusals are counted apart from errors (they are
 by design), with how long a client waited for one: the target is that nobody waits minutes.
+The server's answer cache is off (SQA_ANSWER_CACHE=0), so every answer is read, as the figures
+before it were; --cache N turns it on with N entries, and the answers served from it are counted
+(with --repeat, the later rounds ask the same questions again: a newsroom's repeated questions).
 With --batch N the server answers N at a time and reads concurrent questions in batches of up to N
 (SQA_ANSWER_CONCURRENCY=N, SQA_READER_BATCH=N: serving/reader_batching.py). The answers per second
 are the answered questions over the measured run's wall time; --json also keeps each answer, so two
@@ -172,14 +175,22 @@ def send_questions(server, questions, args):
                         out = r.json()
                         latencies.append(elapsed_ms)
                         timings = out["timings_ms"]
-                        for name in ("queue", "retrieve", "read"):
-                            stages[name].append(timings.get(name, float("nan")))
+                        for name in ("queue", "retrieve", "read"):  # an answer from the cache was not read
+                            if name in timings:
+                                stages[name].append(timings[name])
                         # in the server: from arrival to the answer; outside: the HTTP round trip, the
                         # event loop, the client's own threads (what the client saw beyond the server)
                         inside = timings.get("queue", 0.0) + timings.get("total", float("nan"))
                         stages["server"].append(inside)
                         stages["outside"].append(elapsed_ms - inside)
-                        answers.append({"question": text, "as_of": asked.isoformat(), "answer": out["answer"]})
+                        answers.append(
+                            {
+                                "question": text,
+                                "as_of": asked.isoformat(),
+                                "answer": out["answer"],
+                                "cached": out["cached"],
+                            }
+                        )
                         if len(examples) < 3:
                             examples.append((asked, text, out["answer"], gold))
                     if sys.stdout.isatty():
@@ -253,6 +264,13 @@ def main() -> int:
         help="answer this many at a time and read concurrent questions in batches of up to this many "
         "(SQA_ANSWER_CONCURRENCY and SQA_READER_BATCH; default 0: the caller's environment or the defaults)",
     )
+    ap.add_argument(
+        "--cache",
+        type=int,
+        default=0,
+        help="SQA_ANSWER_CACHE for the server: answers kept for a question asked again "
+        "(default 0: off, every answer read)",
+    )
     args = ap.parse_args()
     if args.n < 1:
         ap.error("--n must be at least 1")
@@ -290,6 +308,7 @@ def main() -> int:
             "SQA_ENCODER": args.encoder,
             "SQA_READER": args.reader,
             "SQA_TORCH_THREADS": str(args.threads),
+            "SQA_ANSWER_CACHE": str(max(0, args.cache)),
         }
         if args.batch:
             env.update(SQA_ANSWER_CONCURRENCY=str(args.batch), SQA_READER_BATCH=str(args.batch))
@@ -338,6 +357,8 @@ def main() -> int:
         "reader_batch": env.get("SQA_READER_BATCH", "default"),
         "wall_s": round(wall_s, 2),
         "answers_per_s": len(latencies) / wall_s if wall_s > 0 else float("nan"),
+        "answer_cache": max(0, args.cache),
+        "from_cache": sum(1 for a in answers if a["cached"]),
         "refused_503": len(refused),
         "refused_wait_ms": {"p50": pct(refused, 50), "max": max(refused, default=float("nan"))},
         "answers": answers,
@@ -368,6 +389,9 @@ def main() -> int:
         f"  {len(latencies)} answered in {wall_s:.1f} s: {figures['answers_per_s']:.2f} answers/s "
         f"(SQA_ANSWER_CONCURRENCY {figures['concurrency']}, SQA_READER_BATCH {figures['reader_batch']})"
     )
+    if args.cache:
+        hits = figures["from_cache"]
+        print(f"  served from the answer cache (SQA_ANSWER_CACHE {args.cache}): {hits} of {len(latencies)}")
     print(f"\n  errors: {len(errors)} of {len(questions)}")
     for e in errors[:5]:
         print(f"    {e}")

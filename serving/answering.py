@@ -7,6 +7,7 @@ reaches the reader: the index filters by id range, and the fetched rows are chec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -21,6 +22,7 @@ from models.encoders import TextEncoder
 from models.reader_base import RetrievedPassage
 from models.readers import Reader
 from models.voting import VotingReader
+from serving.answer_cache import AnswerCache, AnswerKey
 from serving.answer_forms import AnswerFormsSource
 from serving.errors import IndexNotReadyError, InvalidInputError
 from serving.index_state import IndexState, LoadedSnapshot
@@ -81,12 +83,14 @@ class AnswerService:
         forms: AnswerFormsSource | None = None,
         batch: int = 1,
         batch_window_s: float = 0.02,
+        cache_entries: int = 0,
     ) -> None:
         """`reader`: a Reader that serves for good, or a ReaderState that may swap readers.
         `retriever`: DenseRetriever(encoder) when None (SQA_RETRIEVER: `serving.retrieval`).
         `forms`: the answer forms the serving reader's answers are rewritten to (SQA_ANSWER_FORMS).
         `batch`: concurrent questions read in one model call at most (SQA_READER_BATCH; 1: each
-        alone), gathered for at most `batch_window_s` (serving.reader_batching)."""
+        alone), gathered for at most `batch_window_s` (serving.reader_batching). `cache_entries`:
+        answers kept for a question asked again (serving.answer_cache; 0: none)."""
         self.retriever = retriever if retriever is not None else DenseRetriever(encoder)
         self.reader_state = reader if isinstance(reader, ReaderState) else ReaderState(reader)
         self.index_state = index_state
@@ -94,6 +98,7 @@ class AnswerService:
         self.limits = limits
         self.forms = forms
         self.batcher = ReaderBatcher(max_batch=batch, window_s=batch_window_s) if batch > 1 else None
+        self.cache: AnswerCache[AnswerResult] | None = AnswerCache(cache_entries) if cache_entries else None
 
     def passages_for(self, reader: Reader) -> int:
         """SQA_READER_PASSAGES, or when it is 0 the reader's own number (a trained reader's
@@ -147,9 +152,43 @@ class AnswerService:
         (bench/bench_live.py's monthly schedule).
         """
         t0 = time.perf_counter()
+        serving = snapshot is None and read and index_as_of is None  # what the answer cache keeps
+        if serving and (hit := self.cached(question, as_of, top_k)) is not None:
+            return hit
         # With a batcher, a batch leader waits for this question until it reaches the reader.
         with self.batcher.arrival() if self.batcher is not None else contextlib.nullcontext():
-            return self._answer(question, as_of, top_k, snapshot, read, index_as_of, t0)
+            result = self._answer(question, as_of, top_k, snapshot, read, index_as_of, t0)
+        if serving and self.cache is not None:
+            self.cache.put(self._key(question, result.as_of, top_k, result.versions), result)
+        return result
+
+    def _key(self, question: str, as_of: dt.date, top_k: int | None, versions: dict[str, str]) -> AnswerKey:
+        text, k = self.validate(question, top_k)
+        snapshot, reader, retriever = versions["index_snapshot"], versions["reader"], versions["retriever"]
+        return AnswerKey.of(text, as_of, k, self.limits.reader_passages, snapshot, reader, retriever)
+
+    def cached(self, question: str, as_of: dt.date | None = None, top_k: int | None = None) -> AnswerResult | None:
+        """The answer given before to the same question, `as_of` and `top_k` over the serving snapshot
+        with the models serving now (serving.answer_cache), its timings this lookup's ("cache",
+        "total"); None when there is none, no cache, or no index yet. The API asks it before the
+        answer gate: a hit takes no place there."""
+        if self.cache is None:
+            return None
+        t0 = time.perf_counter()
+        snapshot = self.index_state.current()
+        if snapshot is None:
+            return None
+        as_of = as_of or dt.datetime.now(dt.UTC).date()
+        versions = {
+            "index_snapshot": snapshot.snapshot_id,
+            "reader": self.reader.name,
+            "retriever": self.retriever.name,
+        }
+        hit = self.cache.get(self._key(question, as_of, top_k, versions))
+        if hit is None:
+            return None
+        ms = round((time.perf_counter() - t0) * 1000, 3)
+        return dataclasses.replace(hit, timings_ms={"cache": ms, "total": ms})
 
     def _answer(
         self,

@@ -212,6 +212,8 @@ class Settings(BaseSettings):
     reader_batch_wait_ms: float = Field(default=20, ge=0, le=1000)
     answer_queue: int = Field(default=8, ge=0, le=10_000)
     answer_wait_s: float = Field(default=4.5, ge=0, le=3600)
+    # Answers kept per process for a question asked again over the same snapshot and models (0: none).
+    answer_cache: int = Field(default=1024, ge=0, le=1_000_000)
     # A request body over this many bytes is refused (413) before it is read whole.
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     # Requests per client address (limits' notation, "" for none); health checks and /metrics are exempt.

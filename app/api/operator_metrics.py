@@ -6,10 +6,11 @@ goes, the answer gate, the index that serves, how fresh it is, how fast ingest r
   from the gate's queue time; `sqa_reader_batch_size` and `sqa_reader_batch_wait_seconds` from
   each batch of readings (serving.reader_batching, when SQA_READER_BATCH is above 1).
 - Read at scrape time (`OperatorCollector`): the gate's running, waiting and refused answers, the
-  serving snapshot (vectors, shards, id, age), the newest searchable article's age and the live
-  articles waiting (the figures of the ask page's freshness line), the passages/s of the last
-  finished ingest job, and the jobs by kind and state. One database session per scrape; a family
-  whose query fails is logged and left out, the rest of /metrics is still served.
+  answer cache's hits, stores and entries (serving.answer_cache), the serving snapshot (vectors,
+  shards, id, age), the newest searchable article's age and the live articles waiting (the figures
+  of the ask page's freshness line), the passages/s of the last finished ingest job, and the jobs
+  by kind and state. One database session per scrape; a family whose query fails is logged and
+  left out, the rest of /metrics is still served.
 
 Not here: the passages/s of the last live publish (the worker's publisher keeps its
 result in memory only; nothing the API process can read records it).
@@ -29,6 +30,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from serving.admission import AdmissionGate
+from serving.answer_cache import AnswerCache
 from serving.answering import AnswerResult
 from serving.index_state import LoadedSnapshot
 from store.queries import newest_indexed_article_at
@@ -37,7 +39,7 @@ from workers.live_publisher import queue_status
 
 log = logging.getLogger(__name__)
 
-STAGES = ("retrieve", "rerank", "read", "total")  # the keys of AnswerResult.timings_ms
+STAGES = ("retrieve", "rerank", "read", "cache", "total")  # the keys of AnswerResult.timings_ms
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 QUEUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.5, 10.0)  # SQA_ANSWER_WAIT_S is 4.5
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # SQA_READER_BATCH is at most 64
@@ -138,6 +140,8 @@ class OperatorCollector(Collector):
         now = dt.datetime.now(dt.UTC)
         if gate is not None:
             yield from self._family("answer gate", lambda: self._gate(gate))
+        if answers is not None and answers.cache is not None:
+            yield from self._family("answer cache", lambda: self._cache(answers.cache))
         snap = answers.index_state.current() if answers is not None else None
         if snap is not None:
             yield from self._family("index", lambda: self._index(snap, now))
@@ -181,6 +185,20 @@ class OperatorCollector(Collector):
         for reason, n in gate.refusals().items():
             refused.add_metric([reason], n)
         return [running, waiting, slots, room, refused]
+
+    @staticmethod
+    def _cache(cache: AnswerCache) -> list[Metric]:
+        hits = CounterMetricFamily(
+            "sqa_answer_cache_hits", "Answers served again from the answer cache since start (SQA_ANSWER_CACHE)"
+        )
+        hits.add_metric([], cache.hits)
+        stores = CounterMetricFamily(
+            "sqa_answer_cache_stores", "Answers computed and kept in the answer cache since start"
+        )
+        stores.add_metric([], cache.stores)
+        entries = GaugeMetricFamily("sqa_answer_cache_entries", "Answers in the answer cache now")
+        entries.add_metric([], len(cache))
+        return [hits, stores, entries]
 
     @staticmethod
     def _index(snap: LoadedSnapshot, now: dt.datetime) -> list[Metric]:

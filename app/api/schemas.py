@@ -58,6 +58,12 @@ class AnswerPublic(BaseModel):
         "RealTimeQA slice, answers at 0.7 or more were right "
         "57-69% of the time, under 0.15 3-5%.",
     )
+    cached: bool = Field(
+        default=False,
+        description="Whether this answer was given before to the same question, as_of and top_k, over "
+        "the same index snapshot and models, and is served again without reading (SQA_ANSWER_CACHE); "
+        "timings_ms then holds the lookup ('cache').",
+    )
 
 
 class IngestRequest(BaseModel):

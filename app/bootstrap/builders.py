@@ -293,4 +293,5 @@ def build_answer_service(
         forms=forms,
         batch=settings.reader_batch,
         batch_window_s=settings.reader_batch_wait_ms / 1000,
+        cache_entries=settings.answer_cache,
     )

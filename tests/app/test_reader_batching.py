@@ -270,7 +270,9 @@ def test_concurrent_questions_to_the_api_are_batched_and_their_batches_counted_a
     from serving.reader_state import ReaderState
     from tests.conftest import load_sample
 
-    settings = make_settings(database_url=database_url, reader_batch=4, answer_concurrency=4, rate_limit="")
+    settings = make_settings(
+        database_url=database_url, reader_batch=4, answer_concurrency=4, rate_limit="", answer_cache=0
+    )
     load_sample(settings)
     body = {"question": "Who is the mayor of Port Calder?", "as_of": "2024-01-31"}
     with TestClient(create_app(settings)) as client:
