@@ -189,6 +189,7 @@ def send_questions(server, questions, args):
                                 "as_of": asked.isoformat(),
                                 "answer": out["answer"],
                                 "cached": out["cached"],
+                                "client_ms": round(elapsed_ms, 1),
                             }
                         )
                         if len(examples) < 3:
@@ -390,8 +391,13 @@ def main() -> int:
         f"(SQA_ANSWER_CONCURRENCY {figures['concurrency']}, SQA_READER_BATCH {figures['reader_batch']})"
     )
     if args.cache:
-        hits = figures["from_cache"]
-        print(f"  served from the answer cache (SQA_ANSWER_CACHE {args.cache}): {hits} of {len(latencies)}")
+        hit_ms = [a["client_ms"] for a in answers if a["cached"]]
+        read_ms = [a["client_ms"] for a in answers if not a["cached"]]
+        print(
+            f"  served from the answer cache (SQA_ANSWER_CACHE {args.cache}): {len(hit_ms)} of {len(latencies)}, "
+            f"client p50 / p95 {pct(hit_ms, 50):.0f} / {pct(hit_ms, 95):.0f} ms; "
+            f"the {len(read_ms)} read: {pct(read_ms, 50):.0f} / {pct(read_ms, 95):.0f} ms"
+        )
     print(f"\n  errors: {len(errors)} of {len(questions)}")
     for e in errors[:5]:
         print(f"    {e}")
