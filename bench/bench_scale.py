@@ -220,6 +220,7 @@ def main() -> int:
             "SQA_TORCH_THREADS": "1",
             "SQA_AUTO_TRAIN": "false",
             "SQA_ANSWER_QUEUE": "64",
+            "SQA_ANSWER_CACHE": "0",  # every answer computed: the pipeline is measured, not the answer cache
         }
         ports = [free_port() for _ in range(args.replicas)]
         with contextlib.ExitStack() as stack:

@@ -83,6 +83,7 @@ def main() -> int:
             "SQA_READER": args.reader,
             "SQA_RATE_LIMIT": "",
             "SQA_SNAPSHOT_POLL_S": "5",
+            "SQA_ANSWER_CACHE": "0",  # every answer computed: the pipeline is measured, not the answer cache
         }
         try:
             with served(env, Path(tmp) / "server.log") as server:

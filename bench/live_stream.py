@@ -48,6 +48,7 @@ def env_for(home: Path, port: int) -> dict:
         SQA_EVAL_CRON="0 0 2 1 *",
         SQA_ANSWER_QUEUE="64",
         SQA_ANSWER_WAIT_S="600",
+        SQA_ANSWER_CACHE="0",  # every answer computed: the pipeline is measured, not the answer cache
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         PYTHONUNBUFFERED="1",

@@ -15,8 +15,10 @@ The key holds everything the answer is computed from:
 - Whitespace is collapsed, nothing else: the prompt reads the question's words joined by single
   spaces and the retrievers' tokenisers skip whitespace, so such questions get the same answer.
   Case is kept (the reader reads it).
-- Only the serving path is cached (`AnswerService.answer` on the serving snapshot, reading);
-  evaluations and benchmarks that pin a snapshot or an `index_as_of` always compute.
+- The API and the ask page look a question up before the answer gate (`AnswerService.cached`), so
+  a hit takes no place there and never enters the gate's answer times. `AnswerService.answer`
+  always computes, and keeps what it computed on the serving snapshot; evaluations, benchmarks and
+  the training's checks call it directly.
 
 `SQA_ANSWER_CACHE` entries per process (0: off). Thread-safe.
 """

@@ -152,9 +152,11 @@ class AnswerService:
         (bench/bench_live.py's monthly schedule).
         """
         t0 = time.perf_counter()
-        serving = snapshot is None and read and index_as_of is None  # what the answer cache keeps
-        if serving and (hit := self.cached(question, as_of, top_k)) is not None:
-            return hit
+        # Always computed: a caller that serves looks `cached` up first, before the answer gate (a
+        # hit inside the gate would enter the gate's answer times as a read of a few microseconds).
+        # The serving path's answers are kept for it; evaluations that pin a snapshot or an
+        # `index_as_of` are not.
+        serving = snapshot is None and read and index_as_of is None
         # With a batcher, a batch leader waits for this question until it reaches the reader.
         with self.batcher.arrival() if self.batcher is not None else contextlib.nullcontext():
             result = self._answer(question, as_of, top_k, snapshot, read, index_as_of, t0)
@@ -170,8 +172,8 @@ class AnswerService:
     def cached(self, question: str, as_of: dt.date | None = None, top_k: int | None = None) -> AnswerResult | None:
         """The answer given before to the same question, `as_of` and `top_k` over the serving snapshot
         with the models serving now (serving.answer_cache), its timings this lookup's ("cache",
-        "total"); None when there is none, no cache, or no index yet. The API asks it before the
-        answer gate: a hit takes no place there."""
+        "total"); None when there is none, no cache, or no index yet. The API and the ask page look
+        it up before the answer gate: a hit takes no place there. Bad input raises as `answer` does."""
         if self.cache is None:
             return None
         t0 = time.perf_counter()

@@ -12,6 +12,7 @@ the finished model becomes a registered version folder under `models_dir`. What 
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import logging
 import random
@@ -188,9 +189,11 @@ def _train_and_register(
         **({"precision": precision} if precision else {}),
     }
     write_reader_info(dest, info)
+    del trainer, model  # freed (peft's modules hold cycles: collected) before the export loads the version
+    gc.collect()
     t2 = time.perf_counter()
-    if (served := ctx.export_reader_folder(dest)) is not None:  # llama.cpp's GGUF, before anyone loads it
-        log.info("%s: exported for llama.cpp as %s in %.1f s", version, served.name, time.perf_counter() - t2)
+    ctx.export_reader_folder(dest)  # llama.cpp's GGUF where serving reads the version there; a failure is logged
+    t3 = time.perf_counter()
     with db.sessions() as session, session.begin():
         make_active = bool(activate)  # a new version serves only once someone activates it
         register_version(
@@ -215,11 +218,7 @@ def _train_and_register(
         job.update_in(
             session,
             counts={"version": version, "activated": make_active, "validation": result.best},
-            timings={
-                "data_s": round(t1 - t0, 1),
-                "train_s": round(t2 - t1, 1),
-                **({"export_s": round(time.perf_counter() - t2, 1)} if served is not None else {}),
-            },
+            timings={"data_s": round(t1 - t0, 1), "train_s": round(t2 - t1, 1), "export_s": round(t3 - t2, 1)},
         )
     shutil.rmtree(work, ignore_errors=True)
     return version

@@ -51,7 +51,8 @@ class AnswerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.stage_seconds = Histogram(
             "sqa_answer_stage_seconds",
-            "Seconds an answer spent in each stage (retrieve, rerank, read, total), per served answer",
+            "Seconds an answer spent in each stage (retrieve, rerank, read, total), per served answer; "
+            "an answer from the answer cache only in 'cache'",
             ["stage"],
             buckets=SECONDS_BUCKETS,
             registry=registry,
@@ -82,17 +83,22 @@ class AnswerMetrics:
         for wait in waits_s:
             self.batch_wait_seconds.observe(max(0.0, wait))
 
-    def observe(self, results: Iterable[AnswerResult], queued_s: float) -> None:
-        self.queue_wait_seconds.observe(max(0.0, queued_s))
+    def observe(self, results: Iterable[AnswerResult], queued_s: float | None) -> None:
+        if queued_s is not None:
+            self.queue_wait_seconds.observe(max(0.0, queued_s))
         for result in results:
+            if "cache" in result.timings_ms:  # served again: its lookup, not a computed answer's stages
+                self.stage_seconds.labels(stage="cache").observe(result.timings_ms["cache"] / 1000)
+                continue
             for stage, ms in result.timings_ms.items():
                 if stage in STAGES:
                     self.stage_seconds.labels(stage=stage).observe(ms / 1000)
 
 
-def observe_answers(request: Request, results: Sequence[AnswerResult], queued_s: float) -> None:
-    """Count one admitted turn of the answer gate (its queue time) and the answers given in it (the
-    ask page may answer two dates in one turn). Nothing when the app has no /metrics."""
+def observe_answers(request: Request, results: Sequence[AnswerResult], queued_s: float | None) -> None:
+    """Count one admitted turn of the answer gate (its queue time; None: the answers came from the
+    answer cache, with no turn) and the answers given (the ask page may answer two dates at once).
+    Nothing when the app has no /metrics."""
     metrics: AnswerMetrics | None = getattr(request.app.state, "answer_metrics", None)
     if metrics is not None:
         metrics.observe(results, queued_s)

@@ -7,6 +7,8 @@ models load on (SQA_DEVICE). The jobs' context over them is app.bootstrap's.
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from pathlib import Path
 
 from sqlalchemy import inspect
@@ -26,6 +28,8 @@ from serving.retrieval import Retriever, make_retriever
 from settings import ReaderSpec, Settings
 from store.engine import Database, make_engine, make_session_factory
 from store.engine import open_database as _open_url
+
+log = logging.getLogger(__name__)
 
 
 def open_database(settings: Settings, *, migrate: bool = True) -> Database:
@@ -159,16 +163,25 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
 
 def export_trained_folder(settings: Settings, folder: Path) -> Path | None:
     """The GGUF file a version folder serves from on llama.cpp under these settings, written now
-    (models.trained.export_for_serving); None where PyTorch serves it."""
-    return models.trained.export_for_serving(
-        folder,
-        device=resolve_device(settings),
-        answer_beams=settings.reader_answer_beams,
-        vocabulary=settings.reader_vocabulary,
-        echo_beams=settings.reader_echo_beams,
-        runtime=settings.reader_runtime,
-        gguf_type=settings.reader_gguf_type,
-    )
+    (models.trained.export_for_serving); None where PyTorch serves it. A failed export is logged and
+    gives None: the version is then exported at its first load, as a version copied in by hand is."""
+    t0 = time.perf_counter()
+    try:
+        gguf = models.trained.export_for_serving(
+            folder,
+            device=resolve_device(settings),
+            answer_beams=settings.reader_answer_beams,
+            vocabulary=settings.reader_vocabulary,
+            echo_beams=settings.reader_echo_beams,
+            runtime=settings.reader_runtime,
+            gguf_type=settings.reader_gguf_type,
+        )
+    except Exception as exc:  # a finished training is not lost for its export
+        log.warning("%s: not exported for the serving runtime (%s); it will be at its first load", folder.name, exc)
+        return None
+    if gguf is not None:
+        log.info("%s: exported for llama.cpp as %s in %.1f s", folder.name, gguf.name, time.perf_counter() - t0)
+    return gguf
 
 
 def build_reader_state(settings: Settings, db: Database | None) -> ReaderState:

@@ -89,6 +89,25 @@ def test_a_question_asked_again_is_answered_from_the_cache_with_the_same_answer(
     metrics = client.get("/metrics").text
     assert "sqa_answer_cache_hits_total 1.0" in metrics and "sqa_answer_cache_stores_total 5.0" in metrics
     assert "sqa_answer_cache_entries 5.0" in metrics
+    # the hit is its lookup, not an answer's stages, and it took no turn at the gate
+    assert 'sqa_answer_stage_seconds_count{stage="cache"} 1.0' in metrics
+    assert 'sqa_answer_stage_seconds_count{stage="total"} 5.0' in metrics
+    assert "sqa_answer_queue_wait_seconds_count 5.0" in metrics
+
+    # A re-ranker activated (the retriever's name carries its version) reads again.
+    service = client.app.state.answers
+    service.retriever = Renamed(service.retriever, "+reranker-2024-02-01-abc123")
+    assert client.post("/v1/answers", json=MAYOR).json()["cached"] is False and len(other.read) == 2
+
+
+class Renamed:
+    """A retriever under another name (as a re-ranker version appends its own), retrieving the same."""
+
+    def __init__(self, base, suffix: str) -> None:
+        self.base, self.name = base, base.name + suffix
+
+    def __getattr__(self, attr):
+        return getattr(self.base, attr)
 
 
 def test_a_new_snapshot_is_read_again(client, wait_job):
@@ -131,6 +150,33 @@ def test_a_cached_answer_takes_no_place_at_a_full_gate(make_settings):
             reader.gate.set()
             holder.join(30)
         assert busy[0].status_code == 200
+
+
+def test_the_ask_page_answers_from_the_cache_before_the_gate(make_settings):
+    from tests.conftest import load_sample
+
+    settings = make_settings(answer_concurrency=1, answer_queue=0, rate_limit="")
+    load_sample(settings)
+    page = {"q": MAYOR["question"], "as_of": "2024-01-31", "compare": "2024-01-10"}
+    with TestClient(create_app(settings)) as client:
+        reader = serve(client, CountingReader())
+        first = client.get("/", params=page)
+        assert first.status_code == 200 and len(reader.read) == 2  # both dates read
+        assert "cache" not in first.text
+        assert client.post("/v1/answers", json={**MAYOR, "as_of": "2024-01-10"}).json()["cached"] is True
+        reader.gate = threading.Event()
+        holder = threading.Thread(target=lambda: client.post("/v1/answers", json={**MAYOR, "question": "Who runs it?"}))
+        holder.start()
+        try:
+            assert reader.reading.wait(30)  # the one place is taken, and nobody may wait
+            again = client.get("/", params=page)
+            assert again.status_code == 200 and "cache" in again.text  # its timings: the lookups
+            refused = client.get("/", params={**page, "q": "Who won the regatta?"})
+            assert refused.status_code == 503
+        finally:
+            reader.gate.set()
+            holder.join(30)
+        assert len(reader.read) == 3  # the page's second visit read nothing
 
 
 def test_no_cache_when_it_is_off_and_none_for_a_pinned_snapshot(make_settings):

@@ -219,3 +219,16 @@ def test_export_for_serving_writes_nothing_where_pytorch_reads_the_version(monke
     write_reader_info(tmp_path, {"kind": "fid", "version": "v1"})
     assert export_for_serving(tmp_path, runtime="llama.cpp") is None  # only Gemma versions run there
     assert list(tmp_path.iterdir()) == [tmp_path / "reader.json"]
+
+
+def test_a_failed_export_is_logged_and_left_to_the_first_load(make_settings, tmp_path, caplog):
+    import logging
+
+    from app.bootstrap.builders import export_trained_folder
+    from models.trained import write_reader_info
+
+    write_reader_info(tmp_path, {"kind": "gemma", "version": "v1"})  # no weights: the export fails
+    with caplog.at_level(logging.WARNING):
+        assert export_trained_folder(make_settings(reader_runtime="llama.cpp"), tmp_path) is None
+    assert f"{tmp_path.name}: not exported for the serving runtime" in caplog.text
+    assert list(tmp_path.iterdir()) == [tmp_path / "reader.json"]  # nothing half-written left

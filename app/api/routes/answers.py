@@ -28,14 +28,14 @@ def post_answer(body: AnswerRequest, service: AnswerServiceDep, gate: AnswerGate
     as_of = parse_iso_day(body.as_of, what="as_of") if body.as_of is not None else None
     service.validate(body.question, body.top_k)  # a bad request is told so at once, not after its turn
     result = service.cached(body.question, as_of, body.top_k)  # asked before: no turn at the gate
-    queued_s = 0.0
+    queued_s = None
     if result is None:
         with gate.admit(since=arrived_at(request)) as queued_s:
             result = service.answer(body.question, as_of, body.top_k)
     observe_answers(request, [result], queued_s)
     # where the time went: "queue" from the request's arrival until the gate let it in, then the
-    # stages (or "cache": the lookup of an answer given before)
-    timings = {"queue": round(queued_s * 1000, 1), **result.timings_ms}
+    # stages (or "cache": the lookup of an answer given before, with no turn at the gate)
+    timings = {"queue": round((queued_s or 0.0) * 1000, 1), **result.timings_ms}
     passages = [
         PassagePublic(**{k: v for k, v in asdict(p).items() if k in PassagePublic.model_fields})
         for p in result.passages
