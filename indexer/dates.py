@@ -89,13 +89,8 @@ def month_end(day: dt.date) -> dt.date:
 def months_before(day: dt.date, months: int) -> dt.date:
     """The same day `months` earlier (the month's last day where it is shorter)."""
     y, m = divmod(day.year * 12 + day.month - 1 - months, 12)
-    m += 1
-    for d in (day.day, 30, 29, 28):
-        try:
-            return dt.date(y, m, min(day.day, d))
-        except ValueError:
-            continue
-    raise AssertionError("unreachable")
+    first = dt.date(y, m + 1, 1)
+    return first.replace(day=min(day.day, month_end(first).day))
 
 
 def format_long(day: dt.date) -> str:

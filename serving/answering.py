@@ -33,6 +33,11 @@ from serving.retrieval import DenseRetriever, Retriever
 log = logging.getLogger(__name__)
 
 
+def _as_of(as_of: dt.date | None) -> dt.date:
+    """A question's date: the one given, or today (UTC)."""
+    return as_of or dt.datetime.now(dt.UTC).date()
+
+
 @dataclass(frozen=True)
 class AnswerResult:
     answer: str
@@ -180,17 +185,20 @@ class AnswerService:
         snapshot = self.index_state.current()
         if snapshot is None:
             return None
-        as_of = as_of or dt.datetime.now(dt.UTC).date()
-        versions = {
-            "index_snapshot": snapshot.snapshot_id,
-            "reader": self.reader.name,
-            "retriever": self.retriever.name,
-        }
-        hit = self.cache.get(self._key(question, as_of, top_k, versions))
+        hit = self.cache.get(self._key(question, _as_of(as_of), top_k, self._versions(snapshot, self.reader)))
         if hit is None:
             return None
         ms = round((time.perf_counter() - t0) * 1000, 3)
         return dataclasses.replace(hit, timings_ms={"cache": ms, "total": ms})
+
+    def _versions(self, snapshot: LoadedSnapshot, reader: Reader) -> dict[str, str]:
+        """What answers over `snapshot` with `reader` now: an answer's `versions`, its cache key's too."""
+        return {
+            "index_snapshot": snapshot.snapshot_id,
+            "encoder": snapshot.manifest.encoder,
+            "reader": reader.name,
+            "retriever": self.retriever.name,
+        }
 
     def _answer(
         self,
@@ -203,7 +211,7 @@ class AnswerService:
         t0: float,
     ) -> AnswerResult:
         text, k = self.validate(question, top_k)
-        as_of = as_of or dt.datetime.now(dt.UTC).date()
+        as_of = _as_of(as_of)
         # Held for the whole request: a swap does not disturb them.
         reader = self.reader
         snapshot = snapshot if snapshot is not None else self.index_state.current()
@@ -231,12 +239,7 @@ class AnswerService:
             answer_text, confidence = reading.text, getattr(reading, "confidence", None)
         t3 = time.perf_counter()
         evidence = [passages[i].passage_id for i in answer_evidence(answer_text, passages[:n_read])]
-        versions = {
-            "index_snapshot": snapshot.snapshot_id,
-            "encoder": snapshot.manifest.encoder,
-            "reader": reader.name,
-            "retriever": self.retriever.name,
-        }
+        versions = self._versions(snapshot, reader)
         retrieve_ms = round((t2 - t1) * 1000, 2)
         if "rerank" in stages:  # retrieve: the first stage; rerank: the re-ranker version
             timings = {"retrieve": round(retrieve_ms - stages["rerank"], 2), "rerank": stages["rerank"]}

@@ -125,20 +125,28 @@ def index_state(settings: Settings, db: Database, encoder: TextEncoder, *, lexic
 FALLBACK_READER = "gemma"  # what SQA_READER=auto serves while no trained version is active
 
 
+def _reading(settings: Settings) -> dict:
+    """How a reader is served under the settings (SQA_DEVICE, the decoding, the runtime and its
+    weights): the same for a packaged reader, a trained version and a version's export."""
+    return {
+        "device": resolve_device(settings),
+        "answer_beams": settings.reader_answer_beams,
+        "vocabulary": settings.reader_vocabulary,
+        "echo_beams": settings.reader_echo_beams,
+        "runtime": settings.reader_runtime,
+        "gguf_type": settings.reader_gguf_type,
+    }
+
+
 def load_builtin_reader(settings: Settings, name: str) -> Reader:
     """A packaged reader or fake by name; Gemma's converted weights are kept under SQA_HOME/models/base."""
     return load_reader(
         name,
-        device=resolve_device(settings),
         max_passages=settings.reader_passages or 3,
         cache_dir=settings.models_dir / "base",
         context_words=settings.reader_context_words,
-        answer_beams=settings.reader_answer_beams,
-        vocabulary=settings.reader_vocabulary,
         precision=settings.reader_precision,
-        echo_beams=settings.reader_echo_beams,
-        runtime=settings.reader_runtime,
-        gguf_type=settings.reader_gguf_type,
+        **_reading(settings),
     )
 
 
@@ -149,15 +157,7 @@ def load_trained_folder(settings: Settings, folder: Path, *, expect: str | None 
         if kind != expect:
             raise ValueError(f"SQA_READER={expect}:{folder} but {folder / 'reader.json'} says kind {kind!r}")
     return models.trained.load_trained_reader(
-        folder,
-        device=resolve_device(settings),
-        max_passages=settings.reader_passages or None,
-        answer_beams=settings.reader_answer_beams,
-        vocabulary=settings.reader_vocabulary,
-        precision=settings.reader_precision,
-        echo_beams=settings.reader_echo_beams,
-        runtime=settings.reader_runtime,
-        gguf_type=settings.reader_gguf_type,
+        folder, max_passages=settings.reader_passages or None, precision=settings.reader_precision, **_reading(settings)
     )
 
 
@@ -167,15 +167,7 @@ def export_trained_folder(settings: Settings, folder: Path) -> Path | None:
     gives None: the version is then exported at its first load, as a version copied in by hand is."""
     t0 = time.perf_counter()
     try:
-        gguf = models.trained.export_for_serving(
-            folder,
-            device=resolve_device(settings),
-            answer_beams=settings.reader_answer_beams,
-            vocabulary=settings.reader_vocabulary,
-            echo_beams=settings.reader_echo_beams,
-            runtime=settings.reader_runtime,
-            gguf_type=settings.reader_gguf_type,
-        )
+        gguf = models.trained.export_for_serving(folder, **_reading(settings))
     except Exception as exc:  # a finished training is not lost for its export
         log.warning("%s: not exported for the serving runtime (%s); it will be at its first load", folder.name, exc)
         return None
